@@ -1,0 +1,22 @@
+"""Small formatting helpers shared by the text, DOT and HTML views."""
+
+from __future__ import annotations
+
+__all__ = ["human_bytes", "shape_str"]
+
+
+def human_bytes(n: int | float) -> str:
+    """``1536 -> '1.5 KiB'``; exact bytes below 1 KiB."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def shape_str(shape) -> str:
+    """``[2, 3] -> '2×3'``; ``[] -> 'scalar'``; None -> '?'."""
+    if shape is None:
+        return "?"
+    return "×".join(str(s) for s in shape) if shape else "scalar"

@@ -1,0 +1,63 @@
+"""The JSON form of a report: networkx node-link data (library defaults) plus findings.
+
+``networkx.node_link_graph(json.load(f))`` reads the graph back; :func:`report_from_data` rebuilds the
+whole :class:`~gradscope.report.Report` (checks are not re-run: the findings are stored, including those
+that came from a trace).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import networkx as nx
+
+from .errors import InputValueError
+from .finding import Finding
+
+__all__ = ["report_to_data", "report_from_data", "load"]
+
+FORMAT = "gradscope-report/1"
+
+
+def report_to_data(report) -> dict:
+    """Node-link data of ``report.graph`` with ``findings`` and ``saved_bytes`` in its graph attributes."""
+    data = nx.node_link_data(report.graph)
+    graph_attrs = dict(data.get("graph", {}))
+    graph_attrs["format"] = FORMAT
+    graph_attrs["findings"] = [f.to_dict() for f in report.findings]
+    graph_attrs["saved_bytes"] = report.saved_bytes
+    data["graph"] = graph_attrs
+    return data
+
+
+def report_from_data(data: dict):
+    """Rebuild a :class:`Report` from :func:`report_to_data` output."""
+    from .report import Report
+
+    if not isinstance(data, dict) or "nodes" not in data:
+        raise InputValueError("this is not a gradscope report: the JSON has no 'nodes' list. "
+                              "Write one with report.render('graph.json').")
+    graph = nx.node_link_graph(data)
+    attrs = graph.graph
+    findings = [Finding.from_dict(f) for f in attrs.pop("findings", [])]
+    attrs.pop("format", None)
+    attrs.pop("saved_bytes", None)
+    return Report(graph, findings)
+
+
+def load(path: str | os.PathLike):
+    """Read a report written by ``report.render("x.json")``.
+
+    Raises:
+        InputValueError: the file is missing, is not JSON, or is not a gradscope report.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise InputValueError(f"no such report file: {os.fspath(path)!r}.") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputValueError(f"{os.fspath(path)!r} is not JSON ({exc}); pass a file written by "
+                              "report.render('x.json').") from None
+    return report_from_data(data)

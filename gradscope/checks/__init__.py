@@ -1,0 +1,24 @@
+"""Checks: free functions over the metadata graph, one topic per module.
+
+Each module exposes ``check(graph) -> Iterator[Finding]``. They read only the graph (and the plain data
+that :func:`gradscope.inspect` stored in ``graph.graph``), never live tensors, so they run the same on a
+report loaded back from JSON.
+"""
+
+from __future__ import annotations
+
+from . import freed, inplace, roots, unused
+
+__all__ = ["CHECKS", "run_checks"]
+
+CHECKS = (roots.check, unused.check, inplace.check, freed.check)
+
+
+def run_checks(graph):
+    """Run every check and return the findings, most severe first (deterministic order)."""
+    from ..finding import sort_findings
+
+    out = []
+    for check in CHECKS:
+        out.extend(check(graph))
+    return sort_findings(out)

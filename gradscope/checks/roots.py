@@ -1,0 +1,31 @@
+"""Root checks: ``non-scalar-root`` and ``no-grad-root``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ..finding import Finding
+
+__all__ = ["check"]
+
+
+def check(graph) -> Iterator[Finding]:
+    """Flag roots that ``backward()`` cannot start from as they are."""
+    for rid, shape in zip(graph.graph.get("roots", ()), graph.graph.get("root_shapes", ())):
+        numel = 1
+        for s in shape:
+            numel *= s
+        if numel != 1:
+            name = graph.nodes[rid]["name"]
+            yield Finding(
+                "non-scalar-root", "warning",
+                f"The root ({name}, shape {tuple(shape)}) is not a scalar, so loss.backward() raises "
+                "'grad can be implicitly created only for scalar outputs'. Reduce it first "
+                "(loss.mean() or loss.sum()) or pass gradient=torch.ones_like(loss).",
+                node=rid)
+    for index in graph.graph.get("no_grad_roots", ()):
+        yield Finding(
+            "no-grad-root", "error",
+            f"Root {index} has no grad_fn and does not require grad: it was computed under torch.no_grad()"
+            " or inference_mode, detached, or from inputs that need no gradient, so backward() through it "
+            "raises. Compute it with grad enabled, or drop it from the roots.")

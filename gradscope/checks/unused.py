@@ -1,0 +1,89 @@
+"""``unused-parameter`` and ``detached-branch``: parameters whose ``.grad`` will stay None."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ..finding import Finding
+
+__all__ = ["check", "opaque_nodes"]
+
+_CUT_WORDS = {
+    "detach": "cut by .detach()",
+    ".data": "cut by .data (which bypasses autograd)",
+    "no_grad": "computed under torch.no_grad()/inference_mode",
+    "to-python": "turned into a Python value (.item()/.tolist()/.numpy())",
+    "non-differentiable": "passed through an op with integer/boolean output",
+}
+
+
+def opaque_nodes(graph) -> list[str]:
+    """Node ids of opaque regions (custom Functions, reentrant checkpoint, compiled code)."""
+    return [n for n, d in graph.nodes(data=True) if d["kind"] == "op" and (d.get("opaque") or d.get("function"))]
+
+
+def check(graph) -> Iterator[Finding]:
+    """Parameters that require grad but no path from the roots reaches."""
+    params = graph.graph.get("params", {})
+    missing = [name for name, p in params.items() if p["requires_grad"] and p.get("node") is None]
+    if not missing:
+        return
+    cuts = _cuts_by_param(graph)
+    called = graph.graph.get("called_modules")
+    opaque = opaque_nodes(graph)
+    plain: list[str] = []
+    for name in missing:
+        if name in cuts:
+            ev = cuts[name]
+            yield Finding(
+                "detached-branch", "error",
+                f"{name} gets no gradient: its branch was {_CUT_WORDS.get(ev['kind'], ev['kind'])} "
+                f"({ev['op']}) at {ev['location']}. Remove the cut, or freeze the parameter "
+                "(requires_grad_(False)) if that is intended.",
+                params=(name,), location=ev["location"])
+        else:
+            plain.append(name)
+    for module, names in _group(plain):
+        never = called is not None and module is not None and module not in called
+        yield _unused(module, names, never, opaque, graph)
+
+
+def _unused(module, names, never_called, opaque, graph) -> Finding:
+    if len(names) <= 3:
+        subject = ", ".join(names)
+    else:
+        subject = f"{len(names)} parameters of {module or 'the model'} ({names[0]}, {names[1]}, ...)"
+    if never_called:
+        why = f"module {module} was never called in the forward pass"
+    else:
+        why = "no path from the root reaches them"
+    fix = ("Use the module in forward(), freeze it (requires_grad_(False)), or pass "
+           "find_unused_parameters=True to DDP if it is legitimately skipped on some steps.")
+    if opaque:
+        first = graph.nodes[opaque[0]]
+        return Finding(
+            "unused-parameter", "warning",
+            f"{subject}: {why}, but the graph holds {len(opaque)} opaque node(s) (first: {first['name']}) "
+            "that may use parameters the walk cannot see (reentrant checkpoint, custom Function, compiled "
+            "region); check after backward() whether .grad is None. " + fix,
+            node=None, params=tuple(names))
+    return Finding("unused-parameter", "error",
+                   f"{subject} will get no gradient (.grad stays None): {why}. {fix}",
+                   params=tuple(names))
+
+
+def _group(names: list[str]):
+    groups: dict = {}
+    for n in names:
+        groups.setdefault(n.rpartition(".")[0] or None, []).append(n)
+    return list(groups.items())
+
+
+def _cuts_by_param(graph) -> dict:
+    out: dict = {}
+    for ev in graph.graph.get("events", ()):
+        if ev["kind"] == "inplace":
+            continue
+        for p in ev.get("params", ()):
+            out.setdefault(p, ev)
+    return out

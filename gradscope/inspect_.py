@@ -1,0 +1,54 @@
+"""``gradscope.inspect``: roots in, :class:`~gradscope.report.Report` out."""
+
+from __future__ import annotations
+
+from .checks import run_checks
+from .graph import build_graph, flatten_roots, param_names
+from .report import Report
+
+__all__ = ["inspect"]
+
+
+def inspect(root, *, model=None, params=None, trace=None) -> Report:
+    """Walk the autograd graph behind ``root`` and diagnose it, before (or after) ``backward()``.
+
+    Args:
+        root: the loss tensor, or a (nested) list/tuple of tensors you would pass to
+            ``torch.autograd.backward``.
+        model: an ``nn.Module`` whose ``named_parameters()`` name the leaves (DDP/DataParallel are
+            unwrapped, so names carry no ``module.`` prefix).
+        params: a mapping of names to tensors, in addition to or instead of ``model``.
+        trace: a finished :func:`gradscope.trace` recording of the same forward pass; it adds module
+            names to op nodes and the source location of cuts and in-place writes.
+
+    Returns:
+        A :class:`Report` holding only metadata: no tensor or autograd node stays alive because of it.
+
+    Raises:
+        InputTypeError: ``root`` is not a tensor or a list of tensors; ``model``/``params`` have the
+            wrong type.
+        NoGradRootError: no root has a ``grad_fn`` or requires grad.
+
+    Example:
+        >>> import torch, gradscope
+        >>> lin = torch.nn.Linear(3, 1)
+        >>> report = gradscope.inspect(lin(torch.randn(2, 3)).sum(), model=lin)
+        >>> report.findings
+        []
+    """
+    roots = flatten_roots(root)
+    names = param_names(model, params)
+    graph = build_graph(roots, names)
+    if trace is not None:
+        _annotate(trace, graph, model)
+    return Report(graph, run_checks(graph))
+
+
+def _annotate(trace, graph, model) -> None:
+    from .errors import InputTypeError
+
+    annotate = getattr(trace, "annotate", None)
+    if annotate is None:
+        raise InputTypeError(
+            f"trace= must be the object returned by gradscope.trace(), got {type(trace).__name__}.")
+    annotate(graph, model)

@@ -1,0 +1,79 @@
+"""The :class:`Report`: the graph, its findings, and every way to look at them."""
+
+from __future__ import annotations
+
+import networkx as nx
+
+from .finding import Finding
+
+__all__ = ["Report", "held_bytes"]
+
+HELD = ("live", "stale", "hooked")
+
+
+def held_bytes(graph) -> int:
+    """Bytes held by saved tensors in ``graph``, each storage counted once (wrapped scalars excluded)."""
+    seen: set = set()
+    total = 0
+    for _, data in graph.nodes(data=True):
+        for e in data["saved"]:
+            if e["status"] not in HELD or e.get("scalar"):
+                continue
+            sid = e["storage"]
+            if sid is not None:
+                if sid in seen:
+                    continue
+                seen.add(sid)
+            total += e["nbytes"]
+    return total
+
+
+class Report:
+    """What :func:`gradscope.inspect` found.
+
+    Attributes:
+        graph: ``networkx.DiGraph`` of metadata; edge ``u -> v`` means ``v`` consumed ``u``'s output.
+        findings: list of :class:`Finding`, most severe first.
+        saved_bytes: bytes held by saved tensors, each storage counted once.
+    """
+
+    def __init__(self, graph: nx.DiGraph, findings: list[Finding]):
+        self.graph = graph
+        self.findings = list(findings)
+        self.saved_bytes = held_bytes(graph)
+
+    # -- reading ---------------------------------------------------------------------------------
+    @property
+    def errors(self) -> list[Finding]:
+        """The error-severity findings."""
+        return [f for f in self.findings if f.severity == "error"]
+
+    @property
+    def ok(self) -> bool:
+        """True when there is no error-severity finding."""
+        return not self.errors
+
+    def summary(self, top: int = 5) -> str:
+        """The terminal report: counts, findings with their fixes, the top saved-memory nodes."""
+        from ._summary import summary
+
+        return summary(self, top=top)
+
+    def explain(self, param: str) -> str:
+        """Why ``param`` gets (or does not get) a gradient, in a few sentences."""
+        from ._explain import explain
+
+        return explain(self, param)
+
+    def __repr__(self) -> str:
+        counts = {}
+        for f in self.findings:
+            counts[f.severity] = counts.get(f.severity, 0) + 1
+        found = ", ".join(f"{n} {s}{'s' if n > 1 else ''}" for s, n in counts.items()) or "no findings"
+        from ._format import human_bytes
+
+        return (f"<gradscope.Report: {self.graph.number_of_nodes()} nodes, "
+                f"{human_bytes(self.saved_bytes)} saved, {found}>")
+
+    def __str__(self) -> str:
+        return self.summary()

@@ -1,0 +1,287 @@
+"""Reading a node's saved values as metadata, never as live tensors.
+
+See NOTE [saved slot states] for how each slot is classified without raising, without calling an unpack
+hook that has side effects, and without bumping any version counter.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["NodeType", "node_type", "read_saved", "StorageIds", "plain_value"]
+
+# NOTE [saved slot states]
+# Every tensor slot of a node ends up in exactly one state:
+#   live       raw.data is a Tensor and no unpack hook: the storage is held by the graph.
+#   stale      live, but the tensor was modified in place after it was saved: backward() will raise.
+#              The saved version is not exposed by torch; it only appears in the error that reading the
+#              slot raises. Versions only grow, so a slot whose current version is 0 cannot be stale and
+#              we only pay for the getattr (and its exception) when the current version is above 0.
+#   hooked     saved under saved_tensors_hooks that packed the tensor itself: metadata read from the packed
+#              tensor; the unpack hook is never called (it may have side effects).
+#   offloaded  torch.autograd.graph.save_on_cpu: raw.data is (device, cpu_tensor); bytes live on the CPU.
+#   recomputed checkpoint(use_reentrant=False): raw.data is a _Holder; reading the slot would re-run the
+#              forward, so we never do. Holds no bytes.
+#   opaque     another pack hook whose packed value we cannot read.
+#   freed      a backward without retain_graph released it (raw.data is None and reading raises).
+# A slot that was never saved (raw.data is None, getattr returns None) is left out.
+
+_VERSION_RE = re.compile(r"is at version (\d+); expected version (\d+)")
+_FREED_MARK = "backward through the graph a second time"
+_U64 = 2**64
+_I64_MAX = 2**63
+
+_OPAQUE_FUNCTIONS = ("CheckpointFunction", "CompiledFunction")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeType:
+    """What we know about a node class, computed once per class (dir() is slow)."""
+
+    name: str
+    tensor_slots: tuple[str, ...]
+    value_slots: tuple[str, ...]
+    custom: bool
+    function: str | None
+    opaque: bool
+    leaf: bool
+
+
+_TYPE_CACHE: dict[type, NodeType] = {}
+
+
+def node_type(node) -> NodeType:
+    """Return the cached :class:`NodeType` of ``node``'s class."""
+    cls = type(node)
+    info = _TYPE_CACHE.get(cls)
+    if info is None:
+        info = _TYPE_CACHE[cls] = _make_type(node, cls)
+    return info
+
+
+def _make_type(node, cls) -> NodeType:
+    names = dir(cls)
+    raw = {n[len("_raw_saved_"):] for n in names if n.startswith("_raw_saved_")}
+    saved = [n[len("_saved_"):] for n in names if n.startswith("_saved_")]
+    tensor_slots = tuple(s for s in saved if s in raw)
+    value_slots = tuple(s for s in saved if s not in raw)
+    fwd = getattr(node, "_forward_cls", None)
+    custom = fwd is not None
+    function = None
+    opaque = False
+    if custom:
+        function = f"{fwd.__module__}.{fwd.__qualname__}"
+        opaque = fwd.__name__ in _OPAQUE_FUNCTIONS
+        name = f"{fwd.__name__}Backward"
+    else:
+        name = cls.__name__
+    return NodeType(name, tensor_slots, value_slots, custom, function, opaque, name == "AccumulateGrad")
+
+
+class StorageIds:
+    """Maps storages to small deterministic ids (discovery order) and remembers their sizes.
+
+    The key is the StorageImpl pointer (``untyped_storage()._cdata``), which tells storages apart on every
+    device, ``meta`` included, where ``data_ptr()`` is 0 for every tensor.
+    """
+
+    __slots__ = ("ids", "sizes")
+
+    def __init__(self) -> None:
+        self.ids: dict[int, int] = {}
+        self.sizes: list[int] = []
+
+    def key(self, t: torch.Tensor) -> tuple[int | None, int]:
+        """Return ``(storage_id, storage_nbytes)`` of a tensor; id None when it has no plain storage."""
+        try:
+            st = t.untyped_storage()
+            ptr, size = st._cdata, st.nbytes()
+        except (RuntimeError, NotImplementedError, TypeError):
+            return None, _dense_nbytes(t)
+        sid = self.ids.get(ptr)
+        if sid is None:
+            sid = self.ids[ptr] = len(self.sizes)
+            self.sizes.append(size)
+        return sid, size
+
+
+def _dense_nbytes(t: torch.Tensor) -> int:
+    try:
+        if t.is_sparse:
+            return _dense_nbytes(t._values()) + _dense_nbytes(t._indices())
+        return t.numel() * t.element_size()
+    except Exception:  # noqa: BLE001 - exotic tensor subclasses: size unknown
+        return 0
+
+
+def _is_wrapped_scalar(t: torch.Tensor) -> bool:
+    # Python numbers in ops such as x * 2 or x / 4.0 are saved as 0-d int64/float64 CPU tensors that never
+    # pass through pack hooks and are not activations (TORCH-FACTS section 10).
+    return t.dim() == 0 and t.dtype in (torch.float64, torch.int64, torch.complex128, torch.bool) \
+        and t.device.type == "cpu" and not t.requires_grad
+
+
+def _meta(slot: str, t: torch.Tensor, status: str, storages: StorageIds, device=None) -> dict:
+    sid, size = storages.key(t)
+    entry = {
+        "slot": slot,
+        "shape": list(t.shape),
+        "dtype": str(t.dtype).removeprefix("torch."),
+        "device": str(device if device is not None else t.device),
+        "nbytes": size,
+        "status": status,
+        "storage": sid,
+    }
+    if _is_wrapped_scalar(t):
+        entry["scalar"] = True
+    return entry
+
+
+def _blank(slot: str, status: str) -> dict:
+    return {"slot": slot, "shape": None, "dtype": None, "device": None, "nbytes": 0, "status": status,
+            "storage": None}
+
+
+def _classify(node, slot: str, attr: str, raw, storages: StorageIds) -> dict | None:
+    """Classify one SavedTensor (see NOTE [saved slot states])."""
+    data = raw.data
+    if raw.unpack_hook is not None:
+        if isinstance(data, torch.Tensor):
+            return _meta(slot, data, "hooked", storages)
+        if isinstance(data, tuple) and len(data) == 2 and isinstance(data[1], torch.Tensor):
+            return _meta(slot, data[1], "offloaded", storages, device=data[0])
+        if type(data).__name__ == "_Holder":
+            return _blank(slot, "recomputed")
+        return _blank(slot, "opaque")
+    if data is None:
+        try:
+            value = getattr(node, attr)
+        except RuntimeError as exc:
+            return _blank(slot, "freed" if _FREED_MARK in str(exc) else "opaque")
+        return None if value is None else _blank(slot, "opaque")
+    entry = _meta(slot, data, "live", storages)
+    if attr is None:  # custom Function: versions are checked for all slots at once
+        entry["_version"] = data._version
+        return entry
+    if data._version > 0:
+        try:
+            getattr(node, attr)
+        except RuntimeError as exc:
+            m = _VERSION_RE.search(str(exc))
+            if m:
+                entry["status"] = "stale"
+                entry["version"] = int(m.group(1))
+                entry["saved_version"] = int(m.group(2))
+    return entry
+
+
+def read_saved(node, info: NodeType, storages: StorageIds) -> tuple[list[dict], dict]:
+    """Read every saved slot of ``node`` as metadata.
+
+    Returns:
+        ``(saved, attrs)``: one dict per tensor slot (see NOTE [saved slot states]) and the non-tensor saved
+        values as plain Python values (ints normalised to signed, dtypes as strings).
+    """
+    saved: list[dict] = []
+    attrs: dict = {}
+    if info.custom:
+        _read_custom(node, saved, attrs, storages)
+        return saved, attrs
+    for s in info.tensor_slots:
+        attr = "_saved_" + s
+        try:
+            raw = getattr(node, "_raw_saved_" + s)
+        except RuntimeError:
+            continue
+        if isinstance(raw, (list, tuple)):
+            for i, r in enumerate(raw):
+                e = _classify(node, f"{s}[{i}]", attr, r, storages)
+                if e is not None:
+                    saved.append(e)
+        else:
+            e = _classify(node, s, attr, raw, storages)
+            if e is not None:
+                saved.append(e)
+    for s in info.value_slots:
+        try:
+            attrs[s] = plain_value(getattr(node, "_saved_" + s))
+        except RuntimeError:
+            attrs[s] = None
+    return saved, attrs
+
+
+def _read_custom(node, saved: list, attrs: dict, storages: StorageIds) -> None:
+    try:
+        raws = node._raw_saved_tensors or ()
+    except RuntimeError:
+        raws = ()
+    written = False
+    for i, raw in enumerate(raws):
+        slot = f"saved_tensors[{i}]"
+        if raw.unpack_hook is None and raw.data is None:
+            e = _freed_or_none(node, slot)
+        else:
+            e = _classify(node, slot, None, raw, storages)
+            written = written or (e["status"] == "live" and raw.data._version > 0)
+        if e is not None:
+            saved.append(e)
+    if written:
+        _check_custom_versions(node, saved)
+    for e in saved:
+        e.pop("_version", None)
+    for key, value in getattr(node, "__dict__", {}).items():
+        if not key.startswith("_") and isinstance(value, (int, float, str, bool, tuple, type(None))):
+            attrs[key] = plain_value(value)
+
+
+def _freed_or_none(node, slot: str) -> dict | None:
+    try:
+        node.saved_tensors
+    except RuntimeError as exc:
+        return _blank(slot, "freed" if _FREED_MARK in str(exc) else "opaque")
+    return None
+
+
+def _check_custom_versions(node, saved: list) -> None:
+    # A custom Function exposes only saved_tensors (all slots at once), so the error names no slot: mark
+    # the first live slot whose current version matches the one in the message.
+    try:
+        node.saved_tensors
+    except RuntimeError as exc:
+        m = _VERSION_RE.search(str(exc))
+        if m:
+            for e in saved:
+                if e["status"] == "live" and e.get("_version") == int(m.group(1)):
+                    e["status"] = "stale"
+                    e["version"] = int(m.group(1))
+                    e["saved_version"] = int(m.group(2))
+                    break
+
+
+def plain_value(v):
+    """Turn a saved non-tensor value into a plain, JSON-friendly Python value."""
+    if isinstance(v, bool) or v is None or isinstance(v, (float, str)):
+        return v
+    if isinstance(v, int):
+        return v - _U64 if v >= _I64_MAX else v
+    if isinstance(v, (tuple, list)):
+        return [plain_value(x) for x in v]
+    if isinstance(v, torch.Tensor):
+        return f"Tensor{list(v.shape)}"
+    if isinstance(v, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        return str(v).removeprefix("torch.")
+    try:
+        return int(v)  # SymInt and friends
+    except Exception:  # noqa: BLE001
+        return repr(v)[:80] if _safe_repr_ok(v) else type(v).__name__
+
+
+def _safe_repr_ok(v) -> bool:
+    try:
+        repr(v)
+    except Exception:  # noqa: BLE001 - user objects whose __repr__ raises
+        return False
+    return True
