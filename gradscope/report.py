@@ -65,6 +65,41 @@ class Report:
 
         return explain(self, param)
 
+    def memory(self, **kwargs):
+        """Saved-tensor memory per module and per op kind (see :func:`gradscope.memory.memory`)."""
+        from .memory import memory
+
+        return memory(self, **kwargs)
+
+    # -- views -----------------------------------------------------------------------------------
+    def render(self, path, **kwargs):
+        """Write the graph to ``path``; the format comes from the suffix (see :func:`gradscope.render.render`)."""
+        from .render import render
+
+        return render(self, path, **kwargs)
+
+    def to_dot(self, **kwargs):
+        """The graph as a ``graphviz.Digraph`` (see :func:`gradscope.render.to_dot`)."""
+        from .render import to_dot
+
+        return to_dot(self, **kwargs)
+
+    def to_json(self) -> dict:
+        """JSON-ready node-link data of the graph, with findings (what ``render('x.json')`` writes)."""
+        from ._json import report_to_data
+
+        return report_to_data(self)
+
+    def _repr_html_(self) -> str:
+        from ._notebook import repr_html
+
+        return repr_html(self)
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        from ._notebook import repr_mimebundle
+
+        return repr_mimebundle(self, include=include, exclude=exclude)
+
     def __repr__(self) -> str:
         counts = {}
         for f in self.findings:
