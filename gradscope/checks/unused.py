@@ -43,6 +43,9 @@ def check(graph) -> Iterator[Finding]:
                 params=(name,), location=ev["location"])
         else:
             plain.append(name)
+    if opaque and plain:  # one warning: the walk cannot tell which of them the opaque region uses
+        yield _unused(None, plain, False, opaque, graph)
+        return
     for module, names in _group(plain):
         never = called is not None and module is not None and module not in called
         yield _unused(module, names, never, opaque, graph)
