@@ -1,0 +1,222 @@
+"""The ``gradscope`` command line: thin click commands over :func:`gradscope.inspect` and the renderer.
+
+Exit codes: 0 success (``check``: no error finding), 1 ``check`` found an error-severity finding,
+2 a user mistake (bad TARGET, bad option, a file that cannot be written), printed as one line on stderr
+without a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import time
+
+import click
+
+from . import __version__
+from .errors import GradscopeError
+
+__all__ = ["main"]
+
+FORMATS = ("svg", "png", "pdf", "html", "dot", "json", "graphml")
+_BIG = 2000  # graphs with more nodes than this get a "laying out..." status line on stderr
+
+
+class UserError(click.ClickException):
+    """A user mistake: exit code 2, one line ``Error: ...`` on stderr."""
+
+    exit_code = 2
+
+
+def _status(msg: str) -> None:
+    click.echo(f"gradscope: {msg}", err=True)
+
+
+def _report(target: str, use_trace: bool):
+    from ._target import inspect_target
+
+    _status(f"running {target} ...")
+    t0 = time.perf_counter()
+    try:
+        report = inspect_target(target, use_trace=use_trace)
+    except GradscopeError as exc:
+        raise UserError(str(exc)) from None
+    n = report.graph.number_of_nodes()
+    _status(f"inspected {n:,} nodes in {time.perf_counter() - t0:.1f} s: {_counts(report)}")
+    return report
+
+
+def _counts(report) -> str:
+    counts: dict[str, int] = {}
+    for f in report.findings:
+        counts[f.severity] = counts.get(f.severity, 0) + 1
+    return ", ".join(f"{n} {s}{'s' if n > 1 else ''}" for s, n in counts.items()) or "no findings"
+
+
+def _output_path(output: str, fmt: str | None) -> str:
+    """Check ``-o`` and ``--format`` agree; return the path to write (suffix added when missing)."""
+    root, suffix = os.path.splitext(output)
+    suffix = suffix.lower().lstrip(".")
+    if fmt is not None:
+        fmt = fmt.lower().lstrip(".")
+        if fmt not in FORMATS:
+            raise UserError(f"Unknown --format {fmt!r}; use one of {', '.join(FORMATS)}.")
+        if not suffix:
+            output = f"{output}.{fmt}"
+        elif suffix != fmt:
+            raise UserError(f"-o {output!r} ends in .{suffix} but --format is {fmt!r}; "
+                            f"make them agree (e.g. -o {root}.{fmt}).")
+    elif suffix not in FORMATS:
+        shown = f".{suffix}" if suffix else "no suffix"
+        raise UserError(f"Cannot tell the format of -o {output!r} ({shown}); end it in one of "
+                        f"{', '.join('.' + f for f in FORMATS)} or pass --format.")
+    folder = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(folder):
+        raise UserError(f"Cannot write {output!r}: the folder {folder!r} does not exist; create it first.")
+    return output
+
+
+def _render(report, output: str, collapse, show_saved) -> None:
+    kwargs = {}
+    if collapse is not None:
+        kwargs["collapse"] = collapse
+    if show_saved is not None:
+        kwargs["show_saved"] = show_saved
+    n = report.graph.number_of_nodes()
+    fmt = os.path.splitext(output)[1].lstrip(".").lower()
+    if n > _BIG and fmt in ("svg", "png", "pdf", "html"):
+        _status(f"laying out {n:,} nodes with Graphviz dot ...")
+    t0 = time.perf_counter()
+    try:
+        report.render(output, **kwargs)
+    except GradscopeError as exc:
+        raise UserError(str(exc)) from None
+    except OSError as exc:
+        raise UserError(f"Cannot write {output!r}: {exc.strerror or exc}.") from None
+    size = os.path.getsize(output) if os.path.exists(output) else 0
+    from ._format import human_bytes
+
+    _status(f"wrote {output} ({human_bytes(size)}) in {time.perf_counter() - t0:.1f} s")
+
+
+_RENDER_OPTIONS = [
+    click.option("-o", "--output", default=None, metavar="PATH",
+                 help="File to write; the format comes from the suffix (.svg .png .pdf .html .dot .json "
+                      ".graphml)."),
+    click.option("-f", "--format", "fmt", default=None, metavar="F",
+                 help=f"Output format when -o has no suffix: {', '.join(FORMATS)}."),
+    click.option("--collapse", type=click.IntRange(min=0), default=None, metavar="N",
+                 help="Fold modules deeper than N into one box each (default: automatic for big graphs)."),
+    click.option("--show-saved/--no-show-saved", default=None,
+                 help="Show each op's saved tensors (shape, dtype, bytes)."),
+]
+
+
+def _render_options(fn):
+    for option in reversed(_RENDER_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+_TRACE_OPTION = click.option("--trace/--no-trace", "use_trace", default=True, show_default=True,
+                             help="Record the forward pass with gradscope.trace() (module names, source "
+                                  "lines of cuts) when available.")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "-V", "--version", prog_name="gradscope")
+def main():
+    """Inspect and debug PyTorch autograd graphs.
+
+    TARGET names a function that takes no arguments and returns the loss tensor, or a (loss, model)
+    tuple: path/to/file.py:function or package.module:function. Give the model to get parameter names.
+
+    \b
+    Examples:
+      gradscope check train.py:make_loss        # CI gate: exit 1 on an error finding
+      gradscope render train.py:make_loss -o graph.svg
+      gradscope demo -o demo.svg                # a built-in example with planted bugs
+
+    Exit codes: 0 ok, 1 error findings (check), 2 usage or TARGET mistake.
+    """
+
+
+@main.command(short_help="Render TARGET's graph to .svg/.png/.pdf/.html/.dot/.json/.graphml.")
+@click.argument("target")
+@_render_options
+@_TRACE_OPTION
+def render(target, output, fmt, collapse, show_saved, use_trace):
+    """Render TARGET's autograd graph to a file (SVG by default).
+
+    \b
+    Examples:
+      gradscope render train.py:make_loss -o graph.svg
+      gradscope render mypkg.losses:step -o graph.html          # pan/zoom page
+      gradscope render train.py:make_loss -o graph --format pdf --collapse 2
+      gradscope render train.py:make_loss -o graph.json         # networkx node-link
+    """
+    output = _output_path(output or f"graph.{(fmt or 'svg').lower().lstrip('.')}", fmt)
+    report = _report(target, use_trace)
+    _render(report, output, collapse, show_saved)
+    if report.findings:
+        _status(f"{_counts(report)}; run `gradscope check {target}` for the details")
+
+
+@main.command(short_help="Print TARGET's findings; exit 1 on an error (CI gate).")
+@click.argument("target")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as a JSON list instead of text.")
+@click.option("--fail-on", type=click.Choice(["error", "warning", "info"]), default="error",
+              show_default=True, help="Lowest severity that makes the exit code 1.")
+@_TRACE_OPTION
+def check(target, as_json, fail_on, use_trace):
+    """Print TARGET's findings; exit 1 when one is an error (a CI gate), else 0.
+
+    \b
+    Examples:
+      gradscope check train.py:make_loss
+      gradscope check mypkg.losses:step --json > findings.json
+      gradscope check train.py:make_loss --fail-on warning
+    """
+    report = _report(target, use_trace)
+    if as_json:
+        click.echo(json.dumps([f.to_dict() for f in report.findings], indent=2))
+    else:
+        click.echo(report.summary())
+    order = ("error", "warning", "info")
+    failing = order[: order.index(fail_on) + 1]
+    raise SystemExit(1 if any(f.severity in failing for f in report.findings) else 0)
+
+
+@main.command(short_help="Render and check a built-in example with planted bugs.")
+@_render_options
+@_TRACE_OPTION
+def demo(output, fmt, collapse, show_saved, use_trace):
+    """Render a built-in example with two planted bugs and print its findings.
+
+    The example (gradscope/demo.py) is a two-head classifier: one head's output is detached, so the
+    head never trains, and the sigmoid's output is clamped in place, so backward() would raise.
+    Compare with `gradscope check gradscope.demo:fixed`.
+
+    \b
+    Examples:
+      gradscope demo                   # writes demo.svg
+      gradscope demo -o demo.html      # interactive page
+    """
+    output = _output_path(output or f"demo.{(fmt or 'svg').lower().lstrip('.')}", fmt)
+    report = _report("gradscope.demo:buggy", use_trace)
+    _render(report, output, collapse, show_saved)
+    click.echo(report.summary())
+    click.echo(f"\nThe graph is in {output}. The fix is in gradscope/demo.py (TwoHeadClassifier, fixed=True); "
+               "`gradscope check gradscope.demo:fixed` exits 0.")
+
+
+def _register_diff() -> None:
+    if importlib.util.find_spec(f"{__package__}._diff_cli") is None:
+        return
+    from ._diff_cli import diff_cmd
+
+    main.add_command(diff_cmd, "diff")
+
+
+_register_diff()
