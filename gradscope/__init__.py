@@ -12,6 +12,8 @@ from .errors import (GradientError, GradscopeError, InputTypeError, InputValueEr
 from .finding import KINDS, Finding
 from .inspect_ import inspect
 from .report import Report
+from ._json import load
+from .diff import Diff, diff
 
 __version__ = "0.1.0"
 
@@ -27,5 +29,8 @@ __all__ = [
     "NoGradRootError",
     "RenderError",
     "UnknownParameterError",
+    "load",
+    "diff",
+    "Diff",
     "__version__",
 ]
