@@ -142,7 +142,8 @@ def _lookup(module, attr: str, target: str):
             raise TargetError(f"{where} has no function {attr!r}{known}.")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise TargetError(f"{target} is a {type(obj).__name__}, not a function; TARGET must name a "
+        kind = type(obj).__name__
+        raise TargetError(f"{target} is {'an' if kind[0] in 'aeiou' else 'a'} {kind}, not a function; TARGET must name a "
                           "function that takes no arguments and returns a loss or (loss, model).")
     return obj
 

@@ -36,7 +36,6 @@ def _status(msg: str) -> None:
 def _report(target: str, use_trace: bool):
     from ._target import inspect_target
 
-    _status(f"running {target} ...")
     t0 = time.perf_counter()
     try:
         report = inspect_target(target, use_trace=use_trace)
