@@ -64,4 +64,11 @@ def summary(report, top: int = 5) -> str:
             slots = ", ".join(f"{e['slot']} {shape_str(e['shape'])}" for e in d["saved"]
                               if e["status"] in ("live", "stale", "hooked"))
             lines.append(f"  {human_bytes(d['saved_bytes']):>10}  {nid:<6} {d['name']}{where}: {slots}")
+    if any(d.get("module") for _, d in g.nodes(data=True) if d["kind"] == "op"):
+        from ._memory_attr import module_bytes
+
+        mods = [(m, n) for m, n in module_bytes(g, params=False).items() if n > 0][:top]
+        if mods:
+            lines.append("Saved memory by module (activations; see report.memory()): "
+                         + ", ".join(f"{m} {human_bytes(n)}" for m, n in mods))
     return "\n".join(lines)
