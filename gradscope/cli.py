@@ -76,14 +76,28 @@ def _output_path(output: str, fmt: str | None) -> str:
     return output
 
 
-def _render(report, output: str, collapse, show_saved) -> None:
-    kwargs = {}
+def _render_kwargs(collapse, expand, show_saved, legend) -> dict:
+    """The renderer's keyword arguments for the options given (checked before running the target)."""
+    if expand and collapse is not None:
+        raise UserError(f"--expand and --collapse {collapse} contradict each other; pass one of them.")
+    kwargs = {"collapse": False} if expand else {}
     if collapse is not None:
         kwargs["collapse"] = collapse
     if show_saved is not None:
         kwargs["show_saved"] = show_saved
+    if legend is not None:
+        kwargs["legend"] = legend
+    return kwargs
+
+
+def _render(report, output: str, kwargs: dict) -> None:
     n = report.graph.number_of_nodes()
     fmt = os.path.splitext(output)[1].lstrip(".").lower()
+    from .render import AUTO_LIMIT
+
+    if n > AUTO_LIMIT and "collapse" not in kwargs and fmt not in ("json", "graphml"):
+        _status(f"{n:,} nodes > {AUTO_LIMIT}: collapsed automatically (repeated blocks folded, deep modules "
+                "boxed); pass --expand to draw every node or --collapse N to keep modules to depth N")
     if n > _BIG and fmt in ("svg", "png", "pdf", "html"):
         _status(f"laying out {n:,} nodes with Graphviz dot ...")
     t0 = time.perf_counter()
@@ -107,8 +121,10 @@ _RENDER_OPTIONS = [
                  help=f"Output format when -o has no suffix: {', '.join(FORMATS)}."),
     click.option("--collapse", type=click.IntRange(min=0), default=None, metavar="N",
                  help="Fold modules deeper than N into one box each (default: automatic for big graphs)."),
+    click.option("--expand", is_flag=True, help="Draw every node: no automatic collapsing of big graphs."),
     click.option("--show-saved/--no-show-saved", default=None,
                  help="Show each op's saved tensors (shape, dtype, bytes)."),
+    click.option("--legend/--no-legend", default=None, help="Add a legend box to the picture."),
 ]
 
 
@@ -145,7 +161,7 @@ def main():
 @click.argument("target")
 @_render_options
 @_TRACE_OPTION
-def render(target, output, fmt, collapse, show_saved, use_trace):
+def render(target, output, fmt, collapse, expand, show_saved, legend, use_trace):
     """Render TARGET's autograd graph to a file (SVG by default).
 
     \b
@@ -154,10 +170,12 @@ def render(target, output, fmt, collapse, show_saved, use_trace):
       gradscope render mypkg.losses:step -o graph.html          # pan/zoom page
       gradscope render train.py:make_loss -o graph --format pdf --collapse 2
       gradscope render train.py:make_loss -o graph.json         # networkx node-link
+      gradscope render big.py:step -o graph.svg --expand        # no automatic collapsing
     """
     output = _output_path(output or f"graph.{(fmt or 'svg').lower().lstrip('.')}", fmt)
+    kwargs = _render_kwargs(collapse, expand, show_saved, legend)
     report = _report(target, use_trace)
-    _render(report, output, collapse, show_saved)
+    _render(report, output, kwargs)
     if report.findings:
         _status(f"{_counts(report)}; run `gradscope check {target}` for the details")
 
@@ -190,7 +208,7 @@ def check(target, as_json, fail_on, use_trace):
 @main.command(short_help="Render and check a built-in example with planted bugs.")
 @_render_options
 @_TRACE_OPTION
-def demo(output, fmt, collapse, show_saved, use_trace):
+def demo(output, fmt, collapse, expand, show_saved, legend, use_trace):
     """Render a built-in example with two planted bugs and print its findings.
 
     The example (gradscope/demo.py) is a two-head classifier: one head's output is detached, so the
@@ -203,8 +221,9 @@ def demo(output, fmt, collapse, show_saved, use_trace):
       gradscope demo -o demo.html      # interactive page
     """
     output = _output_path(output or f"demo.{(fmt or 'svg').lower().lstrip('.')}", fmt)
+    kwargs = _render_kwargs(collapse, expand, show_saved, True if legend is None else legend)
     report = _report("gradscope.demo:buggy", use_trace)
-    _render(report, output, collapse, show_saved)
+    _render(report, output, kwargs)
     click.echo(report.summary())
     click.echo(f"\nThe graph is in {output}. The fix is in gradscope/demo.py (TwoHeadClassifier, fixed=True); "
                "`gradscope check gradscope.demo:fixed` exits 0.")

@@ -291,6 +291,33 @@ def test_render_format_option_adds_the_suffix_and_passes_options(tmp_path, targe
     assert (tmp_path / "g.dot").read_text() == report.to_dot(collapse=1, show_saved=False).source
 
 
+def test_big_graph_says_it_collapsed_and_expand_draws_every_node(tmp_path):
+    from gradscope.render import AUTO_LIMIT
+
+    steps = AUTO_LIMIT // 2 + 10
+    (tmp_path / "chain.py").write_text(
+        "import torch\n"
+        "def chain():\n"
+        "    w = torch.nn.Parameter(torch.ones(4))\n"
+        "    x = torch.ones(4)\n"
+        f"    for _ in range({steps}):\n"
+        "        x = torch.tanh(x * w)\n"
+        "    return x.sum()\n")
+    target = f"{tmp_path / 'chain.py'}:chain"
+    loaded = load(target)
+    report = gradscope.inspect(loaded.loss, trace=loaded.trace)
+    assert report.graph.number_of_nodes() > AUTO_LIMIT
+    auto = _run("render", target, "-o", str(tmp_path / "auto.dot"))
+    assert auto.exit_code == 0 and "collapsed automatically" in auto.stderr and "--expand" in auto.stderr
+    full = _run("render", target, "-o", str(tmp_path / "full.dot"), "--expand")
+    assert full.exit_code == 0 and "collapsed automatically" not in full.stderr
+    assert (tmp_path / "full.dot").read_text() == report.to_dot(collapse=False).source
+    assert (tmp_path / "auto.dot").read_text() == report.to_dot().source
+    both = CliRunner().invoke(main, ["render", target, "-o", str(tmp_path / "x.dot"), "--expand",
+                                     "--collapse", "1"])
+    _one_line_error(both, r"--expand and --collapse 1 contradict each other")
+
+
 def test_render_svg_is_xml_and_names_the_unused_parameters(tmp_path, targets):
     out = tmp_path / "g.svg"
     result = _run("render", f"{targets}:buggy", "-o", str(out))
