@@ -7,9 +7,11 @@ without a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
+import threading
 import time
 
 import click
@@ -98,11 +100,13 @@ def _render(report, output: str, kwargs: dict) -> None:
     if n > AUTO_LIMIT and "collapse" not in kwargs and fmt not in ("json", "graphml"):
         _status(f"{n:,} nodes > {AUTO_LIMIT}: collapsed automatically (repeated blocks folded, deep modules "
                 "boxed); pass --expand to draw every node or --collapse N to keep modules to depth N")
-    if n > _BIG and fmt in ("svg", "png", "pdf", "html"):
-        _status(f"laying out {n:,} nodes with Graphviz dot ...")
+    slow = n > _BIG and fmt in ("svg", "png", "pdf", "html")
+    if slow:
+        _status(f"laying out a graph of {n:,} nodes with Graphviz dot ...")
     t0 = time.perf_counter()
     try:
-        report.render(output, **kwargs)
+        with _ticker(slow, "still laying out"):
+            report.render(output, **kwargs)
     except GradscopeError as exc:
         raise UserError(str(exc)) from None
     except OSError as exc:
@@ -111,6 +115,29 @@ def _render(report, output: str, kwargs: dict) -> None:
     from ._format import human_bytes
 
     _status(f"wrote {output} ({human_bytes(size)}) in {time.perf_counter() - t0:.1f} s")
+
+
+@contextlib.contextmanager
+def _ticker(active: bool, what: str, every: float = 5.0):
+    """While the body runs, say ``what (N s)`` on stderr every ``every`` seconds (one opaque dot call has
+    no finer progress to report)."""
+    if not active:
+        yield
+        return
+    done = threading.Event()
+    t0 = time.perf_counter()
+
+    def tick():
+        while not done.wait(every):
+            _status(f"{what} ({time.perf_counter() - t0:.0f} s)")
+
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 _RENDER_OPTIONS = [
