@@ -12,6 +12,7 @@ from .errors import (GradientError, GradscopeError, InputTypeError, InputValueEr
 from .finding import KINDS, Finding
 from .inspect_ import inspect
 from .report import Report
+from .trace_ import trace
 from ._json import load
 from .diff import Diff, diff
 
@@ -19,6 +20,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "inspect",
+    "trace",
     "Report",
     "Finding",
     "KINDS",

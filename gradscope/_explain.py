@@ -1,16 +1,24 @@
-"""The text of :meth:`Report.explain`: one parameter's story."""
+"""The text of :meth:`Report.explain`: one parameter's story.
+
+The answer is one of: frozen, reached (through which module and op), cut (by what, where: needs
+``trace()``), unused (its module never ran, or ran but its output never reached the root), or possibly
+hidden inside an opaque node. It reads only the metadata graph, so it works on a report loaded from JSON.
+"""
 
 from __future__ import annotations
 
 import difflib
 
+from .checks.unused import _CUT_WORDS, _cuts_by_param, opaque_nodes
 from .errors import UnknownParameterError
-from .checks.unused import opaque_nodes
 
 __all__ = ["explain"]
 
+_FIX_CUT = "Remove the cut, or freeze the parameter (requires_grad_(False)) if that is intended."
+
 
 def explain(report, param: str) -> str:
+    """Why ``param`` gets (or does not get) a gradient; see :meth:`gradscope.Report.explain`."""
     g = report.graph
     params = g.graph.get("params", {})
     if not isinstance(param, str):
@@ -27,28 +35,65 @@ def explain(report, param: str) -> str:
     if not info["requires_grad"]:
         return (f"{param} is frozen (requires_grad=False): it gets no gradient on purpose, and gradscope "
                 "never flags it.")
-    nid = info.get("node")
-    if nid is not None:
-        users = sorted(g.successors(nid), key=lambda n: int(n[1:]))
-        ops = ", ".join(f"{g.nodes[u]['name']} ({u}{_in(g.nodes[u])})" for u in users[:4])
-        more = f" and {len(users) - 4} more" if len(users) > 4 else ""
-        text = f"{param} is reached from the root: it feeds {ops}{more}, so backward() gives it a gradient."
-        blockers = [f for f in report.findings if f.kind == "inplace-hazard"]
-        if blockers:
-            text += (f" But backward() will raise first: {len(blockers)} in-place hazard(s), see "
-                     f"{blockers[0].node}.")
-        return text
-    for f in report.findings:
-        if param in f.params:
-            if f.kind == "detached-branch":
-                return f.message
-            if f.kind == "unused-parameter":
-                return f"{param}: " + f.message if len(f.params) > 1 else f.message
+    if info.get("node") is not None:
+        return _reached(report, param, info["node"])
+    cut = _cuts_by_param(g).get(param)
+    if cut is not None:
+        return _cut(g, param, cut)
     opaque = opaque_nodes(g)
     if opaque:
         return (f"{param} is not reachable by the walk, but it may be used inside the opaque node "
                 f"{g.nodes[opaque[0]]['name']} ({opaque[0]}); check .grad after backward().")
-    return f"{param} is not reachable from the root: its .grad will stay None."
+    return _unused(g, param)
+
+
+def _reached(report, param: str, nid: str) -> str:
+    g = report.graph
+    users = sorted(g.successors(nid), key=_order)
+    ops = ", ".join(f"{g.nodes[u]['name']} ({u}{_in(g.nodes[u])})" for u in users[:4])
+    more = f" and {len(users) - 4} more" if len(users) > 4 else ""
+    modules = sorted({g.nodes[u]["module"] for u in users if g.nodes[u].get("module")})
+    through = f" through {', '.join(modules)}" if modules else ""
+    text = (f"{param} is reached from the root{through}: it feeds {ops}{more}, so backward() gives it a "
+            "gradient.")
+    blockers = [f for f in report.findings if f.kind == "inplace-hazard"]
+    if blockers:
+        where = f" by {blockers[0].location}" if blockers[0].location else ""
+        text += (f" But backward() will raise first: {len(blockers)} in-place hazard(s), the first at "
+                 f"{blockers[0].node}{where}.")
+    return text
+
+
+def _cut(g, param: str, ev: dict) -> str:
+    how = _CUT_WORDS.get(ev["kind"], ev["kind"])
+    where = f"at {ev['location']}" if ev.get("location") else "at an unknown location"
+    inside = f" inside {ev['module']}" if ev.get("module") else ""
+    others = [p for p in ev.get("params", ()) if p != param and g.graph["params"].get(p, {}).get("node") is None]
+    also = f" The same cut also drops {_list(others)}." if others else ""
+    return (f"{param} gets no gradient (.grad stays None): its branch was {how} ({ev['op']}) {where}{inside}, "
+            f"so no path from the root reaches it.{also} {_FIX_CUT}")
+
+
+def _unused(g, param: str) -> str:
+    module = param.rpartition(".")[0] or None
+    called = g.graph.get("called_modules")
+    fix = "Use it in forward(), or freeze it (requires_grad_(False)) if it is not meant to train."
+    if called is not None and module is not None:
+        if module not in called:
+            return (f"{param} gets no gradient (.grad stays None): its module {module} was never called in "
+                    f"the forward pass. {fix}")
+        return (f"{param} gets no gradient (.grad stays None): its module {module} ran in the forward pass, "
+                f"but nothing it computed reaches the root (its output was dropped or overwritten). {fix}")
+    hint = "" if called is not None else " Record the forward with gradscope.trace() to learn where it was lost."
+    return f"{param} is not reachable from the root: its .grad will stay None. {fix}{hint}"
+
+
+def _list(names: list[str]) -> str:
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
+def _order(nid: str):
+    return (0, int(nid[1:])) if nid[1:].isdigit() else (1, nid)
 
 
 def _in(d) -> str:

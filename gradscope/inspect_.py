@@ -40,15 +40,15 @@ def inspect(root, *, model=None, params=None, trace=None) -> Report:
     names = param_names(model, params)
     graph = build_graph(roots, names)
     if trace is not None:
-        _annotate(trace, graph, model)
+        _annotate(trace, graph, model, names)
     return Report(graph, run_checks(graph))
 
 
-def _annotate(trace, graph, model) -> None:
+def _annotate(trace, graph, model, names) -> None:
     from .errors import InputTypeError
 
     annotate = getattr(trace, "annotate", None)
     if annotate is None:
         raise InputTypeError(
             f"trace= must be the object returned by gradscope.trace(), got {type(trace).__name__}.")
-    annotate(graph, model)
+    annotate(graph, model, names=names)

@@ -44,14 +44,24 @@ def _what(name: str, slot: str) -> str:
 
 
 def _matching_event(events, data, slot):
-    # Prefer an in-place event recorded on a tensor of this shape after the node was created.
+    """The recorded in-place event that made ``slot`` stale, or None.
+
+    A candidate was recorded after the node was created (its ``seq`` is above the node's) and, when versions are known, left the
+    tensor at a version in ``(saved_version, version]``; among those the earliest write wins (it is the
+    one that broke the slot). Same shape first; a write through a view of another shape comes second.
+    """
     seq = data.get("seq")
-    best = None
+    saved_v, now_v = slot.get("saved_version"), slot.get("version")
+    shape = list(slot.get("shape") or ())
+    same, other = [], []
     for ev in events:
-        if ev.get("shape") is not None and list(ev["shape"]) != list(slot["shape"] or ()):
+        if seq is not None and ev.get("seq") is not None and ev["seq"] <= seq:
+            continue    # event seq is the next number after the write: the node must be older
+        v = ev.get("version")
+        if v is not None and saved_v is not None and now_v is not None and not saved_v < v <= now_v:
             continue
-        if seq is not None and ev.get("seq") is not None and ev["seq"] < seq:
-            continue
-        best = ev
-        break
-    return best
+        (same if ev.get("shape") is None or list(ev["shape"]) == shape else other).append(ev)
+    for group in (same, other):
+        if group:
+            return min(group, key=lambda ev: (ev.get("version") or 0, ev.get("seq") or 0))
+    return None

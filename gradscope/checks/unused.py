@@ -13,7 +13,8 @@ _CUT_WORDS = {
     ".data": "cut by .data (which bypasses autograd)",
     "no_grad": "computed under torch.no_grad()/inference_mode",
     "to-python": "turned into a Python value (.item()/.tolist()/.numpy())",
-    "non-differentiable": "passed through an op with integer/boolean output",
+    "non-differentiable": "passed through an op without a gradient (an integer/boolean result such as "
+                          "argmax, a comparison or .long())",
 }
 
 

@@ -1,0 +1,260 @@
+"""The ``TorchFunctionMode`` behind :func:`gradscope.trace`: spots graph cuts and in-place writes.
+
+NOTE [cheap per-op path]
+The mode sees every torch function call of the forward, so the common case must cost almost nothing:
+one dict lookup classifies ``func`` (cached per function object), then the call runs, and an ordinary op
+whose output requires grad returns at once. Only when an output does *not* require grad do we scan the
+inputs; only when an input requires grad (a real cut) or the op writes in place do we pay for the stack
+walk (``sys._getframe``) and the walk to the parameters that fed the cut input. Events hold plain data
+(strings, ints, parameter ids); parameters are also kept as weak references so that ``annotate`` can
+check an id still names the same tensor. No tensor or autograd node outlives the event.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import weakref
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+__all__ = ["CutMode", "user_location", "MAX_EVENTS", "WALK_LIMIT"]
+
+MAX_EVENTS = 10_000     # events kept per recording; later ones are only counted
+WALK_LIMIT = 10_000     # autograd nodes visited per event when collecting parameters (NOTE [freeing deep graphs])
+
+_peek_seq = torch._C._autograd._get_sequence_nr
+_ACCUMULATE = torch._C._functions.AccumulateGrad
+_DATA = torch._C.TensorBase.__dict__["data"]
+_Tensor = torch.Tensor
+
+# Categories (NOTE [cheap per-op path]); small ints compare fastest.
+_PLAIN, _GETTER, _DETACH, _DATA_GET, _TO_PYTHON, _INPLACE = range(6)
+
+_TO_PYTHON_NAMES = frozenset({"item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__",
+                              "__complex__", "__array__"})
+_INPLACE_DUNDERS = frozenset({"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__",
+                              "__ifloordiv__", "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__",
+                              "__ilshift__", "__irshift__", "__imatmul__"})
+_NOT_WRITES = frozenset({"requires_grad_", "share_memory_", "retain_grad", "detach_"})
+# Ops that carry a detached tensor on towards .numpy() (x.detach().cpu().numpy()).
+_CARRY = frozenset({"cpu", "to", "contiguous", "clone", "float", "double", "resolve_conj", "resolve_neg"})
+
+_CATEGORY: dict = {}
+
+
+def _classify(func) -> int:
+    name = getattr(func, "__name__", "")
+    if name == "__get__" or name == "__set__":
+        cat = _DATA_GET if name == "__get__" and getattr(func, "__self__", None) is _DATA else _GETTER
+    elif name in ("detach", "detach_"):
+        cat = _DETACH
+    elif name in _TO_PYTHON_NAMES:
+        cat = _TO_PYTHON
+    elif name in _INPLACE_DUNDERS or (name.endswith("_") and not name.startswith("__")
+                                      and name not in _NOT_WRITES):
+        cat = _INPLACE
+    else:
+        cat = _PLAIN
+    try:
+        _CATEGORY[func] = cat
+    except TypeError:  # an unhashable callable: classify it every time
+        pass
+    return cat
+
+
+def _op_name(func) -> str:
+    name = getattr(func, "__name__", None) or type(func).__name__
+    if name == "__get__":
+        return "." + getattr(getattr(func, "__self__", None), "__name__", "attribute")
+    return name
+
+
+def _requires_grad(out) -> bool | None:
+    """True/False for a tensor result (or a tuple/list holding tensors); None when no tensor came back."""
+    if isinstance(out, _Tensor):
+        return out.requires_grad
+    if isinstance(out, (tuple, list)):
+        found = None
+        for o in out:
+            if isinstance(o, _Tensor):
+                if o.requires_grad:
+                    return True
+                found = False
+        return found
+    return None
+
+
+def _grad_inputs(args, kwargs) -> list:
+    """The tensors among ``args``/``kwargs`` (one list level deep) that require grad."""
+    out = []
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(a, _Tensor):
+            if a.requires_grad:
+                out.append(a)
+        elif isinstance(a, (tuple, list)):
+            out.extend(t for t in a if isinstance(t, _Tensor) and t.requires_grad)
+    return out
+
+
+def _dtype_name(out) -> str:
+    t = out if isinstance(out, _Tensor) else next((o for o in out if isinstance(o, _Tensor)), None)
+    return "" if t is None else str(t.dtype).removeprefix("torch.")
+
+
+_ROOTS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.abspath(__file__)) + os.sep)
+_INTERNAL: dict[str, bool] = {}
+
+
+def user_location(depth: int = 1) -> str | None:
+    """``"file.py:LINE"`` of the first caller frame outside torch and gradscope, or None.
+
+    The path is relative to the working directory when the file lies under it, else its basename.
+    """
+    f = sys._getframe(depth + 1)
+    while f is not None:
+        filename = f.f_code.co_filename
+        internal = _INTERNAL.get(filename)
+        if internal is None:
+            internal = _INTERNAL[filename] = filename.startswith(_ROOTS)
+        if not internal:
+            return f"{_short(filename)}:{f.f_lineno}"
+        f = f.f_back
+    return None
+
+
+def _short(filename: str) -> str:
+    try:
+        rel = os.path.relpath(filename)
+    except ValueError:  # another drive on Windows
+        rel = filename
+    if rel.startswith(os.pardir) or os.path.isabs(rel):
+        return os.path.basename(filename)
+    return rel
+
+
+class CutMode(TorchFunctionMode):
+    """Records cut and in-place events into ``rec`` (a :class:`gradscope.trace_.Trace`)."""
+
+    def __init__(self, rec):
+        super().__init__()
+        self.rec = rec
+        self._detached = None   # (weakref to the last detach() output, its event index)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        try:
+            cat = _CATEGORY[func]
+        except KeyError:
+            cat = _classify(func)
+        except TypeError:
+            cat = _PLAIN
+        out = func(*args, **kwargs)
+        if cat == _PLAIN:
+            if _requires_grad(out) is False:    # fast exit for ordinary ops: NOTE [cheap per-op path]
+                self._plain_cut(func, args, kwargs, out)
+        elif cat == _GETTER:
+            pass
+        elif cat == _INPLACE:
+            if args and isinstance(args[0], _Tensor):
+                self._inplace(func, args[0])
+        elif args and isinstance(args[0], _Tensor):
+            self._special(cat, func, args[0], out)
+        return out
+
+    # -- the rare paths ---------------------------------------------------------------------------
+    def _plain_cut(self, func, args, kwargs, out) -> None:
+        inputs = _grad_inputs(args, kwargs)
+        if not inputs:
+            if self._detached is not None and args and _op_name(func) in _CARRY:
+                ref, index = self._detached
+                if ref() is args[0] and isinstance(out, _Tensor):
+                    self._detached = (weakref.ref(out), index)
+            return
+        name = _op_name(func)
+        if not torch.is_grad_enabled():
+            kind = "no_grad"
+        elif name.endswith("_like") or name.startswith("new_"):
+            return      # a factory that reads only the shape: no data flows, nothing was cut
+        else:
+            kind = "non-differentiable"
+        self._record(kind, name, inputs)
+
+    def _special(self, cat, func, t, out) -> None:
+        if not t.requires_grad:
+            if cat == _TO_PYTHON and self._detached is not None:
+                self._upgrade_detach(func, t)
+            return
+        if cat == _DETACH:
+            index = self._record("detach", _op_name(func), [t])
+            if index is not None and isinstance(out, _Tensor):
+                self._detached = (weakref.ref(out), index)
+        elif cat == _DATA_GET:
+            self._record(".data", ".data", [t])
+        else:
+            self._record("to-python", _op_name(func), [t])
+
+    def _upgrade_detach(self, func, t) -> None:
+        # x.detach().numpy(): torch refuses .numpy() on a tensor that requires grad, so the detach is the
+        # cut; report it as the conversion to Python it was made for, at the detach's location.
+        ref, index = self._detached
+        if ref() is t:
+            ev = self.rec._events[index]
+            self.rec._events[index] = ("to-python", _op_name(func), *ev[2:])
+            self._detached = None
+
+    def _inplace(self, func, t) -> None:
+        try:
+            shape = list(t.shape)
+            version = t._version
+        except RuntimeError:  # inference tensors have no version counter; nested tensors no shape
+            return
+        self._record("inplace", _op_name(func), (), shape=shape, version=version)
+
+    def _record(self, kind, op, inputs, shape=None, version=None) -> int | None:
+        rec = self.rec
+        if len(rec._events) >= MAX_EVENTS:
+            rec._dropped += 1
+            return None
+        location = user_location(3)
+        params = _param_ids(inputs, rec._leaf_refs) if inputs else ()
+        call = rec._stack[-1] if rec._stack else -1
+        rec._events.append((kind, op, location, params, call, _peek_seq(), shape, version))
+        return len(rec._events) - 1
+
+
+def _param_ids(inputs, refs: dict) -> tuple[int, ...]:
+    """Ids of the leaf tensors (parameters) that feed ``inputs``; each is remembered as a weak reference."""
+    found: dict[int, None] = {}
+    stack = []
+    for t in inputs:
+        node = t.grad_fn
+        if node is None:
+            _leaf(t, found, refs)
+        else:
+            stack.append(node)
+    seen = set()
+    while stack and len(seen) < WALK_LIMIT:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if type(node) is _ACCUMULATE:
+            _leaf(node.variable, found, refs)
+            continue
+        for child, _ in node.next_functions:
+            if child is not None and child not in seen:
+                stack.append(child)
+    return tuple(found)
+
+
+def _leaf(t, found: dict, refs: dict) -> None:
+    key = id(t)
+    found[key] = None
+    if key not in refs:
+        try:
+            refs[key] = weakref.ref(t)
+        except TypeError:
+            pass

@@ -1,0 +1,251 @@
+"""``gradscope.trace()``: which module made each autograd node, and where the forward cut the graph.
+
+NOTE [module attribution by sequence numbers]
+Autograd numbers nodes in creation order, per thread (``node._sequence_nr()``), and
+``torch._C._autograd._get_sequence_nr()`` peeks the next number without using it. A global forward
+pre-hook and a forward hook (``always_call=True``, so it also runs when forward raises) cut that number
+line into segments: at each module entry and exit we note ``(next seq, innermost module call)``. A node
+belongs to the segment its number falls in (``bisect``). Modules are recorded by ``id`` plus a weak
+reference, and names are resolved only in :meth:`Trace.annotate`, from the model given to
+``inspect``/``trace``; a module missing from that model (a loss module, a module built on the fly) is
+skipped, so its ops go to the enclosing named module. Hooks only listen to the thread that entered the
+trace, because the numbers are per thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from bisect import bisect_right
+
+import torch
+from torch.nn.modules import module as _nn_module
+
+from ._trace_mode import CutMode
+from .errors import InputTypeError, InputValueError
+
+__all__ = ["Trace", "trace"]
+
+_peek_seq = torch._C._autograd._get_sequence_nr
+_get_ident = threading.get_ident
+_U64_MAX = 2**64 - 1
+
+
+def trace(model=None) -> "Trace":
+    """Record module attribution and graph cuts during a forward pass, for :func:`gradscope.inspect`.
+
+    Args:
+        model: optional ``nn.Module`` that names modules and parameters (names relative to it). Without
+            it, names come from the ``model=`` later given to ``inspect``.
+
+    Returns:
+        A :class:`Trace`, to use as a context manager (``with gradscope.trace() as tr:``) and then pass as
+        ``inspect(loss, model=model, trace=tr)``.
+
+    Raises:
+        InputTypeError: ``model`` is not an ``nn.Module``.
+
+    Example:
+        >>> import torch, gradscope
+        >>> lin = torch.nn.Linear(3, 1)
+        >>> with gradscope.trace(lin) as tr:
+        ...     loss = lin(torch.randn(2, 3)).detach().sum()
+        >>> tr.events[0]["kind"], tr.events[0]["params"]
+        ('detach', ['bias', 'weight'])
+    """
+    return Trace(model)
+
+
+class Trace:
+    """A recording of one forward pass (see :func:`trace`). Holds plain data only.
+
+    Entering the same object again starts a fresh recording; entering it while it is recording raises.
+    Nested traces (``with trace(): ... with trace(): ...``) are independent: each records what runs
+    inside its own block.
+    """
+
+    def __init__(self, model=None):
+        if model is not None and not isinstance(model, torch.nn.Module):
+            raise InputTypeError(
+                f"gradscope.trace(model) takes an nn.Module (or nothing), got {type(model).__name__} "
+                f"{model!r:.60}. Call gradscope.trace() without arguments and pass model= to inspect().")
+        self._model = None if model is None else weakref.ref(_unwrap(model))
+        self._active = False
+        self._handles: list = []
+        self._mode = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._calls: list[tuple[int, int]] = []     # (id(module), parent call index or -1)
+        self._stack: list[int] = []                 # open module calls (indices into _calls)
+        self._seg_seq: list[int] = []               # segment starts (sequence numbers), ascending
+        self._seg_call: list[int] = []              # innermost call of each segment, -1 outside
+        self._refs: dict[int, weakref.ref] = {}     # id(module) -> weak reference
+        self._leaf_refs: dict[int, weakref.ref] = {}  # id(parameter) -> weak reference (for events)
+        self._events: list[tuple] = []              # see CutMode._record
+        self._dropped = 0
+
+    # -- recording ------------------------------------------------------------------------------
+    def __enter__(self) -> "Trace":
+        if self._active:
+            raise InputValueError(
+                "This gradscope.trace() is already recording; it cannot be entered twice at once. "
+                "Use a second gradscope.trace() for a nested recording.")
+        self._reset()
+        self._tid = threading.get_ident()
+        self._segment(-1)
+        try:
+            self._handles.append(_nn_module.register_module_forward_pre_hook(self._pre))
+            self._handles.append(_nn_module.register_module_forward_hook(self._post, always_call=True))
+            mode = CutMode(self)
+            mode.__enter__()
+            self._mode = mode
+        except BaseException:
+            self._remove()
+            raise
+        self._active = True
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        try:
+            self._segment(-1)
+            if self._mode is not None:
+                self._mode.__exit__(*exc)
+        finally:
+            self._mode = None
+            self._stack.clear()
+            self._remove()
+            self._active = False
+        return False
+
+    def _remove(self) -> None:
+        while self._handles:
+            self._handles.pop().remove()
+
+    def _segment(self, call: int) -> None:
+        seq = _peek_seq()
+        starts = self._seg_seq
+        if starts and starts[-1] == seq:   # the previous segment made no node: reuse it
+            self._seg_call[-1] = call
+        else:
+            starts.append(seq)
+            self._seg_call.append(call)
+
+    def _pre(self, module, args) -> None:
+        if _get_ident() != self._tid:
+            return
+        key = id(module)
+        if key not in self._refs:
+            self._refs[key] = weakref.ref(module)
+        stack = self._stack
+        index = len(self._calls)
+        self._calls.append((key, stack[-1] if stack else -1))
+        stack.append(index)
+        self._segment(index)
+
+    def _post(self, module, args, output) -> None:
+        stack = self._stack
+        if not stack or _get_ident() != self._tid or self._calls[stack[-1]][0] != id(module):
+            return      # another thread, or a module whose forward began before the trace did
+        stack.pop()
+        self._segment(stack[-1] if stack else -1)
+
+    # -- reading --------------------------------------------------------------------------------
+    @property
+    def events(self) -> list[dict]:
+        """The recorded events as dicts (see :meth:`annotate`), named with the model given to ``trace``."""
+        return self._event_dicts(self._names(None), self._param_names(None, None))
+
+    @property
+    def calls(self) -> list[str | None]:
+        """Qualified names of the module calls, in call order (None where the name is unknown)."""
+        names = self._names(None)
+        return [names[i] for i in range(len(self._calls))]
+
+    def annotate(self, graph, model=None, names=None) -> None:
+        """Write module names and events into ``graph`` (called by :func:`gradscope.inspect`).
+
+        Sets the ``module`` attribute of every op node, ``graph.graph["events"]`` and, when module names
+        are known, ``graph.graph["called_modules"]``. Writes plain data only.
+
+        Args:
+            graph: the metadata graph built by ``inspect``.
+            model: the ``nn.Module`` given to ``inspect`` (else the one given to ``trace``) for names.
+            names: ``inspect``'s ``id(tensor) -> (name, tensor)`` parameter mapping, if any.
+        """
+        if self._active:
+            raise InputValueError(
+                "inspect(..., trace=tr) was called inside the `with gradscope.trace() as tr:` block; "
+                "call it after the block ends so the recording is complete.")
+        call_names = self._names(model)
+        starts = self._seg_seq
+        for _, data in graph.nodes(data=True):
+            seq = data.get("seq")
+            if data.get("kind") != "op" or seq is None or seq == _U64_MAX:
+                continue
+            i = bisect_right(starts, seq) - 1
+            data["module"] = call_names.get(self._seg_call[i]) if i >= 0 else None
+        graph.graph["events"] = self._event_dicts(call_names, self._param_names(model, names))
+        if model is not None or self._live_model() is not None:
+            called = {call_names[i] for i in range(len(self._calls))}
+            called.discard(None)
+            graph.graph["called_modules"] = sorted(called)
+        if self._dropped:
+            graph.graph["events_dropped"] = self._dropped
+
+    def _live_model(self):
+        return None if self._model is None else self._model()
+
+    def _names(self, model) -> dict[int, str | None]:
+        """call index -> qualified name of the innermost named module of that call (-1 -> None)."""
+        model = _unwrap(model) if model is not None else self._live_model()
+        live = {}
+        if model is not None:
+            for name, m in model.named_modules(remove_duplicate=False):
+                live.setdefault(id(m), (name, m))
+        out: dict[int, str | None] = {-1: None}
+        for index, (key, parent) in enumerate(self._calls):
+            entry = live.get(key)
+            ref = self._refs.get(key)
+            if entry is not None and ref is not None and ref() is entry[1]:
+                out[index] = entry[0] or None       # the model itself: ops in its own forward
+            else:
+                out[index] = out[parent]            # not part of the model: the enclosing module's
+        return out
+
+    def _param_names(self, model, names) -> dict[int, str]:
+        model = _unwrap(model) if model is not None else self._live_model()
+        tensors: dict[int, tuple[str, torch.Tensor]] = {}
+        if names:
+            tensors.update(names)
+        if model is not None:
+            for name, p in model.named_parameters():
+                tensors.setdefault(id(p), (name, p))
+        out = {}
+        for key, ref in self._leaf_refs.items():
+            entry = tensors.get(key)
+            if entry is not None and ref() is entry[1]:
+                out[key] = entry[0]
+        return out
+
+    def _event_dicts(self, call_names, param_names) -> list[dict]:
+        out = []
+        for kind, op, location, params, call, seq, shape, version in self._events:
+            ev = {"kind": kind, "op": op, "location": location,
+                  "params": sorted({param_names[p] for p in params if p in param_names}),
+                  "module": call_names.get(call), "seq": seq, "shape": shape}
+            if version is not None:
+                ev["version"] = version
+            out.append(ev)
+        return out
+
+    def __repr__(self) -> str:
+        state = "recording" if self._active else "finished"
+        return (f"<gradscope.trace: {state}, {len(self._calls)} module calls, {len(self._events)} events"
+                f"{f', {self._dropped} dropped' if self._dropped else ''}>")
+
+
+def _unwrap(model):
+    if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+        return model.module
+    return model
