@@ -43,14 +43,11 @@ class StorageUse:
     users: list[str] = field(default_factory=list)   # node ids that saved it, forward order
 
 
-def _node_key(nid: str) -> int:
-    return int(nid[1:]) if nid[1:].isdigit() else 0
-
-
 def seq_order(graph) -> list[str]:
-    """Op node ids in forward creation order (``seq``), ties and unknown seqs after, by node id."""
+    """Op node ids in forward creation order (``seq``); ties and unknown seqs keep node order."""
+    big = float("inf")
     ops = [(n, d.get("seq")) for n, d in graph.nodes(data=True) if d.get("kind") == "op"]
-    ops.sort(key=lambda ns: (ns[1] is None, ns[1] if ns[1] is not None else 0, _node_key(ns[0])))
+    ops.sort(key=lambda ns: big if ns[1] is None else ns[1])   # stable: ties stay in node-id order
     return [n for n, _ in ops]
 
 
@@ -58,12 +55,18 @@ def _param_storages(graph) -> set:
     return {p["storage"] for p in graph.graph.get("params", {}).values() if p.get("storage") is not None}
 
 
-def storage_uses(graph) -> list[StorageUse]:
-    """Every saved storage once, in the order its owner was created (see NOTE [one storage, one owner])."""
+def storage_uses(graph, order: list[str] | None = None) -> list[StorageUse]:
+    """Every saved storage once, in the order its owner was created (see NOTE [one storage, one owner]).
+
+    Args:
+        graph: ``report.graph``.
+        order: :func:`seq_order` of the graph, when the caller already has it.
+    """
     params = _param_storages(graph)
     uses: dict[tuple, StorageUse] = {}
-    for nid in seq_order(graph):
-        for i, e in enumerate(graph.nodes[nid]["saved"]):
+    nodes = graph.nodes
+    for nid in seq_order(graph) if order is None else order:
+        for i, e in enumerate(nodes[nid]["saved"]):
             status = e["status"]
             if e.get("scalar") or (status not in HELD and status != "offloaded"):
                 continue
@@ -118,26 +121,32 @@ def node_modules(graph) -> dict[str, str]:
     for name, p in graph.graph.get("params", {}).items():
         if p.get("storage") is not None and _owner_module(name):
             by_storage.setdefault(p["storage"], set()).add(_owner_module(name))
-    nodes = graph.nodes
+    nodes = dict(graph.nodes(data=True))
+    pred = getattr(graph, "_pred", None) or graph.pred     # networkx's adjacency dict: no view objects
+    from_params: dict[str, set] = {}        # leaf or parameter-only view (weight.t()) -> its modules
+    for nid, d in nodes.items():
+        kind = d.get("kind")
+        if kind == "param":
+            from_params[nid] = {d["module"]} if d.get("module") else set()
+        elif kind == "op" and not d["saved"] and pred[nid]:
+            preds = [nodes[w] for w in pred[nid]]
+            if all(p.get("kind") == "param" for p in preds):
+                from_params[nid] = {p["module"] for p in preds if p.get("module")}
     out: dict[str, str] = {}
-    for nid, d in nodes(data=True):
+    for nid, d in nodes.items():
         if d.get("kind") != "op":
             continue
         if d.get("module"):
             out[nid] = d["module"]
             continue
         mods: set[str] = set()
-        for e in d["saved"]:
-            mods |= by_storage.get(e.get("storage"), set())
-        for u in graph.predecessors(nid):
-            du = nodes[u]
-            if du.get("kind") == "param":
-                if du.get("module"):
-                    mods.add(du["module"])
-            elif du.get("kind") == "op" and not du["saved"]:
-                preds = [nodes[w] for w in graph.predecessors(u)]
-                if preds and all(p.get("kind") == "param" for p in preds):
-                    mods |= {p["module"] for p in preds if p.get("module")}
+        if by_storage:
+            for e in d["saved"]:
+                mods.update(by_storage.get(e.get("storage"), ()))
+        for u in pred[nid]:
+            m = from_params.get(u)
+            if m:
+                mods.update(m)
         out[nid] = _common(mods) or NO_MODULE
     return out
 

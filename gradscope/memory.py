@@ -243,32 +243,41 @@ def memory(report, *, by: str = "module", top: int | None = None) -> MemoryTable
     acc: dict[str, dict] = {}
     freed = opaque = 0
     order = seq_order(graph)
+    nodes = graph.nodes
+    fields = ("nodes", "held", "params", "offloaded", "recomputed", "shared", "tensors")
     for nid in order:
-        saved = graph.nodes[nid]["saved"]
+        saved = nodes[nid]["saved"]
         if by == "node" and not saved:
             continue
-        a = acc.setdefault(group(nid), dict.fromkeys(("nodes", "held", "params", "offloaded", "recomputed",
-                                                       "shared", "tensors"), 0))
+        name = group(nid)
+        a = acc.get(name)
+        if a is None:
+            a = acc[name] = dict.fromkeys(fields, 0)
         a["nodes"] += 1
-        for e in saved:
-            a["tensors"] += 1
-            a["recomputed"] += e["status"] == "recomputed"
-            freed += e["status"] == "freed"
-            opaque += e["status"] == "opaque"
+        if saved:
+            a["tensors"] += len(saved)
+            for e in saved:
+                status = e["status"]
+                if status == "recomputed":
+                    a["recomputed"] += 1
+                elif status == "freed":
+                    freed += 1
+                elif status == "opaque":
+                    opaque += 1
     sharing = []
     devices: dict[str, dict] = {}
-    for use in storage_uses(graph):
+    for use in storage_uses(graph, order):
         owner = group(use.owner)
         acc[owner][use.category] += use.nbytes
         dev = devices.setdefault(use.device or "?", {"nodes": 0, "held": 0, "params": 0, "offloaded": 0})
         dev[use.category] += use.nbytes
-        groups = list(dict.fromkeys(group(u) for u in use.users))
+        groups = list(dict.fromkeys(group(u) for u in use.users)) if len(use.users) > 1 else ()
         if len(groups) > 1:
             for g in groups:
                 acc[g]["shared"] += 1
             sharing.append(Shared(use.nbytes, use.category, owner, tuple(groups[1:])))
     for nid in order:
-        dev = graph.nodes[nid].get("device")
+        dev = nodes[nid].get("device")
         if dev is not None:
             devices.setdefault(dev, {"nodes": 0, "held": 0, "params": 0, "offloaded": 0})["nodes"] += 1
     rows = [MemoryRow(name, **a) for name, a in acc.items()]
@@ -279,14 +288,19 @@ def memory(report, *, by: str = "module", top: int | None = None) -> MemoryTable
     sharing.sort(key=lambda s: (-s.nbytes, s.owner))
     return MemoryTable(rows[:top] if top is not None else rows, by=by, total=total,
                        devices={k: DeviceTotal(k, **v) for k, v in sorted(devices.items())},
-                       copies=_copies(graph), sharing=sharing, freed=freed, opaque=opaque)
+                       copies=_copies(graph, order), sharing=sharing, freed=freed, opaque=opaque)
 
 
-def _copies(graph) -> list[CopyNode]:
+def _copies(graph, order) -> list[CopyNode]:
+    devices = {n: d.get("device") for n, d in graph.nodes(data=True)}
+    if len(set(devices.values()) - {None}) < 2:
+        return []
     out = []
-    for nid in seq_order(graph):
-        dst = graph.nodes[nid].get("device")
-        srcs = sorted({graph.nodes[u].get("device") for u in graph.predecessors(nid)} - {None, dst})
-        if dst is not None and srcs:
-            out.extend(CopyNode(nid, graph.nodes[nid]["name"], s, dst) for s in srcs)
+    pred = graph.pred
+    for nid in order:
+        dst = devices[nid]
+        if dst is None:
+            continue
+        srcs = sorted({devices[u] for u in pred[nid]} - {None, dst})
+        out.extend(CopyNode(nid, graph.nodes[nid]["name"], s, dst) for s in srcs)
     return out

@@ -1,0 +1,102 @@
+"""Saved bytes by gradscope vs torch's saved_tensors_hooks, and what ``report.memory()`` costs.
+
+For every bench model: the forward is run once under an identity pack hook that records each packed
+tensor's storage (``untyped_storage()._cdata`` -> ``nbytes()``), the ground truth; then the same forward
+(same seed) is run without hooks, inspected, and ``report.memory()`` is timed on top of ``inspect()``.
+``OK`` means ``report.saved_bytes`` and ``memory().saved_bytes`` both equal the hooks' total.
+
+    python bench/memory_bench.py            # all models
+    python bench/memory_bench.py mlp chain_10k
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import gradscope  # noqa: E402
+from gradscope._format import human_bytes  # noqa: E402
+
+try:
+    from _models import MODELS  # noqa: E402
+except ImportError:  # the shared bench models are missing: a small stand-in set
+    from torch import nn
+
+    def _mlp():
+        m = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+        return m(torch.randn(32, 256)).pow(2).mean(), m
+
+    MODELS = {"mlp": _mlp}
+
+
+def hooked_bytes(build) -> int:
+    sizes: dict[int, int] = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        sizes.setdefault(st._cdata, st.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss, model = build()
+    del loss, model
+    return sum(sizes.values())
+
+
+def timed(fn, repeat: int) -> tuple[float, object]:
+    times, out = [], None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def run(name: str, build, repeat: int = 5) -> tuple:
+    torch.manual_seed(0)
+    truth = hooked_bytes(build)
+    gc.collect()
+    torch.manual_seed(0)
+    loss, model = build()
+    t_inspect, report = timed(lambda: gradscope.inspect(loss, model=model), repeat)
+    t_memory, table = timed(report.memory, repeat)
+    ok = report.saved_bytes == table.saved_bytes == truth
+    row = (name, report.graph.number_of_nodes(), table.saved_bytes, truth, "OK" if ok else "MISMATCH",
+           t_inspect * 1e3, t_memory * 1e3, table.total.held, table.total.params)
+    del loss, model, report, table
+    gc.collect()
+    return row
+
+
+def main(argv: list[str]) -> int:
+    names = argv or list(MODELS)
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        print(f"unknown model(s) {unknown}; choose from {list(MODELS)}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)
+    head = ("model", "nodes", "gradscope", "hooks", "match", "inspect ms", "memory() ms", "memory/inspect",
+            "activations", "params (by ref)")
+    rows = []
+    for name in names:
+        r = run(name, MODELS[name])
+        rows.append((r[0], str(r[1]), human_bytes(r[2]) + f" ({r[2]})", human_bytes(r[3]) + f" ({r[3]})", r[4],
+                     f"{r[5]:.1f}", f"{r[6]:.1f}", f"x{r[6] / r[5]:.2f}" if r[5] else "-",
+                     human_bytes(r[7]), human_bytes(r[8])))
+        print("  done:", name, file=sys.stderr, flush=True)
+    widths = [max(len(x[i]) for x in [head] + rows) for i in range(len(head))]
+    for line in [head, tuple("-" * w for w in widths)] + rows:
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))))
+    return 0 if all(r[4] == "OK" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
