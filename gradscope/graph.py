@@ -8,6 +8,7 @@ consumed ``u``'s output; ``index`` is the position of ``u`` in ``v.next_function
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Mapping
 
 import networkx as nx
@@ -15,11 +16,12 @@ import torch
 
 from ._release import keep_until_dead
 from .errors import InputTypeError, NoGradRootError
-from .saved import StorageIds, node_type, read_saved
+from .saved import _DEVICES, StorageIds, device_str, dtype_str, node_type, read_saved
 
 __all__ = ["build_graph", "flatten_roots", "param_names"]
 
-_DEEP = 10_000  # see NOTE [freeing deep graphs] in _release.py
+_DEEP = 10_000
+_HELD = ("live", "stale", "hooked")  # see NOTE [freeing deep graphs] in _release.py
 
 
 def flatten_roots(root) -> list[torch.Tensor]:
@@ -84,8 +86,8 @@ def param_names(model=None, params=None) -> dict[int, tuple[str, torch.Tensor]]:
 
 
 def _leaf_meta(t: torch.Tensor) -> dict:
-    return {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
-            "requires_grad": bool(t.requires_grad), "device": str(t.device)}
+    return {"shape": list(t.shape), "dtype": dtype_str(t.dtype),
+            "requires_grad": bool(t.requires_grad), "device": device_str(t.device)}
 
 
 def _root_node(t: torch.Tensor, index: int):
@@ -101,10 +103,6 @@ def _root_node(t: torch.Tensor, index: int):
 
 def build_graph(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]]) -> nx.DiGraph:
     """Walk from ``roots`` and return the metadata graph (see the module docstring)."""
-    g = nx.DiGraph()
-    storages = StorageIds()
-    ids: dict = {}                  # live node -> id; dropped (or handed to _release) before returning
-    stack: list = []
     root_info = []
     no_grad_roots = []
     for i, t in enumerate(roots):
@@ -119,10 +117,47 @@ def build_graph(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Ten
     if not root_info:
         raise NoGradRootError(
             f"none of the {len(roots)} roots has a grad_fn or requires grad: there is no graph to inspect.")
-    for _, node, _ in reversed(root_info):
-        stack.append(node)
-    order = []
-    edges = []  # (child node, consumer id, input index, output nr); ids resolved after the walk
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # the walk allocates many small dicts; generational GC passes would dominate its time
+    try:
+        storages = StorageIds()
+        ids, order, attrs, succ, pred = _walk([node for _, node, _ in root_info], names, storages)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    g = nx.DiGraph()
+    # NOTE [building the DiGraph]: nodes and edges are inserted through networkx's own dicts (the
+    # documented data structure of DiGraph: _node, _succ/_adj, _pred, one attr dict shared by succ and
+    # pred) because add_node/add_edge cost more than the whole walk. tests/test_inspect_graph.py
+    # checks that the result behaves as a normal DiGraph.
+    g._node.update(attrs)
+    g._succ.update(succ)
+    g._pred.update(pred)
+    roots_ids = []
+    for i, node, shape in root_info:
+        rid = ids[node]
+        attrs[rid]["root"] = True
+        roots_ids.append(rid)
+    g.graph.update({
+        "roots": roots_ids,
+        "root_shapes": [shape for _, _, shape in root_info],
+        "no_grad_roots": no_grad_roots,
+        "storage_bytes": list(storages.sizes),
+        "params": _params_info(attrs, names, storages),
+    })
+    if len(order) >= _DEEP:
+        keep_until_dead([t for i, t in enumerate(roots) if i not in no_grad_roots], order)
+    return g
+
+
+def _walk(starts, names, storages):
+    ids: dict = {}      # live node -> id; dropped (or handed to _release) when build_graph returns
+    order: list = []
+    attrs: dict = {}
+    succ: dict = {}
+    pred: dict = {}
+    edges: list = []    # (child node, consumer id, input index, output nr); ids resolved after the walk
+    stack = list(reversed(starts))
     while stack:
         node = stack.pop()
         if node in ids:
@@ -130,36 +165,27 @@ def build_graph(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Ten
         nid = ids[node] = f"n{len(order)}"
         order.append(node)
         nexts = node.next_functions
-        for child, _ in reversed(nexts):
-            if child is not None and child not in ids:
-                stack.append(child)
-        g.add_node(nid, **_node_attrs(node, names, storages))
-        for index, (child, out_nr) in enumerate(nexts):
+        for index in range(len(nexts) - 1, -1, -1):
+            child, out_nr = nexts[index]
             if child is not None:
                 edges.append((child, nid, index, out_nr))
-    for child, nid, index, out_nr in edges:
-        _add_edge(g, ids[child], nid, index, out_nr)
-    del edges
-    roots_ids = []
-    for i, node, shape in root_info:
-        rid = ids[node]
-        g.nodes[rid]["root"] = True
-        g.nodes[rid].setdefault("root_shapes", []).append(shape)
-        roots_ids.append(rid)
-    g.graph.update({
-        "roots": roots_ids,
-        "root_shapes": [shape for _, _, shape in root_info],
-        "no_grad_roots": no_grad_roots,
-        "storage_bytes": list(storages.sizes),
-        "params": _params_info(g, names, storages),
-    })
-    if len(order) >= _DEEP:
-        keep_until_dead([t for i, t in enumerate(roots) if i not in no_grad_roots], order)
-    return g
+                if child not in ids:
+                    stack.append(child)
+        attrs[nid] = _node_attrs(node, names, storages)
+        succ[nid] = {}
+        pred[nid] = {}
+    for child, nid, index, out_nr in reversed(edges):
+        u = ids[child]
+        e = succ[u].get(nid)
+        if e is None:
+            succ[u][nid] = pred[nid][u] = {"index": index, "output": out_nr, "count": 1}
+        else:
+            e["count"] += 1
+    return ids, order, attrs, succ, pred
 
 
-def _params_info(g: nx.DiGraph, names, storages: StorageIds) -> dict:
-    where = {d["name"]: n for n, d in g.nodes(data=True) if d["kind"] == "param"}
+def _params_info(attrs: dict, names, storages: StorageIds) -> dict:
+    where = {d["name"]: n for n, d in attrs.items() if d["kind"] == "param"}
     out = {}
     for name, p in names.values():
         try:
@@ -169,13 +195,6 @@ def _params_info(g: nx.DiGraph, names, storages: StorageIds) -> dict:
         out[name] = {"requires_grad": bool(p.requires_grad), "shape": list(p.shape),
                      "dtype": str(p.dtype).removeprefix("torch."), "node": where.get(name), "storage": sid}
     return out
-
-
-def _add_edge(g: nx.DiGraph, u: str, v: str, index: int, out_nr: int) -> None:
-    if g.has_edge(u, v):
-        g.edges[u, v]["count"] += 1
-    else:
-        g.add_edge(u, v, index=index, output=out_nr, count=1)
 
 
 def _node_attrs(node, names, storages: StorageIds) -> dict:
@@ -189,25 +208,36 @@ def _node_attrs(node, names, storages: StorageIds) -> dict:
         attrs.update(_leaf_meta(var))
         return attrs
     saved, values = read_saved(node, info, storages)
-    seen_storage = set()
     held = 0
-    for e in saved:
-        sid = e["storage"]
-        if e["status"] in ("live", "stale", "hooked") and not e.get("scalar") and sid not in seen_storage:
-            if sid is not None:
-                seen_storage.add(sid)
-            held += e["nbytes"]
+    if len(saved) == 1:
+        e = saved[0]
+        if e["status"] in _HELD and "scalar" not in e:
+            held = e["nbytes"]
+    elif saved:
+        seen_storage = set()
+        for e in saved:
+            sid = e["storage"]
+            if e["status"] in _HELD and "scalar" not in e and sid not in seen_storage:
+                if sid is not None:
+                    seen_storage.add(sid)
+                held += e["nbytes"]
     try:
         meta = node._input_metadata
-        device = str(meta[0].device) if meta else None
-        out_shapes = [list(m.shape) for m in meta]
-    except (AttributeError, RuntimeError, IndexError):
+    except (AttributeError, RuntimeError):
+        meta = ()
+    if meta:
+        dev = meta[0].device
+        device = _DEVICES.get(dev) or device_str(dev)
+        out_shapes = [list(m.shape) for m in meta] if len(meta) > 1 else [list(meta[0].shape)]
+    else:
         device, out_shapes = None, []
-    attrs = {"kind": "op", "name": info.name, "saved": saved, "saved_bytes": held, "device": device,
-             "module": None, "root": False, "opaque": info.opaque, "seq": node._sequence_nr(),
-             "attrs": values, "out_shapes": out_shapes}
-    if info.function is not None:
-        attrs["function"] = info.function
+    attrs = info.template.copy()
+    attrs["saved"] = saved
+    attrs["saved_bytes"] = held
+    attrs["device"] = device
+    attrs["seq"] = node._sequence_nr()
+    attrs["attrs"] = values
+    attrs["out_shapes"] = out_shapes
     return attrs
 
 

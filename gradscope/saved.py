@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["NodeType", "node_type", "read_saved", "StorageIds", "plain_value"]
+__all__ = ["NodeType", "node_type", "read_saved", "StorageIds", "plain_value", "dtype_str", "device_str"]
 
 # NOTE [saved slot states]
 # Every tensor slot of a node ends up in exactly one state:
@@ -42,12 +42,13 @@ class NodeType:
     """What we know about a node class, computed once per class (dir() is slow)."""
 
     name: str
-    tensor_slots: tuple[str, ...]
-    value_slots: tuple[str, ...]
+    tensor_slots: tuple[tuple[str, str, str], ...]   # (slot, "_raw_saved_<slot>", "_saved_<slot>")
+    value_slots: tuple[tuple[str, str], ...]         # (slot, "_saved_<slot>")
     custom: bool
     function: str | None
     opaque: bool
     leaf: bool
+    template: dict  # the constant part of an op node's attributes, copied per node
 
 
 _TYPE_CACHE: dict[type, NodeType] = {}
@@ -66,8 +67,8 @@ def _make_type(node, cls) -> NodeType:
     names = dir(cls)
     raw = {n[len("_raw_saved_"):] for n in names if n.startswith("_raw_saved_")}
     saved = [n[len("_saved_"):] for n in names if n.startswith("_saved_")]
-    tensor_slots = tuple(s for s in saved if s in raw)
-    value_slots = tuple(s for s in saved if s not in raw)
+    tensor_slots = tuple((s, "_raw_saved_" + s, "_saved_" + s) for s in saved if s in raw)
+    value_slots = tuple((s, "_saved_" + s) for s in saved if s not in raw)
     fwd = getattr(node, "_forward_cls", None)
     custom = fwd is not None
     function = None
@@ -78,7 +79,12 @@ def _make_type(node, cls) -> NodeType:
         name = f"{fwd.__name__}Backward"
     else:
         name = cls.__name__
-    return NodeType(name, tensor_slots, value_slots, custom, function, opaque, name == "AccumulateGrad")
+    template = {"kind": "op", "name": name, "saved": None, "saved_bytes": 0, "device": None, "module": None,
+                "root": False, "opaque": opaque, "seq": None, "attrs": None, "out_shapes": None}
+    if function is not None:
+        template["function"] = function
+    return NodeType(name, tensor_slots, value_slots, custom, function, opaque, name == "AccumulateGrad",
+                    template)
 
 
 class StorageIds:
@@ -124,18 +130,40 @@ def _is_wrapped_scalar(t: torch.Tensor) -> bool:
         and t.device.type == "cpu" and not t.requires_grad
 
 
+_DTYPES: dict = {}
+_DEVICES: dict = {}
+_SavedTensor = torch._C._autograd.SavedTensor
+
+
+def dtype_str(dtype) -> str:
+    """``torch.float32 -> 'float32'`` (cached)."""
+    text = _DTYPES.get(dtype)
+    if text is None:
+        text = _DTYPES[dtype] = str(dtype).removeprefix("torch.")
+    return text
+
+
+def device_str(device) -> str:
+    """``device(type='cpu') -> 'cpu'`` (cached: str(device) is slow)."""
+    text = _DEVICES.get(device)
+    if text is None:
+        text = _DEVICES[device] = str(device)
+    return text
+
+
 def _meta(slot: str, t: torch.Tensor, status: str, storages: StorageIds, device=None) -> dict:
     sid, size = storages.key(t)
+    shape = t.shape
     entry = {
         "slot": slot,
-        "shape": list(t.shape),
-        "dtype": str(t.dtype).removeprefix("torch."),
-        "device": str(device if device is not None else t.device),
+        "shape": list(shape),
+        "dtype": dtype_str(t.dtype),
+        "device": device_str(t.device if device is None else device),
         "nbytes": size,
         "status": status,
         "storage": sid,
     }
-    if _is_wrapped_scalar(t):
+    if not shape and _is_wrapped_scalar(t):
         entry["scalar"] = True
     return entry
 
@@ -190,24 +218,46 @@ def read_saved(node, info: NodeType, storages: StorageIds) -> tuple[list[dict], 
     if info.custom:
         _read_custom(node, saved, attrs, storages)
         return saved, attrs
-    for s in info.tensor_slots:
-        attr = "_saved_" + s
+    ids = storages.ids
+    for s, raw_attr, attr in info.tensor_slots:
         try:
-            raw = getattr(node, "_raw_saved_" + s)
+            raw = getattr(node, raw_attr)
         except RuntimeError:
             continue
-        if isinstance(raw, (list, tuple)):
+        if type(raw) is not _SavedTensor:
             for i, r in enumerate(raw):
                 e = _classify(node, f"{s}[{i}]", attr, r, storages)
                 if e is not None:
                     saved.append(e)
-        else:
-            e = _classify(node, s, attr, raw, storages)
-            if e is not None:
-                saved.append(e)
-    for s in info.value_slots:
+            continue
+        data = raw.data
+        # Fast path (almost every slot): a live tensor, no hooks, never written in place, dense storage.
+        if data is not None and raw.unpack_hook is None and not data._version:
+            shape = data.shape
+            if shape:
+                try:
+                    st = data.untyped_storage()
+                    ptr = st._cdata
+                except (RuntimeError, NotImplementedError, TypeError):
+                    saved.append(_classify(node, s, attr, raw, storages))
+                    continue
+                sid = ids.get(ptr)
+                if sid is None:
+                    sid = ids[ptr] = len(storages.sizes)
+                    storages.sizes.append(st.nbytes())
+                dtype = data.dtype
+                device = data.device
+                saved.append({"slot": s, "shape": list(shape),
+                              "dtype": _DTYPES.get(dtype) or dtype_str(dtype),
+                              "device": _DEVICES.get(device) or device_str(device),
+                              "nbytes": storages.sizes[sid], "status": "live", "storage": sid})
+                continue
+        e = _classify(node, s, attr, raw, storages)
+        if e is not None:
+            saved.append(e)
+    for s, attr in info.value_slots:
         try:
-            attrs[s] = plain_value(getattr(node, "_saved_" + s))
+            attrs[s] = plain_value(getattr(node, attr))
         except RuntimeError:
             attrs[s] = None
     return saved, attrs
@@ -263,7 +313,17 @@ def _check_custom_versions(node, saved: list) -> None:
 
 def plain_value(v):
     """Turn a saved non-tensor value into a plain, JSON-friendly Python value."""
-    if isinstance(v, bool) or v is None or isinstance(v, (float, str)):
+    tv = type(v)
+    if tv is int:
+        return v - _U64 if v >= _I64_MAX else v
+    if tv is tuple or tv is list:
+        try:  # fast path: sizes, strides, dims (numbers); max() raises on None/mixed/empty
+            if max(v) < _I64_MAX:
+                return list(v)
+        except (TypeError, ValueError):
+            pass
+        return [plain_value(x) for x in v]
+    if tv is bool or v is None or tv is float or tv is str:
         return v
     if isinstance(v, int):
         return v - _U64 if v >= _I64_MAX else v
