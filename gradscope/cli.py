@@ -63,7 +63,7 @@ def _output_path(output: str, fmt: str | None) -> str:
         fmt = fmt.lower().lstrip(".")
         if fmt not in FORMATS:
             raise UserError(f"Unknown --format {fmt!r}; use one of {', '.join(FORMATS)}.")
-        if not suffix:
+        if suffix not in FORMATS:       # no suffix, or one that is not a format (run.v2): add one
             output = f"{output}.{fmt}"
         elif suffix != fmt:
             raise UserError(f"-o {output!r} ends in .{suffix} but --format is {fmt!r}; "

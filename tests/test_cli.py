@@ -318,6 +318,18 @@ def test_big_graph_says_it_collapsed_and_expand_draws_every_node(tmp_path):
     _one_line_error(both, r"--expand and --collapse 1 contradict each other")
 
 
+def test_format_added_after_a_suffix_that_is_not_a_format(tmp_path, targets):
+    result = _run("render", f"{targets}:clean", "-o", str(tmp_path / "run.v2"), "-f", "json")
+    assert result.exit_code == 0, result.output
+    assert nx.node_link_graph(json.loads((tmp_path / "run.v2.json").read_text())).number_of_nodes() > 0
+
+
+def test_cli_formats_are_the_renderers():
+    from gradscope import cli, render
+
+    assert cli.FORMATS == render.FORMATS
+
+
 def test_render_svg_is_xml_and_names_the_unused_parameters(tmp_path, targets):
     out = tmp_path / "g.svg"
     result = _run("render", f"{targets}:buggy", "-o", str(out))
