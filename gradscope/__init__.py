@@ -13,6 +13,7 @@ from .finding import KINDS, Finding
 from .inspect_ import inspect
 from .report import Report
 from .trace_ import trace
+from .watch import Watch, watch
 from ._json import load
 from .diff import Diff, diff
 
@@ -21,6 +22,8 @@ __version__ = "0.1.0"
 __all__ = [
     "inspect",
     "trace",
+    "watch",
+    "Watch",
     "Report",
     "Finding",
     "KINDS",
