@@ -255,6 +255,10 @@ def read_saved(node, info: NodeType, storages: StorageIds) -> tuple[list[dict], 
         e = _classify(node, s, attr, raw, storages)
         if e is not None:
             saved.append(e)
+    if saved and any(e["status"] == "recomputed" for e in saved):  # NOTE [checkpoint inputs]
+        from ._checkpoint import checkpoint_inputs, raw_slots
+
+        saved.extend(checkpoint_inputs(raw_slots(node, info), storages, _classify))
     for s, attr in info.value_slots:
         try:
             attrs[s] = plain_value(getattr(node, attr))
@@ -280,6 +284,10 @@ def _read_custom(node, saved: list, attrs: dict, storages: StorageIds) -> None:
             saved.append(e)
     if written:
         _check_custom_versions(node, saved)
+    if any(e["status"] == "recomputed" for e in saved):  # NOTE [checkpoint inputs]
+        from ._checkpoint import checkpoint_inputs
+
+        saved.extend(checkpoint_inputs(raws, storages, _classify))
     for e in saved:
         e.pop("_version", None)
     for key, value in getattr(node, "__dict__", {}).items():

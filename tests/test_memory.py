@@ -185,17 +185,29 @@ def test_traced_module_names_win_over_inference():
 def test_checkpoint_slots_are_recomputed_and_hold_nothing():
     torch.manual_seed(0)
     block = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16))
+    calls = []
+    block.register_forward_pre_hook(lambda *_: calls.append(1))
     x = torch.randn(8, 16, requires_grad=True)
     plain = gradscope.inspect(block(x).sum(), model=block)
-    ck_loss = checkpoint(block, x, use_reentrant=False).sum()
+
+    def forward():
+        return checkpoint(block, x, use_reentrant=False).tanh().sum()
+
+    sizes, _, _ = packed(forward)       # the hook sees what checkpoint keeps: its input, and tanh's output
+    calls.clear()
+    ck_loss = forward()
     ck = gradscope.inspect(ck_loss, model=block)
+    assert len(calls) == 1                                  # inspect() did not re-run the block
     table = ck.memory()
     recomputed = sum(e["status"] == "recomputed" for _, d in ck.graph.nodes(data=True) for e in d["saved"])
     assert table.total.recomputed == recomputed > 0
+    assert ck.saved_bytes == table.saved_bytes == sum(sizes.values())
+    inputs = [e for _, d in ck.graph.nodes(data=True) for e in d["saved"] if e["slot"].startswith("checkpoint")]
+    assert [(e["shape"], e["nbytes"]) for e in inputs] == [([8, 16], 8 * 16 * 4)]   # x, listed once
     assert table.total.held < plain.memory().total.held
     assert "recomputed by checkpoint" in str(table)
-    ck_loss.backward()                                      # gradscope did not trigger the recomputation
-    assert x.grad is not None
+    ck_loss.backward()                                      # backward recomputes once, as torch intends
+    assert x.grad is not None and len(calls) == 2
 
 
 def test_save_on_cpu_moves_bytes():

@@ -1,0 +1,95 @@
+"""What a non-reentrant ``checkpoint`` region keeps alive: the inputs it saved to recompute from.
+
+NOTE [checkpoint inputs]
+Under ``torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)`` every tensor the region saves
+becomes a ``_Holder`` (status ``recomputed``, no bytes), but the region itself saves ``args`` so that
+backward can re-run ``fn``: ``_CheckpointFrame.save_inputs`` wraps each tensor argument in a
+``SavedTensor`` (through any outer ``saved_tensors_hooks``, e.g. ``save_on_cpu``). Those inputs are what a
+checkpointed model holds per block, and they are reachable only from the slots' unpack hook (a closure
+over the frame), not through ``next_functions``. We read them read-only: the frame is found among the
+hook's closure cells, the inputs' ``SavedTensor.data`` gives their metadata, and nothing is unpacked or
+recomputed. An input whose storage this walk already met is skipped, so each frame's inputs are listed
+once, on the first node of the region the walk reaches (the region's last op, the walk being root-first).
+If torch changes these internals, we find no frame and report nothing extra.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["checkpoint_inputs", "raw_slots"]
+
+_MAX_DEPTH = 3
+
+
+def _frame(unpack_hook):
+    """The ``_CheckpointFrame`` an unpack hook closes over, or None (looks a few closures deep)."""
+    todo = [(unpack_hook, 0)]
+    while todo:
+        fn, depth = todo.pop()
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # empty cell
+                continue
+            if type(value).__name__ == "_CheckpointFrame" and hasattr(value, "saved_args"):
+                return value
+            if callable(value) and depth + 1 < _MAX_DEPTH and getattr(value, "__closure__", None):
+                todo.append((value, depth + 1))
+    return None
+
+
+def raw_slots(node, info) -> list:
+    """The raw ``SavedTensor`` objects of a generated node (``info`` is its ``saved.NodeType``)."""
+    out = []
+    for slot in info.tensor_slots:
+        raw_attr = slot[1] if isinstance(slot, tuple) else "_raw_saved_" + slot
+        try:
+            raw = getattr(node, raw_attr)
+        except RuntimeError:
+            continue
+        out.extend(raw if isinstance(raw, (list, tuple)) else (raw,))
+    return out
+
+
+def checkpoint_inputs(raws, storages, classify) -> list[dict]:
+    """Saved-slot entries for the inputs of the checkpoint frame behind ``raws``, not yet seen this walk.
+
+    Args:
+        raws: the node's raw ``SavedTensor`` objects (any order).
+        storages: the walk's ``StorageIds``.
+        classify: ``saved._classify`` (passed in to avoid an import cycle).
+
+    Returns:
+        One entry per new input storage, slot ``"checkpoint input[i]"``; ``[]`` when there is no frame.
+    """
+    frame = None
+    for raw in raws:
+        hook = getattr(raw, "unpack_hook", None)
+        if hook is not None and type(getattr(raw, "data", None)).__name__ == "_Holder":
+            frame = _frame(hook)
+            if frame is not None:
+                break
+    if frame is None:
+        return []
+    out = []
+    saved_type = torch._C._autograd.SavedTensor
+    for i, arg in enumerate(getattr(frame, "saved_args", ())):
+        if not isinstance(arg, saved_type):
+            continue
+        data = arg.data
+        tensor = data if isinstance(data, torch.Tensor) else (
+            data[1] if isinstance(data, tuple) and len(data) == 2 and isinstance(data[1], torch.Tensor)
+            else None)
+        if tensor is None:
+            continue
+        try:
+            if tensor.untyped_storage()._cdata in storages.ids:
+                continue
+        except (RuntimeError, NotImplementedError, TypeError):
+            pass
+        entry = classify(None, f"checkpoint input[{i}]", None, arg, storages)
+        if entry is not None:
+            entry.pop("_version", None)
+            out.append(entry)
+    return out
