@@ -18,6 +18,7 @@ from .memory import MemoryRow, memory
 __all__ = ["diff", "Diff"]
 
 _BYTES = ("held", "params", "offloaded")
+_SHOW = 15   # modules listed in the text; Diff.modules has them all
 
 
 def _signed(n: int) -> str:
@@ -88,12 +89,14 @@ class Diff:
         if self.modules:
             width = max(len(m) for m in self.modules)
             out.append("saved bytes by module (activations + parameters + CPU copies, before -> after):")
-            for name, (a, b) in self.modules.items():
+            for name, (a, b) in list(self.modules.items())[:_SHOW]:
                 ta, tb = (sum(getattr(r, f) for f in _BYTES) for r in (a, b))
                 extra = f", recomputed {a.recomputed} -> {b.recomputed}" if a.recomputed != b.recomputed else ""
                 out.append(f"  {name:<{width}}  {human_bytes(ta):>10} -> {human_bytes(tb):>10}  "
                            f"({_signed(tb - ta)}; activations {human_bytes(a.held)} -> {human_bytes(b.held)}"
                            f"{extra})")
+            if len(self.modules) > _SHOW:
+                out.append(f"  ... and {len(self.modules) - _SHOW} more modules (see Diff.modules)")
         for label, fs in (("findings that appeared", self.appeared),
                           ("findings that disappeared", self.disappeared)):
             if fs:

@@ -206,22 +206,26 @@ class MemoryTable(list):
         return bar_chart(self[:top], title=f"saved-tensor memory by {self.by}", width=width)
 
 
-def _group_of(by: str, graph):
+def _group_of(by: str, graph, depth: int | None = None):
     if by == "module":
         mods = node_modules(graph)
-        return lambda nid: mods[nid]
+        if depth is not None:
+            mods = {n: m if m == NO_MODULE else ".".join(m.split(".")[:depth]) for n, m in mods.items()}
+        return mods.__getitem__
     if by == "op":
         return lambda nid: graph.nodes[nid]["name"]
     return lambda nid: f"{nid} {graph.nodes[nid]['name']}"
 
 
-def memory(report, *, by: str = "module", top: int | None = None) -> MemoryTable:
+def memory(report, *, by: str = "module", depth: int | None = None, top: int | None = None) -> MemoryTable:
     """Saved-tensor memory per module, op kind or node, each storage counted once.
 
     Args:
         report: a :class:`~gradscope.Report` (from ``inspect`` or ``gradscope.load``).
         by: ``"module"`` (the traced module, else the module whose parameters the node uses, else
             ``"(no module)"``), ``"op"`` (``AddmmBackward0``...) or ``"node"``.
+        depth: with ``by="module"``, merge submodules into their first ``depth`` name components
+            (``depth=2``: ``blocks.3.attn.q`` counts as ``blocks.3``).
         top: keep only the ``top`` largest rows (``total`` still covers the whole graph).
 
     Returns:
@@ -229,7 +233,8 @@ def memory(report, *, by: str = "module", top: int | None = None) -> MemoryTable
         with ``total``, ``devices``, ``copies`` and ``sharing``; ``print()`` it for an aligned table.
 
     Raises:
-        InputValueError: ``by`` is not one of ``"module"``, ``"op"``, ``"node"``.
+        InputValueError: ``by`` is not one of ``"module"``, ``"op"``, ``"node"``, or ``depth``/``top`` is
+            not a positive integer.
 
     Example:
         >>> table = report.memory()                  # doctest: +SKIP
@@ -238,8 +243,11 @@ def memory(report, *, by: str = "module", top: int | None = None) -> MemoryTable
     """
     if by not in BY:
         raise InputValueError(f"memory(by={by!r}) is not supported; use one of {', '.join(map(repr, BY))}.")
+    for name, value in (("depth", depth), ("top", top)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise InputValueError(f"memory({name}={value!r}) must be a positive integer or None.")
     graph = report.graph
-    group = _group_of(by, graph)
+    group = _group_of(by, graph, depth)
     acc: dict[str, dict] = {}
     freed = opaque = 0
     order = seq_order(graph)

@@ -285,7 +285,17 @@ def test_svg_bar_chart():
     assert all(r.name in texts for r in table[:4]) and table[4].name not in texts.split("\n")
 
 
-def test_bad_by_is_a_sentence():
+def test_bad_arguments_are_sentences():
     report = gradscope.inspect(nn.Linear(2, 1)(torch.randn(1, 2)).sum())
     with pytest.raises(InputValueError, match=r"memory\(by='layer'\).*'module', 'op', 'node'"):
         report.memory(by="layer")
+    with pytest.raises(InputValueError, match=r"memory\(depth=0\) must be a positive integer"):
+        report.memory(depth=0)
+
+
+def test_depth_merges_submodules():
+    forward, model = transformer_case()
+    report = gradscope.inspect(forward(), model=model)
+    fine, coarse = report.memory(), report.memory(depth=1)
+    assert coarse.row("self_attn").held == fine.row("self_attn").held + fine.row("self_attn.out_proj").held
+    assert "self_attn.out_proj" not in {r.name for r in coarse} and coarse.saved_bytes == report.saved_bytes
