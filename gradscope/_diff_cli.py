@@ -17,8 +17,10 @@ __all__ = ["diff_cmd"]
 @click.argument("after")
 @click.option("--by", type=click.Choice(["module", "op"]), default=None,
               help="Also print both memory tables, grouped by module or op kind.")
+@click.option("--depth", type=click.IntRange(min=1), default=None,
+              help="Merge submodules into their first N name components (2: blocks.3.attn -> blocks.3).")
 @click.option("--exit-code", is_flag=True, help="Exit 1 when the reports differ (like git diff --exit-code).")
-def diff_cmd(before: str, after: str, by: str | None, exit_code: bool) -> None:
+def diff_cmd(before: str, after: str, by: str | None, depth: int | None, exit_code: bool) -> None:
     """Compare two reports written by `gradscope render ... -o x.json` or `report.render("x.json")`.
 
     Prints op kinds added or removed, parameters, saved bytes per module before and after, and findings
@@ -28,11 +30,11 @@ def diff_cmd(before: str, after: str, by: str | None, exit_code: bool) -> None:
     from .diff import diff
 
     a, b = _load(load, before), _load(load, after)
-    d = diff(a, b)
+    d = diff(a, b, depth=depth)
     click.echo(str(d))
     if by is not None:
         for label, r in (("before", a), ("after", b)):
-            click.echo(f"\n[{label}] " + str(r.memory(by=by)))
+            click.echo(f"\n[{label}] " + str(r.memory(by=by, depth=depth if by == "module" else None)))
     if exit_code and d:
         sys.exit(1)
 

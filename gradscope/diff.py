@@ -131,18 +131,21 @@ def _check(report, which: str) -> None:
                              "gradscope.load('x.json').")
 
 
-def diff(report_a, report_b) -> Diff:
+def diff(report_a, report_b, *, depth: int | None = None) -> Diff:
     """Compare two reports: op kinds, parameters, saved bytes per module, findings, totals.
 
     Args:
         report_a: the "before" report (plain model, step 1...).
         report_b: the "after" report (checkpointed model, step N...).
+        depth: compare saved bytes per module merged to their first ``depth`` name components (see
+            :func:`gradscope.memory.memory`); None compares every module.
 
     Returns:
         A :class:`Diff`; ``bool(d)`` is False when nothing changed, ``print(d)`` shows the changes.
 
     Raises:
         InputTypeError: an argument is not a report.
+        InputValueError: ``depth`` is not a positive integer.
 
     Example:
         >>> d = gradscope.diff(plain_report, checkpointed_report)     # doctest: +SKIP
@@ -157,7 +160,7 @@ def diff(report_a, report_b) -> Diff:
     ops = {k: (ca[k], cb[k]) for k in sorted(ca.keys() | cb.keys()) if ca[k] != cb[k]}
     pa = {d["name"] for _, d in ga.nodes(data=True) if d.get("kind") == "param"}
     pb = {d["name"] for _, d in gb.nodes(data=True) if d.get("kind") == "param"}
-    ma, mb = memory(report_a), memory(report_b)
+    ma, mb = memory(report_a, depth=depth), memory(report_b, depth=depth)
     modules = {}
     for name in sorted({r.name for r in ma} | {r.name for r in mb}):
         a, b = ma.row(name), mb.row(name)

@@ -150,6 +150,10 @@ def test_cli_diff(tmp_path, x):
     assert runner.invoke(diff_cmd, [pa, pa, "--exit-code"]).exit_code == 0
     res = runner.invoke(diff_cmd, [pa, pb, "--by", "op"])
     assert res.exit_code == 0 and "[before] Saved-tensor memory by op" in res.output
+    res = runner.invoke(diff_cmd, [pa, pb, "--depth", "1", "--by", "module"])
+    assert res.exit_code == 0 and "mlp.0" not in res.output and "mlp " in res.output
+    res = runner.invoke(diff_cmd, [pa, pb, "--depth", "0"])
+    assert res.exit_code == 2 and "Traceback" not in res.output
 
 
 @pytest.mark.parametrize("content, needle", [
