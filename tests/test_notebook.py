@@ -55,6 +55,11 @@ def test_quickstart_executes_top_to_bottom(tmp_path, monkeypatch):
     # the findings the notebook reads, and torch's own confirmation of them
     assert "unused-parameter" in text and "inplace-hazard" in text
     assert "modified by an inplace operation" in text
+    sources = "\n".join(c.source for c in code)
+    if "gradscope.trace()" in sources:
+        assert "detached-branch" in text
+    if "gradscope.watch(" in sources:
+        assert "received no gradient" in text
     # the inline display: an HTML (or SVG) view of the report
     shown = [c for c in code if c.source.strip() == "report"]
     assert shown and any({"text/html", "image/svg+xml"} & set(o.get("data", {}))
