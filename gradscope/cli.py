@@ -179,6 +179,7 @@ def main():
       gradscope check train.py:make_loss        # CI gate: exit 1 on an error finding
       gradscope render train.py:make_loss -o graph.svg
       gradscope demo -o demo.svg                # a built-in example with planted bugs
+      gradscope diff before.json after.json     # compare two reports saved with -o x.json
 
     Exit codes: 0 ok, 1 error findings (check), 2 usage or TARGET mistake.
     """
