@@ -37,6 +37,22 @@ except ImportError:  # the shared bench models are missing: a small stand-in set
     MODELS = {"mlp": _mlp}
 
 
+def checkpointed_transformer(layers: int = 24, d: int = 32, heads: int = 4, seq: int = 8, batch: int = 2):
+    """A transformer with every layer under ``checkpoint(use_reentrant=False)``: what it keeps is the
+    layers' inputs, which gradscope reads from the checkpoint frames."""
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
+
+    model = nn.ModuleList(nn.TransformerEncoderLayer(d, heads, 2 * d, batch_first=True) for _ in range(layers))
+    x = torch.randn(batch, seq, d)
+    for layer in model:
+        x = checkpoint(layer, x, use_reentrant=False)
+    return x.pow(2).mean(), model
+
+
+MODELS = {**MODELS, "transformer_24_checkpointed": checkpointed_transformer}
+
+
 def hooked_bytes(build) -> int:
     sizes: dict[int, int] = {}
 
