@@ -114,6 +114,24 @@ class Diff:
                 f"{t['nodes'][0]} -> {t['nodes'][1]}, saved {human_bytes(t['saved_bytes'][0])} -> "
                 f"{human_bytes(t['saved_bytes'][1])}>")
 
+    def to_svg(self, top: int = 8, width: int = 640) -> str:
+        """Before/after bars for the ``top`` modules that changed most, as an SVG string.
+
+        Example:
+            >>> from IPython.display import SVG                 # doctest: +SKIP
+            >>> SVG(gradscope.diff(plain, checkpointed).to_svg())  # doctest: +SKIP
+        """
+        from dataclasses import replace
+
+        from ._svgbar import bar_chart
+
+        rows = []
+        for name, (a, b) in list(self.modules.items())[:top]:
+            rows += [replace(a, name=f"{name} before"), replace(b, name=f"{name} after")]
+        sa, sb = self.totals["saved_bytes"]
+        title = f"saved tensors by module: {human_bytes(sa)} before, {human_bytes(sb)} after"
+        return bar_chart(rows, title=title, width=width)
+
     def _repr_html_(self) -> str:
         return f"<pre class='gradscope-diff'>{html.escape(str(self))}</pre>"
 

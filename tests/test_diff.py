@@ -179,3 +179,16 @@ def test_cli_diff_directory_and_registered_command(tmp_path):
     assert res.returncode == 2
     assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
     assert "directory" in res.stderr
+
+
+def test_diff_svg_pairs_before_and_after(x):
+    import xml.etree.ElementTree as ET
+
+    torch.manual_seed(0)
+    a, b = Block(), Block(ckpt=True)
+    b.load_state_dict(a.state_dict())
+    d = gradscope.diff(report_of(a, x), report_of(b, x))
+    text = "".join(ET.fromstring(d.to_svg(top=2)).itertext())
+    first, second = list(d.modules)[:2]
+    for name in (first, second):
+        assert f"{name} before" in text and f"{name} after" in text
