@@ -28,6 +28,7 @@ _peek_seq = torch._C._autograd._get_sequence_nr
 _ACCUMULATE = torch._C._functions.AccumulateGrad
 _DATA = torch._C.TensorBase.__dict__["data"]
 _Tensor = torch.Tensor
+_APPLY = torch.autograd.function.Function.apply.__func__.__code__
 
 # Categories (NOTE [cheap per-op path]); small ints compare fastest.
 _PLAIN, _GETTER, _DETACH, _DATA_GET, _TO_PYTHON, _INPLACE = range(6)
@@ -57,10 +58,11 @@ def _classify(func) -> int:
         cat = _INPLACE
     else:
         cat = _PLAIN
-    try:
-        _CATEGORY[func] = cat
-    except TypeError:  # an unhashable callable: classify it every time
-        pass
+    if not isinstance(getattr(func, "__self__", None), _Tensor):   # never keep a tensor alive in the cache
+        try:
+            _CATEGORY[func] = cat
+        except TypeError:  # an unhashable callable: classify it every time
+            pass
     return cat
 
 
@@ -143,18 +145,19 @@ class CutMode(TorchFunctionMode):
         self._detached = None   # (weakref to the last detach() output, its event index)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if kwargs is None:
-            kwargs = {}
         try:
             cat = _CATEGORY[func]
         except KeyError:
             cat = _classify(func)
         except TypeError:
             cat = _PLAIN
-        out = func(*args, **kwargs)
-        if cat == _PLAIN:
-            if _requires_grad(out) is False:    # fast exit for ordinary ops: NOTE [cheap per-op path]
-                self._plain_cut(func, args, kwargs, out)
+        out = func(*args, **kwargs) if kwargs else func(*args)
+        if cat == _PLAIN:                       # NOTE [cheap per-op path]
+            if isinstance(out, _Tensor):
+                if not out.requires_grad:
+                    self._plain_cut(func, args, kwargs or {}, out)
+            elif isinstance(out, (tuple, list)) and _requires_grad(out) is False:
+                self._plain_cut(func, args, kwargs or {}, out)
         elif cat == _GETTER:
             pass
         elif cat == _INPLACE:
@@ -215,6 +218,8 @@ class CutMode(TorchFunctionMode):
 
     def _record(self, kind, op, inputs, shape=None, version=None) -> int | None:
         rec = self.rec
+        if kind != "inplace" and _inside_function():
+            return None     # NOTE [cuts inside autograd.Function]
         if len(rec._events) >= MAX_EVENTS:
             rec._dropped += 1
             return None
@@ -223,6 +228,21 @@ class CutMode(TorchFunctionMode):
         call = rec._stack[-1] if rec._stack else -1
         rec._events.append((kind, op, location, params, call, _peek_seq(), shape, version))
         return len(rec._events) - 1
+
+
+# NOTE [cuts inside autograd.Function]
+# autograd runs every custom Function's forward with grad disabled, and reentrant checkpoint
+# (CheckpointFunction) and compiled regions are such Functions. Ops there look like no_grad cuts, but the
+# parameters get their gradients through the Function's own backward. We drop cut events while a
+# Function.apply frame is on the stack; inspect reports those parameters as possibly hidden in an opaque
+# node instead. In-place writes there are still recorded.
+def _inside_function() -> bool:
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code is _APPLY:
+            return True
+        f = f.f_back
+    return False
 
 
 def _param_ids(inputs, refs: dict) -> tuple[int, ...]:

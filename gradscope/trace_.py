@@ -145,10 +145,23 @@ class Trace:
 
     def _post(self, module, args, output) -> None:
         stack = self._stack
-        if not stack or _get_ident() != self._tid or self._calls[stack[-1]][0] != id(module):
-            return      # another thread, or a module whose forward began before the trace did
+        if not stack or _get_ident() != self._tid:
+            return
+        if self._calls[stack[-1]][0] != id(module):
+            self._unwind(id(module))
+            return
         stack.pop()
         self._segment(stack[-1] if stack else -1)
+
+    def _unwind(self, key: int) -> None:
+        # Rare: a call whose exit we never saw (its forward began before the trace did, or an exception
+        # skipped the hook). Close everything above the latest open call of this module, if any.
+        stack = self._stack
+        for depth in range(len(stack) - 2, -1, -1):
+            if self._calls[stack[depth]][0] == key:
+                del stack[depth:]
+                self._segment(stack[-1] if stack else -1)
+                return
 
     # -- reading --------------------------------------------------------------------------------
     @property

@@ -431,3 +431,31 @@ def test_explain_tells_each_story():
     assert "frozen" in report.explain("frozen.weight")
     loss.backward()
     assert grads_none(model) == {f"{m}.{p}" for m in ("cut", "never", "dropped") for p in ("weight", "bias")}
+
+
+def test_events_survive_the_json_round_trip(tmp_path):
+    model = Detach()
+    loss, tr = _traced(model, trace_model=True)
+    report = gradscope.inspect(loss, model=model, trace=tr)
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(report.to_json()))
+    loaded = gradscope.load(path)
+    assert loaded.graph.graph["events"] == report.graph.graph["events"]
+    assert loaded.explain("a.weight") == report.explain("a.weight")
+    assert _where(Detach.forward) in loaded.explain("a.weight")
+
+
+def test_reentrant_checkpoint_is_not_reported_as_a_cut():
+    from torch.utils.checkpoint import checkpoint
+
+    class Ckpt(_Base):
+        def forward(self, x):
+            return checkpoint(self.a, x.requires_grad_(), use_reentrant=True) + self.b(x)
+
+    model = Ckpt()
+    loss, tr = _traced(model)
+    report = gradscope.inspect(loss, model=model, trace=tr)
+    assert [f.kind for f in report.findings] == ["unused-parameter"]
+    assert report.findings[0].severity == "warning" and "opaque" in report.findings[0].message
+    loss.backward()
+    assert grads_none(model) == set()
