@@ -84,6 +84,7 @@ class _Builder:
         self.legend = legend
         self.items: dict = {}          # element id -> (cluster, attrs)
         self.edges: dict = {}          # (a, b) -> attrs
+        self.names: dict = {}          # element id -> DOT node name
         self.out = Drawing(graphviz.Digraph("gradscope"))
         self.flagged: dict = {}        # node id -> [Finding]
         for f in self.findings:
@@ -100,6 +101,9 @@ class _Builder:
 
     def add(self, eid, cluster, label, classes, info, **attrs):
         attrs.update(label=label, id=eid, **{"class": " ".join(classes)})
+        # DOT names: node ids as they are; others ("unused:x", "fold:n3") get a plain name, because
+        # graphviz reads "a:b" in an edge as node a, port b. The SVG id keeps the readable form.
+        self.names[eid] = eid if ":" not in eid else f"g{len(self.names)}"
         self.items[eid] = (cluster, attrs)
         self.out.elements[eid] = info
 
@@ -270,7 +274,7 @@ class _Builder:
             tree.setdefault(cluster, []).append(eid)
         self._emit_clusters(dot, tree)
         for (a, b), attrs in self.edges.items():
-            dot.edge(a, b, **(attrs or {}))
+            dot.edge(self.names[a], self.names[b], **(attrs or {}))
         label = self._caption()
         dot.attr("graph", label="".join(_esc(x) + "\\l" for x in label), labelloc="b", labeljust="l")
         if self.legend:
@@ -278,13 +282,13 @@ class _Builder:
 
     def _emit_clusters(self, dot, tree):
         for eid in tree.get(None, ()):
-            dot.node(eid, **self.items[eid][1])
+            dot.node(self.names[eid], **self.items[eid][1])
         if "\0unused" in tree:
             with dot.subgraph(name="cluster_unused") as c:
                 c.attr(label="no gradient: unreachable from the root", style="dashed,rounded",
                        color=COLORS["finding"], fontcolor=COLORS["finding"], id="cluster_unused")
                 for eid in tree["\0unused"]:
-                    c.node(eid, **self.items[eid][1])
+                    c.node(self.names[eid], **self.items[eid][1])
         modules = sorted({m for m in tree if m and m != "\0unused"} |
                          {".".join(m.split(".")[:k]) for m in tree if m and m != "\0unused"
                           for k in range(1, depth(m))})
@@ -303,7 +307,7 @@ class _Builder:
             ctxs.append(ctx)
             sub.attr(label=_esc(m), style="rounded", color="#cbd5e1", fontcolor="#475569", id=f"cluster:{m}")
             for eid in tree.get(m, ()):
-                sub.node(eid, **self.items[eid][1])
+                sub.node(self.names[eid], **self.items[eid][1])
             stack.append((parent, m, True))
             stack.extend((sub, c, False) for c in reversed(children.get(m, [])))
 
