@@ -47,7 +47,8 @@ class MemoryRow:
 
 @dataclass(frozen=True, slots=True)
 class DeviceTotal:
-    """Saved bytes per device; ``offloaded`` are bytes that left this device for the CPU."""
+    """Saved bytes per device; ``nodes`` counts op and leaf nodes there; ``offloaded`` are bytes that left
+    this device for the CPU."""
 
     device: str
     nodes: int = 0
@@ -284,8 +285,8 @@ def memory(report, *, by: str = "module", depth: int | None = None, top: int | N
             for g in groups:
                 acc[g]["shared"] += 1
             sharing.append(Shared(use.nbytes, use.category, owner, tuple(groups[1:])))
-    for nid in order:
-        dev = nodes[nid].get("device")
+    for _, d in graph.nodes(data=True):          # op nodes and leaves (a CPU input copied to the GPU)
+        dev = d.get("device")
         if dev is not None:
             devices.setdefault(dev, {"nodes": 0, "held": 0, "params": 0, "offloaded": 0})["nodes"] += 1
     rows = [MemoryRow(name, **a) for name, a in acc.items()]

@@ -299,3 +299,24 @@ def test_depth_merges_submodules():
     fine, coarse = report.memory(), report.memory(depth=1)
     assert coarse.row("self_attn").held == fine.row("self_attn").held + fine.row("self_attn.out_proj").held
     assert "self_attn.out_proj" not in {r.name for r in coarse} and coarse.saved_bytes == report.saved_bytes
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_save_on_cpu_and_copy_nodes():
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4)).cuda()
+    x = torch.randn(6, 8, requires_grad=True)
+
+    def forward():
+        return model(x.cuda()).sum()
+
+    sizes, devices, _, plain, _ = truth_and_report(forward, model)
+    table = plain.memory()
+    assert plain.saved_bytes == sum(sizes.values())
+    assert table.spans_devices and [(c.name, c.source, c.target) for c in table.copies] == \
+        [("ToCopyBackward0", "cpu", "cuda:0")]
+    with torch.autograd.graph.save_on_cpu():
+        loss = forward()
+    moved = gradscope.inspect(loss, model=model).memory()
+    assert moved.saved_bytes == 0 and moved.devices["cuda:0"].offloaded == moved.total.offloaded > 0
+    loss.backward()
+    assert x.grad is not None
