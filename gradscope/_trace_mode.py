@@ -106,6 +106,8 @@ def _dtype_name(out) -> str:
 
 
 _ROOTS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.abspath(__file__)) + os.sep)
+# gradscope/demo.py is example user code (the `gradscope demo` model): its lines are the ones to report.
+_USER_CODE = (os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo.py"),)
 _INTERNAL: dict[str, bool] = {}
 
 
@@ -119,7 +121,7 @@ def user_location(depth: int = 1) -> str | None:
         filename = f.f_code.co_filename
         internal = _INTERNAL.get(filename)
         if internal is None:
-            internal = _INTERNAL[filename] = filename.startswith(_ROOTS)
+            internal = _INTERNAL[filename] = filename.startswith(_ROOTS) and filename not in _USER_CODE
         if not internal:
             return f"{_short(filename)}:{f.f_lineno}"
         f = f.f_back

@@ -355,6 +355,21 @@ def test_demo_renders_and_prints_the_planted_bugs_that_torch_confirms(tmp_path):
     assert grads_none(model) == set()
 
 
+def test_demo_under_trace_points_at_the_planted_lines():
+    result = _run("check", "gradscope.demo:buggy")
+    assert result.exit_code == 1
+    lines = open(demo.__file__).read().splitlines()
+    detach = next(i for i, l in enumerate(lines, 1) if "BUG 1" in l)
+    clamp = next(i for i, l in enumerate(lines, 1) if "BUG 2" in l)
+    assert ".detach()" in lines[detach - 1] and ".clamp_(" in lines[clamp - 1]
+    if not callable(getattr(gradscope, "trace", None)):
+        pytest.skip("gradscope.trace() is not available")
+    assert f"detached-branch  demo.py:{detach}" in result.stdout
+    assert f"inplace-hazard  at " in result.stdout and f"demo.py:{clamp}" in result.stdout
+    untraced = _run("check", "gradscope.demo:buggy", "--no-trace")
+    assert "unused-parameter" in untraced.stdout and "demo.py:" not in untraced.stdout
+
+
 # -- real processes ----------------------------------------------------------------------------------
 def _script():
     found = shutil.which("gradscope", path=os.path.dirname(sys.executable))
