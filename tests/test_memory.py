@@ -182,6 +182,20 @@ def test_traced_module_names_win_over_inference():
     assert "by module" in report.summary() and "1 " in report.summary()
 
 
+def test_with_trace_every_activation_has_its_module():
+    forward, model = transformer_case()
+    with gradscope.trace() as tr:
+        loss = forward()
+    report = gradscope.inspect(loss, model=model, trace=tr)
+    table = report.memory()
+    names = {r.name for r in table if r.held}
+    assert {"linear1", "linear2", "norm1", "norm2", "self_attn"} <= names
+    assert table.row("dropout").held == 2 * 6 * 64 * 4        # the scaled dropout mask after linear1's ReLU
+    assert table.saved_bytes == report.saved_bytes
+    line = next(x for x in report.summary().splitlines() if x.startswith("Saved memory by module"))
+    assert table[0].name in line
+
+
 def test_checkpoint_slots_are_recomputed_and_hold_nothing():
     torch.manual_seed(0)
     block = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16))
