@@ -11,6 +11,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import sys
 import threading
 import time
 
@@ -40,7 +41,8 @@ def _report(target: str, use_trace: bool):
 
     t0 = time.perf_counter()
     try:
-        report = inspect_target(target, use_trace=use_trace)
+        with contextlib.redirect_stdout(sys.stderr):   # the target's prints must not mix with our output
+            report = inspect_target(target, use_trace=use_trace)
     except GradscopeError as exc:
         raise UserError(str(exc)) from None
     n = report.graph.number_of_nodes()

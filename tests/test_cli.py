@@ -70,6 +70,11 @@ def raises():
     return torch.ones(2, 3) @ torch.ones(4, 5)
 
 
+def chatty():
+    print("epoch 1 of a user's print")
+    return clean()
+
+
 def returns_float():
     return 3.0
 
@@ -140,6 +145,13 @@ def test_check_json_lists_the_findings_with_their_parameters(targets):
     found = json.loads(result.stdout)
     assert [f["kind"] for f in found] == ["unused-parameter"]
     assert sorted(found[0]["params"]) == ["unused_head.bias", "unused_head.weight"]
+
+
+def test_the_targets_prints_go_to_stderr_so_json_stays_clean(targets):
+    result = _run("check", f"{targets}:chatty", "--json")
+    assert result.exit_code == 0
+    assert json.loads(result.stdout) == []
+    assert "epoch 1 of a user's print" in result.stderr
 
 
 def test_fail_on_warning_turns_a_non_scalar_root_into_exit_1(targets):
