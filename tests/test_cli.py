@@ -83,6 +83,10 @@ def returns_pair_without_model():
     return clean()[0], "model"
 
 
+def string_loss_with_model():
+    return "loss", clean()[1]
+
+
 def takes_args(x, y=1):
     return x
 
@@ -206,6 +210,7 @@ MISTAKES = [
     ("{d}/targets.py:exits", r"raised SystemExit: 3"),
     ("{d}/targets.py:returns_float", r"returned float 3\.0; it must return the loss tensor"),
     ("{d}/targets.py:returns_pair_without_model", r"returned tuple .*; it must return the loss tensor"),
+    ("{d}/targets.py:string_loss_with_model", r"inspect\(\) needs a tensor \(the loss\)"),  # InputTypeError
     ("{d}/targets.py:takes_args", r"takes arguments \(x, y=1\)"),
     ("{d}/targets.py:no_grad_loss", r"has no grad_fn and does not require grad"),
     ("{d}/syntax.py:f", r"Cannot import .*syntax\.py: SyntaxError at .*syntax\.py:1"),
