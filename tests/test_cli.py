@@ -408,6 +408,15 @@ def test_console_script_exit_codes(targets):
     assert "Traceback" not in missing.stderr and "has no function 'nope'" in missing.stderr
 
 
+def test_make_demo_command(tmp_path):
+    """What `make demo` runs: `.venv/bin/gradscope demo -o demo.svg`."""
+    done = subprocess.run([_script(), "demo", "-o", "demo.svg"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert ET.parse(tmp_path / "demo.svg").getroot().tag.endswith("svg")
+    assert "inplace-hazard" in done.stdout and "aux_head" in done.stdout
+
+
 def test_python_dash_m(targets):
     done = subprocess.run([sys.executable, "-m", "gradscope", "check", f"{targets}:clean"],
                           capture_output=True, text=True, timeout=120)
