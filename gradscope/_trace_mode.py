@@ -105,37 +105,27 @@ def _dtype_name(out) -> str:
     return "" if t is None else str(t.dtype).removeprefix("torch.")
 
 
-_ROOTS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.abspath(__file__)) + os.sep)
-# gradscope/demo.py is example user code (the `gradscope demo` model): its lines are the ones to report.
-_USER_CODE = (os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo.py"),)
+# Frames skipped when looking for the user's line: torch's, and the tracer's own two files. No other
+# gradscope code sits between the user's code and an op, and gradscope/demo.py *is* (example) user code.
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_TRACER_FILES = frozenset(os.path.join(_HERE, name) for name in ("_trace_mode.py", "trace_.py"))
 _INTERNAL: dict[str, bool] = {}
 
 
 def user_location(depth: int = 1) -> str | None:
-    """``"file.py:LINE"`` of the first caller frame outside torch and gradscope, or None.
-
-    The path is relative to the working directory when the file lies under it, else its basename.
-    """
+    """``"file.py:LINE"`` (the file's basename) of the first caller frame outside torch and gradscope."""
     f = sys._getframe(depth + 1)
     while f is not None:
         filename = f.f_code.co_filename
         internal = _INTERNAL.get(filename)
         if internal is None:
-            internal = _INTERNAL[filename] = filename.startswith(_ROOTS) and filename not in _USER_CODE
+            internal = _INTERNAL[filename] = (filename.startswith(_TORCH_DIR)
+                                              or os.path.abspath(filename) in _TRACER_FILES)
         if not internal:
-            return f"{_short(filename)}:{f.f_lineno}"
+            return f"{os.path.basename(filename)}:{f.f_lineno}"
         f = f.f_back
     return None
-
-
-def _short(filename: str) -> str:
-    try:
-        rel = os.path.relpath(filename)
-    except ValueError:  # another drive on Windows
-        rel = filename
-    if rel.startswith(os.pardir) or os.path.isabs(rel):
-        return os.path.basename(filename)
-    return rel
 
 
 class CutMode(TorchFunctionMode):

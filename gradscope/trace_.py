@@ -185,18 +185,31 @@ class Trace:
             graph: the metadata graph built by ``inspect``.
             model: the ``nn.Module`` given to ``inspect`` (else the one given to ``trace``) for names.
             names: ``inspect``'s ``id(tensor) -> (name, tensor)`` parameter mapping, if any.
+
+        Raises:
+            InputValueError: the trace is still recording, never recorded, or recorded another forward
+                pass (no node of ``graph`` was created inside it).
         """
         if self._active:
             raise InputValueError(
                 "inspect(..., trace=tr) was called inside the `with gradscope.trace() as tr:` block; "
                 "call it after the block ends so the recording is complete.")
+        if not self._seg_seq:
+            raise InputValueError(
+                "inspect(..., trace=tr) got a trace that never recorded: use it as "
+                "`with gradscope.trace() as tr: loss = ...` before passing it to inspect().")
+        ops = [d for _, d in graph.nodes(data=True)
+               if d.get("kind") == "op" and d.get("seq") is not None and d["seq"] != _U64_MAX]
+        first, end = self._seg_seq[0], self._seg_seq[-1]
+        if ops and not any(first <= d["seq"] < end for d in ops):
+            raise InputValueError(
+                f"inspect(..., trace=tr) got a trace of another forward pass: none of the {len(ops)} "
+                "autograd nodes behind this loss was created inside its `with gradscope.trace()` block. "
+                "Compute the loss inside the block you pass as trace=.")
         call_names = self._names(model)
         starts = self._seg_seq
-        for _, data in graph.nodes(data=True):
-            seq = data.get("seq")
-            if data.get("kind") != "op" or seq is None or seq == _U64_MAX:
-                continue
-            i = bisect_right(starts, seq) - 1
+        for data in ops:
+            i = bisect_right(starts, data["seq"]) - 1
             data["module"] = call_names.get(self._seg_call[i]) if i >= 0 else None
         graph.graph["events"] = self._event_dicts(call_names, self._param_names(model, names))
         if model is not None or self._live_model() is not None:

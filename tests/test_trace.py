@@ -26,13 +26,11 @@ from .conftest import grads_none
 
 
 def _where(obj, marker: str = "CUT") -> str:
-    """``file:line`` of the line of ``obj``'s source ending in ``# marker`` (path as gradscope shows it)."""
+    """``file.py:line`` of the line of ``obj``'s source ending in ``# marker`` (as gradscope shows it)."""
     lines, start = pyinspect.getsourcelines(obj)
     hits = [start + i for i, text in enumerate(lines) if text.rstrip().endswith("# " + marker)]
     assert len(hits) == 1, (marker, hits)
-    path = pyinspect.getsourcefile(obj)
-    rel = os.path.relpath(path)
-    return f"{os.path.basename(path) if rel.startswith(os.pardir) else rel}:{hits[0]}"
+    return f"{os.path.basename(pyinspect.getsourcefile(obj))}:{hits[0]}"
 
 
 class _Base(nn.Module):
@@ -403,6 +401,11 @@ def test_user_mistakes_are_clear():
         loss = nn.Linear(2, 1)(torch.randn(1, 2)).sum()
         with pytest.raises(InputValueError, match="after the block ends"):
             gradscope.inspect(loss, trace=tr)
+    with pytest.raises(InputValueError, match="never recorded"):
+        gradscope.inspect(loss, trace=gradscope.trace())
+    other = nn.Linear(2, 1)(torch.randn(1, 2)).sum()
+    with pytest.raises(InputValueError, match="another forward pass: none of the 3 autograd nodes"):
+        gradscope.inspect(other, trace=tr)
 
 
 # -- explain ---------------------------------------------------------------------------------------
