@@ -68,10 +68,11 @@ def _cut(g, param: str, ev: dict) -> str:
     how = _CUT_WORDS.get(ev["kind"], ev["kind"])
     where = f"at {ev['location']}" if ev.get("location") else "at an unknown location"
     inside = f" inside {ev['module']}" if ev.get("module") else ""
-    others = [p for p in ev.get("params", ()) if p != param and g.graph["params"].get(p, {}).get("node") is None]
+    params = g.graph["params"]
+    others = [p for p in ev.get("params", ()) if p != param and params.get(p, {}).get("node") is None]
     also = f" The same cut also drops {_list(others)}." if others else ""
-    return (f"{param} gets no gradient (.grad stays None): its branch was {how} ({ev['op']}) {where}{inside}, "
-            f"so no path from the root reaches it.{also} {_FIX_CUT}")
+    return (f"{param} gets no gradient (.grad stays None): its branch was {how} ({ev['op']}) "
+            f"{where}{inside}, so no path from the root reaches it.{also} {_FIX_CUT}")
 
 
 def _unused(g, param: str) -> str:
@@ -84,7 +85,8 @@ def _unused(g, param: str) -> str:
                     f"the forward pass. {fix}")
         return (f"{param} gets no gradient (.grad stays None): its module {module} ran in the forward pass, "
                 f"but nothing it computed reaches the root (its output was dropped or overwritten). {fix}")
-    hint = "" if called is not None else " Record the forward with gradscope.trace() to learn where it was lost."
+    hint = ("" if called is not None
+            else " Record the forward with gradscope.trace() to learn where it was lost.")
     return f"{param} is not reachable from the root: its .grad will stay None. {fix}{hint}"
 
 

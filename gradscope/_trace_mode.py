@@ -22,7 +22,7 @@ from torch.overrides import TorchFunctionMode
 __all__ = ["CutMode", "user_location", "MAX_EVENTS", "WALK_LIMIT"]
 
 MAX_EVENTS = 10_000     # events kept per recording; later ones are only counted
-WALK_LIMIT = 10_000     # autograd nodes visited per event when collecting parameters (NOTE [freeing deep graphs])
+WALK_LIMIT = 10_000     # nodes visited per event to find its parameters (NOTE [freeing deep graphs])
 
 _peek_seq = torch._C._autograd._get_sequence_nr
 _ACCUMULATE = torch._C._functions.AccumulateGrad
@@ -100,11 +100,6 @@ def _grad_inputs(args, kwargs) -> list:
     return out
 
 
-def _dtype_name(out) -> str:
-    t = out if isinstance(out, _Tensor) else next((o for o in out if isinstance(o, _Tensor)), None)
-    return "" if t is None else str(t.dtype).removeprefix("torch.")
-
-
 # Frames skipped when looking for the user's line: torch's, and the tracer's own two files. No other
 # gradscope code sits between the user's code and an op, and gradscope/demo.py *is* (example) user code.
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -114,7 +109,7 @@ _INTERNAL: dict[str, bool] = {}
 
 
 def user_location(depth: int = 1) -> str | None:
-    """``"file.py:LINE"`` (the file's basename) of the first caller frame outside torch and gradscope."""
+    """``"file.py:LINE"`` (basename) of the first caller frame outside torch and the tracer, or None."""
     f = sys._getframe(depth + 1)
     while f is not None:
         filename = f.f_code.co_filename

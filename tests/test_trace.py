@@ -121,7 +121,8 @@ def test_each_cut_is_located_and_matches_torch(cls, kind, op):
     loss, tr = _traced(model)
     report = gradscope.inspect(loss, model=model, trace=tr)
     cut = [f for f in report.findings if f.kind == "detached-branch"]
-    flagged = {p for f in report.findings if f.kind in ("detached-branch", "unused-parameter") for p in f.params}
+    flagged = {p for f in report.findings if f.kind in ("detached-branch", "unused-parameter")
+               for p in f.params}
     assert {p for f in cut for p in f.params} == {"a.weight", "a.bias"}
     assert {f.location for f in cut} == {_where(cls.forward)}
     event = next(e for e in report.graph.graph["events"] if e["kind"] != "inplace")
