@@ -49,6 +49,7 @@ class Group:
     reps: int = 1
     pattern: tuple = ()
     worst: object = None           # the most severe Finding inside, or None
+    span: tuple = ()               # (first, last) module a fold runs over, e.g. ("layers.0", "layers.94")
 
 
 @dataclass(slots=True)
@@ -246,6 +247,9 @@ def build_view(graph, findings=(), *, collapse=None, fold=None, limit: int = 100
                 mod = lcp(mod, module_of.get(n))
             names = tuple(graph.nodes[n]["name"] for n in order[start:start + period])
             g = Group(f"fold:{first}", "fold", f"x{reps}", mod, members, reps=reps, pattern=names)
+            ends = [truncate(module_of.get(n), depth(mod) + 1) for n in (members[0], members[-1])]
+            if all(ends) and ends[0] != ends[1]:
+                g.span = tuple(ends)
             groups[g.gid] = g
             for n in members:
                 owner[n] = g.gid

@@ -169,7 +169,7 @@ class _Builder:
         if grp.kind == "fold":
             head = f"{grp.title}  repeated block ({len(grp.pattern)} ops each)"
             pat = ", ".join(grp.pattern[:3]) + (", ..." if len(grp.pattern) > 3 else "")
-            lines = [head, pat]
+            lines = [head, pat] + ([f"{grp.span[0]} ... {grp.span[1]}"] if grp.span else [])
             cluster = grp.module
         else:
             lines = [f"{grp.title}  (collapsed)"]
@@ -203,7 +203,7 @@ class _Builder:
         for i, u in enumerate(users):
             sid = f"{n}~{i}"
             cluster = self.cluster_of(u)
-            label = _label([_short(d["name"], cluster), f"shared x{len(users)}"])
+            label = _label([_short(d["name"], cluster), f"shared x{self.g.out_degree(n)}"])
             self.add(sid, cluster, label, [f"gs-{kind}", "gs-stub", f"gs-of-{n}"], info, fontsize="8",
                      style="rounded,filled,dashed", **base)
             self.edge(sid, u)
