@@ -1,6 +1,6 @@
 """The visual language: turn a :class:`~gradscope._collapse.View` of a report into a ``graphviz.Digraph``.
 
-The legend lives in :mod:`gradscope.render`'s docstring and the README; the colours are defined here once.
+The legend lives in :mod:`gradscope.render`'s docstring and the README; colours are in :mod:`._style`.
 Every drawn element gets a stable SVG ``id`` (the node id, ``fold:nK``, ``module:NAME``, ``unused:NAME``,
 ``cut:LOCATION``, ``nK~i`` for the i-th stub of a shared leaf) and ``gs-*`` classes for the HTML view.
 """
@@ -13,17 +13,15 @@ import graphviz
 
 from ._collapse import View, depth, truncate
 from ._format import human_bytes, shape_str
+from ._style import COLORS, esc
+from ._style import label as _label
+from ._style import legend as _legend
+from ._style import saved_lines as _saved_lines
+from ._style import shade as _shade
+from ._style import short as _short
 
 __all__ = ["Drawing", "draw", "COLORS"]
 
-COLORS = {
-    "param": "#dbeafe", "param_line": "#2563eb",
-    "input": "#dcfce7", "input_line": "#16a34a",
-    "op_line": "#475569", "group": "#ede9fe", "group_line": "#7c3aed",
-    "finding": "#dc2626", "finding_fill": "#fee2e2", "edge": "#64748b",
-    "shades": ("#ffffff", "#fff3e0", "#ffe0b2", "#ffb74d", "#fb8c00"),
-}
-_MAX_SAVED_LINES = 3
 _MAX_UNUSED_NODES = 12
 
 
@@ -35,40 +33,6 @@ class Drawing:
     elements: dict = field(default_factory=dict)     # element id -> details shown on hover/click
     targets: list = field(default_factory=list)      # finding index -> element ids to highlight
     element_of: dict = field(default_factory=dict)   # graph node id -> element id
-
-
-def _esc(text) -> str:
-    return str(text).replace("\\", "\\\\")
-
-
-def _label(lines) -> str:
-    return "\\n".join(_esc(x) for x in lines if x)
-
-
-def _shade(nbytes: int, top: int) -> str:
-    """White for nothing saved; then one shade per decade below the largest: >=50%, >=10%, >=1%, less."""
-    shades = COLORS["shades"]
-    if nbytes <= 0 or top <= 0:
-        return shades[0]
-    frac = nbytes / top
-    return shades[4 if frac >= 0.5 else 3 if frac >= 0.1 else 2 if frac >= 0.01 else 1]
-
-
-def _saved_lines(saved) -> list[str]:
-    out = []
-    for e in saved[:_MAX_SAVED_LINES]:
-        status = e.get("status", "live")
-        mark = " STALE" if status == "stale" else ("" if status == "live" else f" ({status})")
-        out.append(f"{e['slot']}: {shape_str(e.get('shape'))} {e.get('dtype') or ''} "
-                   f"{human_bytes(e.get('nbytes') or 0)}{mark}")
-    if len(saved) > _MAX_SAVED_LINES:
-        rest = sum(e.get("nbytes") or 0 for e in saved[_MAX_SAVED_LINES:])
-        out.append(f"+{len(saved) - _MAX_SAVED_LINES} more ({human_bytes(rest)})")
-    return out
-
-
-def _short(name: str, cluster: str | None) -> str:
-    return name[len(cluster) + 1:] if cluster and name.startswith(cluster + ".") else name
 
 
 class _Builder:
@@ -276,7 +240,7 @@ class _Builder:
         for (a, b), attrs in self.edges.items():
             dot.edge(self.names[a], self.names[b], **(attrs or {}))
         label = self._caption()
-        dot.attr("graph", label="".join(_esc(x) + "\\l" for x in label), labelloc="b", labeljust="l")
+        dot.attr("graph", label="".join(esc(x) + "\\l" for x in label), labelloc="b", labeljust="l")
         if self.legend:
             _legend(dot)
 
@@ -305,7 +269,7 @@ class _Builder:
             ctx = parent.subgraph(name=f"cluster_{m}")
             sub = ctx.__enter__()
             ctxs.append(ctx)
-            sub.attr(label=_esc(m), style="rounded", color="#cbd5e1", fontcolor="#475569", id=f"cluster:{m}")
+            sub.attr(label=esc(m), style="rounded", color="#cbd5e1", fontcolor="#475569", id=f"cluster:{m}")
             for eid in tree.get(m, ()):
                 sub.node(self.names[eid], **self.items[eid][1])
             stack.append((parent, m, True))
@@ -325,20 +289,6 @@ class _Builder:
             lines.append(f"Large drawing: labels shortened and module clusters left out to keep the layout fast "
                          f"(more than {self.limit} elements); see the .html view for saved tensors.")
         return lines
-
-
-def _legend(dot):
-    with dot.subgraph(name="cluster_legend") as c:
-        c.attr(label="legend", style="rounded", color="#cbd5e1", id="cluster_legend")
-        c.node("legend_param", "parameter", fillcolor=COLORS["param"], color=COLORS["param_line"])
-        c.node("legend_input", "input", fillcolor=COLORS["input"], color=COLORS["input_line"])
-        c.node("legend_op", "op (fill: saved bytes)", fillcolor=COLORS["shades"][3])
-        c.node("legend_root", "root", peripheries="2", penwidth="2", fillcolor=COLORS["shades"][0])
-        c.node("legend_group", "collapsed / xN", shape="box3d", style="filled", fillcolor=COLORS["group"],
-               color=COLORS["group_line"])
-        c.node("legend_finding", "finding", color=COLORS["finding"], penwidth="3", fillcolor=COLORS["shades"][0])
-        c.node("legend_stub", "shared leaf (one stub per use)", style="rounded,filled,dashed",
-               fillcolor=COLORS["param"], color=COLORS["param_line"], fontsize="8")
 
 
 def draw(report, view: View, *, show_saved: bool = True, clusters=None, legend: bool = False,
