@@ -19,10 +19,13 @@ import weakref
 import torch
 from torch.overrides import TorchFunctionMode
 
+from ._release import keep_until_dead
+
 __all__ = ["CutMode", "user_location", "MAX_EVENTS", "WALK_LIMIT"]
 
 MAX_EVENTS = 10_000     # events kept per recording; later ones are only counted
-WALK_LIMIT = 10_000     # nodes visited per event to find its parameters (NOTE [freeing deep graphs])
+WALK_LIMIT = 1_000_000  # nodes visited per event to find its parameters
+_DEEP = 10_000          # from this many nodes on, release our wrappers safely: NOTE [freeing deep graphs]
 
 _peek_seq = torch._C._autograd._get_sequence_nr
 _ACCUMULATE = torch._C._functions.AccumulateGrad
@@ -243,17 +246,21 @@ def _param_ids(inputs, refs: dict) -> tuple[int, ...]:
         else:
             stack.append(node)
     seen = set()
-    while stack and len(seen) < WALK_LIMIT:
+    order = []      # discovery (root-first) order, for keep_until_dead
+    while stack and len(order) < WALK_LIMIT:
         node = stack.pop()
         if node in seen:
             continue
         seen.add(node)
+        order.append(node)
         if type(node) is _ACCUMULATE:
             _leaf(node.variable, found, refs)
             continue
         for child, _ in node.next_functions:
             if child is not None and child not in seen:
                 stack.append(child)
+    if len(order) >= _DEEP:
+        keep_until_dead(inputs, order)
     return tuple(found)
 
 

@@ -463,3 +463,34 @@ def test_reentrant_checkpoint_is_not_reported_as_a_cut():
     assert report.findings[0].severity == "warning" and "opaque" in report.findings[0].message
     loss.backward()
     assert grads_none(model) == set()
+
+
+DEEP = """
+import gc, sys, time, torch, gradscope
+w, v = torch.nn.Parameter(torch.ones(4)), torch.nn.Parameter(torch.ones(4))
+with gradscope.trace() as tr:
+    y = w * 1.0
+    for _ in range(50_000):
+        y = y * 1.0001
+    h = y.detach()  # CUT
+    loss = (v * h).sum()
+report = gradscope.inspect(loss, params={"w": w, "v": v}, trace=tr)
+cut = [f for f in report.findings if f.kind == "detached-branch"]
+assert [(f.params, f.location) for f in cut] == [(("w",), "<string>:8")], report.findings
+del y, h
+gc.collect()
+time.sleep(0.2)
+loss.backward()
+assert w.grad is None and v.grad is not None
+print("OK")
+"""
+
+
+def test_cut_deep_below_its_parameter_is_found_and_freed_safely():
+    # A failure here is a segfault (TORCH-FACTS section 11), so it runs in a subprocess.
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", DEEP], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stdout.strip().endswith("OK")
