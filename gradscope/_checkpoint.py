@@ -15,11 +15,14 @@ If torch changes these internals, we find no frame and report nothing extra.
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 __all__ = ["checkpoint_inputs", "raw_slots"]
 
 _MAX_DEPTH = 3
+_VERSION_RE = re.compile(r"is at version (\d+); expected version (\d+)")
 
 
 def _frame(unpack_hook):
@@ -72,6 +75,11 @@ def checkpoint_inputs(raws, storages, classify) -> list[dict]:
                 break
     if frame is None:
         return []
+    frames = getattr(storages, "frames", None)
+    if frames is not None:  # one listing per frame and walk, whichever node of the region we meet
+        if id(frame) in frames:
+            return []
+        frames.add(id(frame))
     out = []
     saved_type = torch._C._autograd.SavedTensor
     for i, arg in enumerate(getattr(frame, "saved_args", ())):
@@ -83,13 +91,35 @@ def checkpoint_inputs(raws, storages, classify) -> list[dict]:
             else None)
         if tensor is None:
             continue
+        stale = _stale(arg, tensor)
         try:
-            if tensor.untyped_storage()._cdata in storages.ids:
+            if stale is None and tensor.untyped_storage()._cdata in storages.ids:
                 continue
         except (RuntimeError, NotImplementedError, TypeError):
             pass
         entry = classify(None, f"checkpoint input[{i}]", None, arg, storages)
         if entry is not None:
             entry.pop("_version", None)
+            if stale is not None and entry["status"] == "live":
+                entry["status"] = "stale"
+                entry["version"], entry["saved_version"] = stale
             out.append(entry)
     return out
+
+
+def _stale(arg, tensor):
+    """``(version, saved_version)`` when a checkpoint input was modified in place after it was saved.
+
+    The recomputation in backward unpacks it with a version check and raises 'modified by an inplace
+    operation'. Unpacking a saved input without hooks only returns the tensor (no recomputation), and
+    we only try when its version moved since creation; under pack hooks torch checks nothing.
+    """
+    if arg.unpack_hook is not None or tensor._version == 0:
+        return None
+    try:
+        arg.unpack()
+    except RuntimeError as exc:
+        m = _VERSION_RE.search(str(exc))
+        if m:
+            return int(m.group(1)), int(m.group(2))
+    return None

@@ -94,11 +94,12 @@ class StorageIds:
     device, ``meta`` included, where ``data_ptr()`` is 0 for every tensor.
     """
 
-    __slots__ = ("ids", "sizes")
+    __slots__ = ("ids", "sizes", "frames")
 
     def __init__(self) -> None:
         self.ids: dict[int, int] = {}
         self.sizes: list[int] = []
+        self.frames: set[int] = set()   # checkpoint frames already listed this walk (_checkpoint.py)
 
     def key(self, t: torch.Tensor) -> tuple[int | None, int]:
         """Return ``(storage_id, storage_nbytes)`` of a tensor; id None when it has no plain storage."""

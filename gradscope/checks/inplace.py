@@ -36,6 +36,8 @@ def check(graph) -> Iterator[Finding]:
 
 
 def _what(name: str, slot: str) -> str:
+    if slot.startswith("checkpoint input"):
+        return f"its checkpoint region's {slot.removeprefix('checkpoint ')} (kept to recompute the region)"
     if slot == "result":
         return f"its output ('{slot}')"
     if slot.startswith("result"):
