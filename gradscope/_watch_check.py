@@ -39,10 +39,13 @@ class BadGrad(NamedTuple):
 def nonfinite(watched: list[WatchedParam]) -> list[BadGrad]:
     """Which of these parameters' ``.grad`` hold NaN or Inf, in one batched pass.
 
-    ``torch._foreach_norm(..., ord=inf)`` reduces every gradient to its largest magnitude (NaN when the
-    gradient holds a NaN); the results are stacked and tested with one ``isfinite().all()`` and one
-    ``.item()`` per device, so the healthy path costs one read of the gradients and a single sync,
-    not one synchronising call per tensor. Only when that says "not finite" are the culprits counted.
+    Every gradient is reduced to one float32 number that is NaN or Inf when the gradient holds one (a sum
+    on CPU, ``torch._foreach_norm`` elsewhere); the numbers are stacked and tested with one
+    ``isfinite().all()`` and one ``.item()`` per device, so the healthy path costs one read of the gradients
+    and a single sync, not one synchronising call per tensor. (On CPU, for a 4M-parameter model: sum
+    1.1 ms, 2-norm 1.5 ms, ``ord=inf`` norm 28 ms.) Only when that says "not finite" are the culprits
+    counted; a reduction that overflowed float32 on finite values is dropped there, as the counts are the
+    ground truth.
     """
     groups: dict[torch.device, tuple[list, list]] = {}
     for wp in watched:
@@ -58,15 +61,17 @@ def nonfinite(watched: list[WatchedParam]) -> list[BadGrad]:
         grads.append(g)
     bad: list[BadGrad] = []
     for wps, grads in groups.values():
-        norms = torch._foreach_norm(grads, ord=math.inf)
-        stacked = torch.stack([n.to(torch.float32) for n in norms]) if len({n.dtype for n in norms}) > 1 \
-            else torch.stack(norms)
+        if grads[0].device.type == "cpu":       # CPU foreach ops loop per tensor anyway; a sum reads fastest
+            stacked = torch.stack([g.sum(dtype=torch.float32) for g in grads])
+        else:                                   # one fused multi-tensor kernel on accelerators
+            stacked = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32))
         if bool(stacked.isfinite().all().item()):
             continue
         for wp, g, m in zip(wps, grads, stacked.tolist()):
             if not math.isfinite(m):
-                bad.append(BadGrad(wp, int(torch.isnan(g).sum().item()), int(torch.isinf(g).sum().item()),
-                                   g.numel()))
+                nan, inf = int(torch.isnan(g).sum().item()), int(torch.isinf(g).sum().item())
+                if nan or inf:
+                    bad.append(BadGrad(wp, nan, inf, g.numel()))
     return bad
 
 

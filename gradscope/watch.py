@@ -22,11 +22,21 @@ nested backward ends, before the outer one has reached the parameters in front o
 callback sees that it is nested (``torch._C._current_autograd_node()`` is the outer node, not None) and
 moves itself to the outer backward: a one-shot post hook on that outer node queues the callback again,
 this time in the outer graph task. Nested task ids are larger than the outer id, so their stamps count.
+
+NOTE [last callback]
+Other end-of-backward callbacks may still be queued behind ours: DDP's reducer queues its
+``finalize_backward`` (which waits for the all-reduce and writes the averaged gradients into ``.grad``)
+when its last bucket is ready, after our first hook. The engine runs callbacks queued by a callback too, so
+ours queues itself once more and checks from there, after DDP's: every rank then tests the same averaged
+gradients for NaN/Inf, and a NaN on one rank is reported by all of them instead of leaving the others
+waiting in the next collective.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import os
+import sys
 import warnings
 
 import torch
@@ -38,6 +48,7 @@ from .finding import sort_findings
 
 __all__ = ["watch", "Watch"]
 
+_INTERNAL = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(__file__) + os.sep)
 _task_id = torch._C._current_graph_task_id
 _current_node = torch._C._current_autograd_node
 
@@ -87,6 +98,14 @@ def watch(model, *, on_error="raise", check_nonfinite=True, ignore=(), every=1, 
     """
     return Watch(model, on_error=on_error, check_nonfinite=check_nonfinite, ignore=ignore, every=every,
                  accumulate=accumulate, scaler=scaler)
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the user's ``backward()`` call, past torch and us."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class Watch:
@@ -188,8 +207,13 @@ class Watch:
             handle = node.register_hook(requeue)
             self._node_hooks.append(handle)
             return
+        _queue(self._on_last)                        # NOTE [last callback]
+
+    def _on_last(self) -> None:
+        if self._removed:
+            return
         self._pending.clear()                        # ids of earlier backwards that raised half-way
-        self._end_of_backward(tid)
+        self._end_of_backward(_task_id())
 
     def _end_of_backward(self, tid: int) -> None:
         self.backwards += 1
@@ -232,7 +256,7 @@ class Watch:
             return
         message = error_message(missing, bad, context, self._ddp_strict, scale)
         if self._on_error == "warn":
-            warnings.warn(message, RuntimeWarning, stacklevel=2)
+            warnings.warn(message, RuntimeWarning, stacklevel=_user_stacklevel())
         else:
             raise GradientError(message, findings)
 
@@ -261,7 +285,6 @@ class Watch:
         if self._scaler is not None:
             opts.append("scaler=GradScaler")
         state = "removed" if self._removed else "active"
+        last = f"{len(self.findings)} findings at the last problem" if self.findings else "no problem yet"
         return (f"<gradscope.watch {self._model_name}: {len(self._params)} parameters, {', '.join(opts)}; "
-                f"{self.backwards} backwards, {self.checks} checks, "
-                f"{'last problem on ' + str(len(self.findings)) + ' parameters' if self.findings else 'no problem'}"
-                f"; {state}>")
+                f"{self.backwards} backwards, {self.checks} checks, {last}; {state}>")

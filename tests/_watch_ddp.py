@@ -51,6 +51,18 @@ def worker(rank: int, port: int, out_dir: str) -> None:
             out["healthy_checks"] = guard.checks
         out["healthy_none"] = sorted(n for n, p in healthy.module.named_parameters() if p.grad is None)
 
+        nan = nn.parallel.DistributedDataParallel(Net(use_head=True))
+        with gradscope.watch(nan):
+            loss = nan(torch.randn(3, 4)).sum()
+            if rank == 0:                       # a NaN gradient on rank 0 only; DDP averages it to rank 1
+                loss = loss + nan.module.body.weight.mul(0).sqrt().sum()
+            try:
+                loss.backward()
+                out["nan"] = "no error"
+            except gradscope.GradientError as exc:
+                out["nan"] = sorted(p for f in exc.findings if f.kind == "nonfinite-grad" for p in f.params)
+        out["nan_truth"] = sorted(n for n, p in nan.module.named_parameters() if not p.grad.isfinite().all())
+
         broken = nn.parallel.DistributedDataParallel(Net(use_head=False))   # find_unused_parameters=False
         guard = gradscope.watch(broken)
         try:

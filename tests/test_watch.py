@@ -160,8 +160,9 @@ def test_no_callback_after_remove_mid_backward():
 def test_on_error_warn_and_callable():
     model = TwoHeads()
     with gradscope.watch(model, on_error="warn"):
-        with pytest.warns(RuntimeWarning, match=r"b\.weight"):
+        with pytest.warns(RuntimeWarning, match=r"b\.weight") as record:
             model(X, head="a").sum().backward()
+    assert record[0].filename == __file__          # points at the user's backward() line
     seen = []
     with gradscope.watch(model, on_error=seen.append):
         model(X, head="b").sum().backward()
@@ -208,7 +209,11 @@ def test_reentrant_checkpoint_no_false_alarm():
         h = model[0](X.requires_grad_(False))
         h = checkpoint(model[1], h, use_reentrant=True)   # a nested backward inside the outer one
         model[2](h).sum().backward()
-    assert all(p.grad is not None for p in model.parameters()) and guard.backwards == 1
+        assert all(p.grad is not None for p in model.parameters()) and guard.backwards == 1
+        model.zero_grad()
+        h = model[1](model[0](X))                   # the nested backward ends before model[0:2] get grads
+        checkpoint(model[2], h, use_reentrant=True).sum().backward()
+    assert all(p.grad is not None for p in model.parameters()) and guard.backwards == 2
 
 
 def test_backward_that_raised_half_way_leaves_no_stamp():
@@ -293,7 +298,7 @@ def test_repr_and_guard_counts():
     guard.remove()
 
 
-def test_ddp_gloo_unused_head_named_before_ddp_error(tmp_path):
+def test_ddp_gloo_unused_head_named_before_ddp_error_and_nan_on_one_rank(tmp_path):
     import torch._dynamo  # noqa: F401  (DDP's constructor imports it: once here, not in both forked children)
     port = _watch_ddp.free_port()
     mp.start_processes(_watch_ddp.worker, args=(port, str(tmp_path)), nprocs=2, join=True, start_method="fork")
@@ -306,3 +311,4 @@ def test_ddp_gloo_unused_head_named_before_ddp_error(tmp_path):
         assert f"rank {rank} of 2" in step0["message"] and "module." not in step0["message"]
         assert "find_unused_parameters=True" in step0["message"]
         assert "Expected to have finished reduction" in out["step1"]   # DDP's own, later, unnamed error
+        assert out["nan"] == out["nan_truth"] == ["body.weight"]         # checked after DDP's all-reduce

@@ -1,0 +1,131 @@
+"""What ``gradscope.watch`` costs in a training loop, against no hooks and anomaly mode, in the same run.
+
+For each model, one training step is forward + backward + ``AdamW.step()``. Modes, interleaved within
+every repeat so drift on a shared machine hits them alike:
+  base     no hooks;
+  watch    ``gradscope.watch(model)`` with the non-finite check on (the default);
+  naive    a per-parameter post-accumulate hook running ``torch.isnan(p.grad).any()`` / ``isinf`` (one
+           check, and on a GPU one sync, per tensor): what ``watch`` batches instead;
+  anomaly  ``torch.autograd.set_detect_anomaly(True)``.
+Each repeat times ``--steps`` steps per mode; a mode's figure is the median step time, and each ratio is the
+median over repeats of (mode / base) from the same repeat. Target: watch at most 1.05x.
+
+Steps run on one thread and are timed with ``time.process_time`` (CPU time of this process) by default:
+on a shared machine wall-clock time mostly measures the neighbours (``--clock wall`` to see it).
+
+Run: ``.venv/bin/python bench/watch_bench.py [--repeats N] [--steps N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import gradscope  # noqa: E402
+from _models import gpt2_small_like, resnet18_like  # noqa: E402
+
+MODES = ("base", "watch", "naive", "anomaly")
+
+
+def gpt_case():
+    """GPT-2-small's layout scaled to fit a CPU step: 4 blocks, d=256, 4 heads, vocab 4096, 2x64 tokens."""
+    vocab, ctx, batch = 4096, 64, 2
+    _, model = gpt2_small_like(n_layer=4, d=256, heads=4, vocab=vocab, ctx=ctx, batch=1, device="cpu")
+    idx = torch.randint(0, vocab, (batch, ctx))
+
+    def loss_fn():
+        logits = model(idx)
+        return F.cross_entropy(logits[:, :-1].reshape(-1, vocab), idx[:, 1:].reshape(-1))
+    return "gpt2_small_like (4x256, vocab 4096)", model, loss_fn
+
+
+def resnet_case():
+    """ResNet-18's layout (width 64) on a batch of 2 images of 32x32."""
+    _, model = resnet18_like(batch=2, size=32, width=64, device="cpu")
+    x, y = torch.randn(2, 3, 32, 32), torch.randint(0, 10, (2,))
+    return "resnet18_like (2x3x32x32)", model, lambda: F.cross_entropy(model(x), y)
+
+
+class Naive:
+    """The per-tensor alternative: check each gradient for NaN/Inf as it is accumulated."""
+
+    def __init__(self, model):
+        def hook(p):
+            if torch.isnan(p.grad).any() or torch.isinf(p.grad).any():
+                raise RuntimeError("non-finite gradient")
+        self.handles = [p.register_post_accumulate_grad_hook(hook) for p in model.parameters()]
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+def run_mode(mode, model, loss_fn, opt, steps, clock=time.process_time) -> list[float]:
+    guard = gradscope.watch(model) if mode == "watch" else Naive(model) if mode == "naive" else None
+    times = []
+    try:
+        with torch.autograd.set_detect_anomaly(mode == "anomaly", check_nan=True):
+            for _ in range(steps):
+                t0 = clock()
+                opt.zero_grad()
+                loss_fn().backward()
+                opt.step()
+                times.append(clock() - t0)
+    finally:
+        if guard is not None:
+            guard.remove()
+    return times
+
+
+def bench(case, repeats, steps, clock):
+    name, model, loss_fn = case()
+    n_params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for mode in MODES:                       # warm-up: allocator, lazy imports, first optimizer state
+        run_mode(mode, model, loss_fn, opt, 2)
+    medians = {m: [] for m in MODES}
+    for r in range(repeats):
+        order = MODES if r % 2 == 0 else MODES[::-1]
+        for mode in order:
+            medians[mode].append(statistics.median(run_mode(mode, model, loss_fn, opt, steps, clock)))
+    ratios = {m: statistics.median(a / b for a, b in zip(medians[m], medians["base"])) for m in MODES}
+    return name, n_params, statistics.median(medians["base"]), ratios
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--clock", choices=("process", "wall"), default="process",
+                    help="process: CPU time of this process (default); wall: perf_counter")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    clock = time.process_time if args.clock == "process" else time.perf_counter
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.clock} time, {args.repeats} "
+          f"repeats x {args.steps} steps per mode (forward + backward + AdamW step)\n")
+    header = f"{'model':<38} {'params':>7} {'base/step':>10} {'watch':>7} {'naive':>7} {'anomaly':>8}"
+    print(header)
+    print("-" * len(header))
+    worst = 0.0
+    for case in (gpt_case, resnet_case):
+        name, n, base, r = bench(case, args.repeats, args.steps, clock)
+        worst = max(worst, r["watch"])
+        print(f"{name:<38} {n / 1e6:>6.1f}M {base * 1e3:>8.1f}ms {r['watch']:>6.3f}x {r['naive']:>6.3f}x "
+              f"{r['anomaly']:>7.2f}x", flush=True)
+    print(f"\nwatch, worst model: {worst:.3f}x (target <= 1.05x): {'OK' if worst <= 1.05 else 'OVER TARGET'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
