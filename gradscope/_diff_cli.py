@@ -25,6 +25,12 @@ def diff_cmd(before: str, after: str, by: str | None, depth: int | None, exit_co
 
     Prints op kinds added or removed, parameters, saved bytes per module before and after, and findings
     that appeared or disappeared. Exits 0 (or 1 with --exit-code when they differ); 2 on a bad file.
+
+    \b
+    Examples:
+      gradscope render train.py:make_loss -o before.json
+      gradscope render train.py:make_loss_ckpt -o after.json
+      gradscope diff before.json after.json --depth 2
     """
     from ._json import load
     from .diff import diff
