@@ -11,6 +11,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import shutil
 import sys
 import threading
 import time
@@ -23,6 +24,7 @@ from .errors import GradscopeError
 __all__ = ["main"]
 
 FORMATS = ("svg", "png", "pdf", "html", "dot", "json", "graphml")
+_NEEDS_DOT = ("svg", "png", "pdf", "html")
 _BIG = 2000  # graphs with more nodes than this get a "laying out..." status line on stderr
 
 
@@ -77,6 +79,14 @@ def _output_path(output: str, fmt: str | None) -> str:
     folder = os.path.dirname(os.path.abspath(output))
     if not os.path.isdir(folder):
         raise UserError(f"Cannot write {output!r}: the folder {folder!r} does not exist; create it first.")
+    if os.path.isdir(output):
+        raise UserError(f"Cannot write {output!r}: it is a folder; give a file name such as "
+                        f"{os.path.join(output, 'graph.svg')!r}.")
+    fmt = os.path.splitext(output)[1].lstrip(".").lower()
+    if fmt in _NEEDS_DOT and shutil.which("dot") is None:
+        raise UserError(f"Cannot write .{fmt}: the Graphviz 'dot' program is not on PATH; install Graphviz "
+                        "('apt-get install graphviz', 'brew install graphviz' or 'conda install graphviz'), or "
+                        "write a .dot, .json or .graphml file, which needs no Graphviz.")
     return output
 
 
@@ -102,7 +112,7 @@ def _render(report, output: str, kwargs: dict) -> None:
     if n > AUTO_LIMIT and "collapse" not in kwargs and fmt not in ("json", "graphml"):
         _status(f"{n:,} nodes > {AUTO_LIMIT}: collapsed automatically (repeated blocks folded, deep modules "
                 "boxed); pass --expand to draw every node or --collapse N to keep modules to depth N")
-    slow = n > _BIG and fmt in ("svg", "png", "pdf", "html")
+    slow = n > _BIG and fmt in _NEEDS_DOT
     if slow:
         _status(f"laying out a graph of {n:,} nodes with Graphviz dot ...")
     t0 = time.perf_counter()

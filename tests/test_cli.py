@@ -260,6 +260,24 @@ def test_bad_output_options_exit_2_before_running_the_target(tmp_path, targets, 
     _one_line_error(CliRunner().invoke(main, ["render", f"{targets}:buggy", *args]), pattern)
 
 
+def test_missing_graphviz_is_one_line(tmp_path, targets):
+    no_dot = tmp_path / "empty_bin"
+    no_dot.mkdir()
+    result = CliRunner().invoke(main, ["render", f"{targets}:clean", "-o", str(tmp_path / "g.svg")],
+                                env={"PATH": str(no_dot)})
+    _one_line_error(result, r"Cannot write \.svg: the Graphviz 'dot' program is not on PATH")
+    # formats that need no Graphviz still work without it
+    result = CliRunner().invoke(main, ["render", f"{targets}:clean", "-o", str(tmp_path / "g.dot")],
+                                env={"PATH": str(no_dot)})
+    assert result.exit_code == 0 and (tmp_path / "g.dot").read_text().startswith("digraph")
+
+
+def test_unwritable_output_is_one_line(tmp_path, targets):
+    (tmp_path / "taken.svg").mkdir()          # a folder where the file should go
+    result = CliRunner().invoke(main, ["render", f"{targets}:clean", "-o", str(tmp_path / "taken.svg")])
+    _one_line_error(result, r"Cannot write '.*taken\.svg': it is a folder")
+
+
 def test_bad_option_values_are_usage_errors(targets):
     result = CliRunner().invoke(main, ["render", f"{targets}:clean", "--collapse", "-1"])
     assert result.exit_code == 2 and "Traceback" not in result.output
