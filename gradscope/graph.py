@@ -15,7 +15,7 @@ import networkx as nx
 import torch
 
 from ._release import keep_until_dead
-from .errors import InputTypeError, NoGradRootError
+from .errors import InputTypeError, InputValueError, NoGradRootError
 from .saved import _DEVICES, StorageIds, device_str, dtype_str, node_type, read_saved
 
 __all__ = ["build_graph", "flatten_roots", "param_names"]
@@ -79,9 +79,23 @@ def param_names(model=None, params=None) -> dict[int, tuple[str, torch.Tensor]]:
                 f"params= must be a mapping of names to tensors (e.g. dict(model.named_parameters())), "
                 f"got {_describe(params)}.")
         for name, p in params.items():
+            try:
+                text = name if isinstance(name, str) else str(name)
+            except Exception:  # noqa: BLE001 - a key whose __str__/__repr__ raises
+                raise InputTypeError(
+                    f"params= keys must be parameter names (str); got a {type(name).__name__} key that "
+                    "cannot be turned into a string. Use dict(model.named_parameters()).") from None
             if not isinstance(p, torch.Tensor):
-                raise InputTypeError(f"params[{name!r}] must be a tensor, got {_describe(p)}.")
-            out.setdefault(id(p), (str(name), p))
+                raise InputTypeError(f"params[{text!r}] must be a tensor, got {_describe(p)}.")
+            if p.grad_fn is not None:
+                # A non-leaf never has an AccumulateGrad node: the walk could not tell whether it is
+                # reached, and it would be reported unused although retain_grad() fills its .grad.
+                raise InputValueError(
+                    f"params[{text!r}] is not a leaf tensor (it was computed by {p.grad_fn.name()}): "
+                    "params= names the leaves a gradient accumulates into (parameters, inputs that "
+                    "require grad). Pass the leaves it was computed from, or check its .grad after "
+                    "backward() if you called retain_grad() on it.")
+            out.setdefault(id(p), (text, p))
     return out
 
 

@@ -24,7 +24,7 @@ from gradscope.errors import NoGradRootError
 
 from ._program import Program, run_program
 
-__all__ = ["check_program", "count_nodes", "hooked_saved_bytes", "backward_truth"]
+__all__ = ["check_program", "count_nodes", "hooked_saved_bytes", "packed_bytes", "backward_truth"]
 
 
 def count_nodes(roots) -> int:
@@ -53,6 +53,11 @@ class _Box:
 
 def hooked_saved_bytes(prog: Program, seed: int = 0) -> int:
     """Bytes of unique storages still packed by the graph of ``prog``'s root (run C)."""
+    return packed_bytes(lambda: run_program(prog, seed).root)
+
+
+def packed_bytes(make_root) -> int:
+    """Run ``make_root()`` under identity-like pack hooks; bytes of unique storages its graph holds."""
     boxes = []
 
     def pack(t):
@@ -65,9 +70,7 @@ def hooked_saved_bytes(prog: Program, seed: int = 0) -> int:
         raise AssertionError("run C never unpacks")
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        run = run_program(prog, seed)
-    root = run.root
-    del run
+        root = make_root()
     gc.collect()
     sizes = {}
     for ref in boxes:
