@@ -112,8 +112,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     clock = time.process_time if args.clock == "process" else time.perf_counter
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.clock} time, {args.repeats} "
-          f"repeats x {args.steps} steps per mode (forward + backward + AdamW step)\n")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.clock} time, "
+          f"{args.repeats} repeats x {args.steps} steps per mode (forward + backward + AdamW step)\n")
     header = f"{'model':<38} {'params':>7} {'base/step':>10} {'watch':>7} {'naive':>7} {'anomaly':>8}"
     print(header)
     print("-" * len(header))

@@ -88,21 +88,23 @@ def _where(wp: WatchedParam) -> str:
 
 
 _NONE_CAUSES = ("Likely causes: the module's output did not reach the loss on this step (a branch skipped "
-                "by control flow, an unused head, an expert no token was routed to), the forward cut the graph "
+                "by control flow, an unused head, an expert no token was routed to), the forward cut the "
+                "graph "
                 "(.detach(), .data, torch.no_grad(), .item()/.numpy(), an integer op such as argmax), or a "
                 "custom autograd.Function whose backward returned None for this input.")
 _NONE_NEXT = ("Next step: run the forward under `with gradscope.trace() as tr:` and call "
               "`gradscope.inspect(loss, model=model, trace=tr)` before backward: it names the op and the "
               "file:line that cut the graph. If the parameter is legitimately unused on some steps, pass "
-              "watch(model, ignore=[...]) with its name or a pattern, or freeze it with requires_grad_(False).")
+              "watch(model, ignore=[...]) with its name or a pattern, or freeze it with "
+              "requires_grad_(False).")
 _DDP_NOTE = ("DistributedDataParallel(find_unused_parameters=False) will fail at the next forward with "
              "\"Expected to have finished reduction in the prior iteration\": make every parameter take "
              "part in the loss, or pass find_unused_parameters=True.")
 _NAN_CAUSES = ("Likely causes: an op whose derivative is infinite at the value it saw (sqrt or pow(x, 0.5) "
                "at 0, log at 0, division by zero), an overflow (exploding gradients, float16 without a "
                "GradScaler), or a NaN already present in the input or the loss.")
-_NAN_NEXT = ("Next step: run one step under torch.autograd.set_detect_anomaly(True): it names the backward op "
-             "that first produced the NaN and the forward line that created it; then guard that op "
+_NAN_NEXT = ("Next step: run one step under torch.autograd.set_detect_anomaly(True): it names the backward "
+             "op that first produced the NaN and the forward line that created it; then guard that op "
              "(x.clamp_min(eps).sqrt(), torch.log(x + eps)) or clip the gradients.")
 
 
@@ -135,7 +137,8 @@ def nonfinite_findings(bad: list[BadGrad], context: str, scale: float | None) ->
 
 
 def _names(items: list[WatchedParam], extra=None) -> str:
-    shown = [f"{wp.name} ({_where(wp)}{extra(i) if extra else ''})" for i, wp in enumerate(items[:_LIST_AT_MOST])]
+    shown = [f"{wp.name} ({_where(wp)}{extra(i) if extra else ''})"
+             for i, wp in enumerate(items[:_LIST_AT_MOST])]
     more = f", and {len(items) - _LIST_AT_MOST} more" if len(items) > _LIST_AT_MOST else ""
     return "; ".join(shown) + more
 
@@ -147,8 +150,9 @@ def error_message(missing: list[WatchedParam], bad: list[BadGrad], context: str,
     if missing:
         n = len(missing)
         stale = sum(wp.param.grad is not None for wp in missing)
-        stale_text = (f" {stale} of them still hold{'s' if stale == 1 else ''} a .grad from an earlier step "
-                      f"(zero_grad(set_to_none=False)), which the optimizer would apply again." if stale else "")
+        stale_text = (f" {stale} of them still hold{'s' if stale == 1 else ''} a .grad from an earlier "
+                      f"step (zero_grad(set_to_none=False)), which the optimizer would apply again."
+                      if stale else "")
         parts.append(f"- {n} parameter{'s' if n > 1 else ''} with requires_grad=True received no gradient: "
                      f"{_names(missing)}.{stale_text} {_NONE_CAUSES} {_NONE_NEXT}"
                      + (f" {_DDP_NOTE}" if ddp_strict else ""))

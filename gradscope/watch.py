@@ -120,7 +120,8 @@ class Watch:
 
     def __init__(self, model, *, on_error, check_nonfinite, ignore, every, accumulate, scaler):
         if not isinstance(model, torch.nn.Module):
-            raise InputTypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}: {model!r:.80}.")
+            raise InputTypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}: "
+                                 f"{model!r:.80}.")
         if not (on_error in ("raise", "warn") or callable(on_error)):
             raise InputValueError(f"on_error must be 'raise', 'warn' or a callable taking the findings, "
                                   f"got {on_error!r}.")
@@ -141,7 +142,8 @@ class Watch:
                 raise InputValueError(f"ignore pattern {pat!r} matches no parameter of the model; its "
                                       f"parameters are named like {example!r}.")
         self._params = [WatchedParam(n, p, *self._owner(inner, n)) for n, p in named
-                        if p.requires_grad and not any(n == pat or fnmatch.fnmatchcase(n, pat) for pat in patterns)]
+                        if p.requires_grad and not any(n == pat or fnmatch.fnmatchcase(n, pat)
+                                                       for pat in patterns)]
         if not self._params:
             raise InputValueError(f"{type(inner).__name__} has no parameter with requires_grad=True left to "
                                   f"watch (ignore={patterns!r}).")

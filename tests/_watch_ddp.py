@@ -1,4 +1,4 @@
-"""The per-rank body of the DDP test of ``gradscope.watch`` (a module of its own, so that any start method finds it)."""
+"""The per-rank body of the DDP test of ``gradscope.watch`` (its own module: any start method finds it)."""
 
 from __future__ import annotations
 

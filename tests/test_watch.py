@@ -32,7 +32,8 @@ class TwoHeads(nn.Module):
 
 def versions(model):
     """Ground truth for 'received a gradient in this backward': the .grad's version counter (or None)."""
-    return {n: (None if p.grad is None else (id(p.grad), p.grad._version)) for n, p in model.named_parameters()}
+    return {n: (None if p.grad is None else (id(p.grad), p.grad._version))
+            for n, p in model.named_parameters()}
 
 
 def changed(before, after):
@@ -98,7 +99,8 @@ def test_branch_skipped_on_step_2_with_stale_grad():
     truth = set(after) - changed(before, after)
     assert truth == {"b.weight", "b.bias"} == flagged(exc, "none-grad")
     assert all(p.grad is not None for p in model.parameters())      # stale grads did not hide it
-    assert "backward 2" in str(exc.value) and "2 of them still hold a .grad from an earlier step" in str(exc.value)
+    assert "backward 2" in str(exc.value)
+    assert "2 of them still hold a .grad from an earlier step" in str(exc.value)
     assert guard.checks == 2
 
 
@@ -301,7 +303,8 @@ def test_repr_and_guard_counts():
 def test_ddp_gloo_unused_head_named_before_ddp_error_and_nan_on_one_rank(tmp_path):
     import torch._dynamo  # noqa: F401  (DDP's constructor imports it: once here, not in both forked children)
     port = _watch_ddp.free_port()
-    mp.start_processes(_watch_ddp.worker, args=(port, str(tmp_path)), nprocs=2, join=True, start_method="fork")
+    mp.start_processes(_watch_ddp.worker, args=(port, str(tmp_path)), nprocs=2, join=True,
+                       start_method="fork")       # spawn would re-import torch in both children
     for rank in (0, 1):
         out = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert out["healthy_checks"] == 3 and out["healthy_none"] == []        # no false alarm under DDP
