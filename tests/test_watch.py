@@ -180,6 +180,10 @@ def test_ignore_every_and_frozen():
     with gradscope.watch(model):
         model(X, head="a").sum().backward()
     model.b.requires_grad_(True)
+    with gradscope.watch(model) as guard:
+        model.b.requires_grad_(False)               # frozen after watch() started: not flagged either
+        model(X, head="a").sum().backward()
+    model.b.requires_grad_(True)
     raised = []
     with gradscope.watch(model, every=2) as guard:
         for _ in range(4):
@@ -289,6 +293,15 @@ def test_amp_scaler_persistent_nan_is_reported():
                 scaler.step(opt)
                 scaler.update()
     assert scaler.get_scale() == 0.5 and flagged(exc, "nonfinite-grad") == {"a.weight"}
+
+
+def test_data_parallel_is_unwrapped():
+    model = TwoHeads()
+    with gradscope.watch(nn.DataParallel(model)) as guard:
+        with pytest.raises(gradscope.GradientError) as exc:
+            nn.DataParallel(model)(X, head="a").sum().backward()
+    assert flagged(exc, "none-grad") == {"b.weight", "b.bias"} and "module." not in str(exc.value)
+    assert "TwoHeads" in repr(guard)
 
 
 def test_repr_and_guard_counts():
