@@ -29,6 +29,11 @@ __all__ = ["check_program", "count_nodes", "hooked_saved_bytes", "packed_bytes",
 
 def count_nodes(roots) -> int:
     """Independent count of graph nodes reachable from ``roots`` (iterative, with a seen set)."""
+    return len(reachable(roots))
+
+
+def reachable(roots) -> set:
+    """The autograd nodes reachable from ``roots``."""
     seen = set()
     stack = []
     for r in roots:
@@ -42,7 +47,7 @@ def count_nodes(roots) -> int:
             continue
         seen.add(n)
         stack.extend(c for c, _ in n.next_functions if c is not None and c not in seen)
-    return len(seen)
+    return seen
 
 
 class _Box:
@@ -166,7 +171,14 @@ def check_program(prog: Program, seed: int = 0) -> None:
         report = None
     assert [t._version for t in tensors] == versions, "inspect() changed a tensor's _version"
     del tensors
-    expected_nodes = count_nodes(roots)
+    reach = reachable(roots)
+    expected_nodes = len(reach)
+    # NOTE [checkpoint side channel]: checkpoint(use_reentrant=False) keeps its inputs alive in its
+    # frame; an input the region does not use differentiably is not in the backward graph, yet it keeps
+    # its own history (and that history's saved tensors) alive. No walk of next_functions sees that
+    # memory, so saved_bytes is a lower bound then (documented in the README).
+    side = any(n not in reach for n in run.ckpt_nodes)
+    del reach
     truth = backward_truth(run.root)
     assert truth == base_truth, f"backward behaved differently after inspect: {truth} vs {base_truth}"
     grads = _grads(run)
@@ -185,6 +197,7 @@ def check_program(prog: Program, seed: int = 0) -> None:
     # see those slots: its saved bytes are a lower bound and a hazard on them is missed (documented in
     # the README). Everywhere else the predictions must be exact.
     hidden = any(d["name"] == "CopySlices" for _, d in report.graph.nodes(data=True))
+    undercount = hidden or side
     assert report.graph.number_of_nodes() == expected_nodes, "node count differs from the walker"
     if hidden:
         assert "inplace-hazard" not in kinds or "inplace" in truth["errors"], "false inplace-hazard"
@@ -209,7 +222,7 @@ def check_program(prog: Program, seed: int = 0) -> None:
                     f"{name} not flagged but torch left its .grad None"
     del run, roots, grads
     packed = hooked_saved_bytes(prog, seed)
-    if hidden:
+    if undercount:
         assert report.saved_bytes <= packed, f"saved_bytes {report.saved_bytes} > packed {packed}"
     else:
         assert report.saved_bytes == packed, \

@@ -50,6 +50,7 @@ class Run:
     inputs: list
     pool: list
     root: object
+    ckpt_nodes: list      # grad_fn of each tensor passed to checkpoint(use_reentrant=False)
 
 
 def _apply(fn, params, s, t, ctx, inplace):
@@ -68,12 +69,15 @@ def run_program(prog: Program, seed: int = 0) -> Run:
     x = torch.randn(2, 4)
     m = torch.randn(2, 4, requires_grad=True)   # a leaf input that is not a parameter
     pool = [x, params["a"], m]
+    ckpt_nodes = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for op, i, j, ctx in prog.steps:
             s, t = pool[i % len(pool)], pool[j % len(pool)]
             inplace = op in INPLACE
             fn = INPLACE[op] if inplace else OPS[op]
+            if ctx == "ckpt" and not inplace:
+                ckpt_nodes.extend(v.grad_fn for v in (s, t) if v.grad_fn is not None)
             try:
                 out = _apply(fn, params, s, t, ctx, inplace)
             except RuntimeError:
@@ -89,4 +93,4 @@ def run_program(prog: Program, seed: int = 0) -> Run:
         root = [p.sum() for p in picks]
     else:
         root = picks[0]
-    return Run(params, [x, m], pool, root)
+    return Run(params, [x, m], pool, root, ckpt_nodes)

@@ -84,3 +84,17 @@ def test_hazard_inside_copyslices_is_predicted():
         h.sum().backward(retain_graph=True)
     report = gradscope.inspect(h.sum(), params={"w": w})
     assert any(f.kind == "inplace-hazard" for f in report.findings)
+
+
+CKPT_UNUSED_INPUT_HISTORY = Program((("sin", 1, 0, "plain"), ("exp", 2, 3, "ckpt")), (4,), "sum")
+
+
+def test_checkpoint_input_unused_by_the_region_is_a_side_channel():
+    # checkpoint(exp_op, m, sin(a)): exp ignores sin(a), so sin's node is not in the backward graph, but
+    # the frame keeps sin(a) alive and with it SinBackward0's saved a. saved_bytes counts what the
+    # graph holds (both checkpoint inputs) and is a lower bound of what stays alive.
+    run = run_program(CKPT_UNUSED_INPUT_HISTORY)
+    report = gradscope.inspect(run.root, params=run.params)
+    assert "SinBackward0" not in {d["name"] for _, d in report.graph.nodes(data=True)}
+    assert report.saved_bytes == 64 < hooked_saved_bytes(CKPT_UNUSED_INPUT_HISTORY) == 96
+    check_program(CKPT_UNUSED_INPUT_HISTORY)
