@@ -152,8 +152,12 @@ def _same_bits(a, b) -> bool:
     return a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
-def check_program(prog: Program, seed: int = 0) -> None:
-    """Assert every gradscope prediction about ``prog`` against torch (see the module docstring)."""
+def check_program(prog: Program, seed: int = 0, traced: bool = False) -> None:
+    """Assert every gradscope prediction about ``prog`` against torch (see the module docstring).
+
+    With ``traced``, run A's forward is recorded by ``gradscope.trace()`` and passed to ``inspect`` (cut
+    findings become ``detached-branch``); gradients must still be bit-identical to run B's.
+    """
     # B: the same program without gradscope.
     base = run_program(prog, seed)
     base_truth = backward_truth(base.root)
@@ -161,12 +165,19 @@ def check_program(prog: Program, seed: int = 0) -> None:
     del base
 
     # A: inspect, then backward.
-    run = run_program(prog, seed)
+    if traced:
+        modes = torch._C._len_torch_function_stack()
+        with gradscope.trace() as tr:
+            run = run_program(prog, seed)
+        assert torch._C._len_torch_function_stack() == modes, "trace() left a mode installed"
+    else:
+        tr = None
+        run = run_program(prog, seed)
     roots = list(run.root) if isinstance(run.root, list) else [run.root]
     tensors = run.pool + list(run.params.values()) + roots
     versions = [t._version for t in tensors]
     try:
-        report = gradscope.inspect(run.root, params={n: p for n, p in run.params.items()})
+        report = gradscope.inspect(run.root, params={n: p for n, p in run.params.items()}, trace=tr)
     except NoGradRootError:
         report = None
     assert [t._version for t in tensors] == versions, "inspect() changed a tensor's _version"
