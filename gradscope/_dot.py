@@ -159,7 +159,11 @@ class _Builder:
             cluster = self.cluster_of(users[0]) if users else None
             lines = [_short(d["name"], cluster) if kind == "param" else d["name"],
                      f"{shape_str(d.get('shape'))} {d.get('dtype') or ''}"]
-            self.add(n, cluster, _label(lines), [f"gs-{kind}"], info, **base)
+            classes = [f"gs-{kind}"]
+            if d.get("root"):                               # inspect(leaf): the root is the leaf itself
+                classes.append("gs-root")
+                base.update(peripheries="2", penwidth="2")
+            self.add(n, cluster, _label(lines), classes, info, **base)
             self.out.element_of[n] = n
             for u in users:
                 self.edge(n, u)

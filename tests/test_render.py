@@ -196,3 +196,15 @@ def test_traced_cut_is_drawn_next_to_the_parameters_it_cut():
     assert cut and all(f.location for f in cut)
     assert f'id="cut:{cut[0].location}"' in src and "CUT: detach" in src
     assert 'id="unused:a.weight"' in src
+
+
+def test_a_report_read_back_from_json_draws_the_same_picture(report, tmp_path):
+    back = load(report.render(tmp_path / "g.json"))
+    assert back.to_dot().source == report.to_dot().source
+
+
+def test_a_leaf_root_is_drawn_as_the_root():
+    w = torch.nn.Parameter(torch.ones(3))
+    report = gradscope.inspect(w, params={"w": w})
+    src = report.to_dot().source
+    assert re.search(r'label="w\\n3 float32" class="gs-param gs-root', src)
