@@ -7,6 +7,7 @@ Every drawn element gets a stable SVG ``id`` (the node id, ``fold:nK``, ``module
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import graphviz
@@ -23,6 +24,23 @@ from ._style import short as _short
 __all__ = ["Drawing", "draw", "COLORS"]
 
 _MAX_UNUSED_NODES = 12
+_ID = re.compile(r"[A-Za-z_][A-Za-z_0-9]*|-?(\.[0-9]+|[0-9]+(\.[0-9]*)?)")
+_KEYWORDS = {"node", "edge", "graph", "digraph", "subgraph", "strict"}
+
+
+def _q(text) -> str:
+    """A DOT ID: bare when it is a plain identifier or number, else double-quoted."""
+    text = str(text)
+    if _ID.fullmatch(text) and text.lower() not in _KEYWORDS:
+        return text
+    return '"' + text.replace('"', '\\"') + '"'
+
+
+def _attrs(attrs: dict, sep: str = " ", bracket: bool = True) -> str:
+    """``[label=... k=v ...]``: the label first, then the other keys sorted (deterministic)."""
+    keys = (["label"] if "label" in attrs else []) + sorted(k for k in attrs if k != "label")
+    text = sep.join(f"{k}={_q(attrs[k])}" for k in keys)
+    return f" [{text}]" if bracket else text
 
 
 @dataclass(slots=True)
@@ -240,9 +258,9 @@ class _Builder:
             if not clusters and cluster != "\0unused":
                 cluster = None
             tree.setdefault(cluster, []).append(eid)
-        self._emit_clusters(dot, tree)
+        self._emit_clusters(dot.body, tree)
         for (a, b), attrs in self.edges.items():
-            dot.edge(self.names[a], self.names[b], **(attrs or {}))
+            dot.body.append(f"\t{_q(self.names[a])} -> {_q(self.names[b])}{_attrs(attrs) if attrs else ''}\n")
         if self.compact:
             # NOTE [big layouts]: dot's x-coordinate pass (network simplex) is superlinear: on an expanded
             # 96-layer transformer (7.3k nodes, 25k with virtual nodes) it alone ran for minutes. Capping
@@ -253,36 +271,37 @@ class _Builder:
         if self.legend:
             _legend(dot)
 
-    def _emit_clusters(self, dot, tree):
-        for eid in tree.get(None, ()):
-            dot.node(self.names[eid], **self.items[eid][1])
+    def _emit_clusters(self, body: list, tree: dict) -> None:
+        # Written as DOT lines directly: graphviz's per-attribute quoting was most of to_dot's time.
+        def nodes(eids, indent):
+            body.extend(f"{indent}{_q(self.names[e])}{_attrs(self.items[e][1])}\n" for e in eids)
+
+        nodes(tree.get(None, ()), "\t")
         if "\0unused" in tree:
-            with dot.subgraph(name="cluster_unused") as c:
-                c.attr(label="no gradient: unreachable from the root", style="dashed,rounded",
-                       color=COLORS["finding"], fontcolor=COLORS["finding"], id="cluster_unused")
-                for eid in tree["\0unused"]:
-                    c.node(self.names[eid], **self.items[eid][1])
+            body.append("\tsubgraph cluster_unused {\n\t\t" + _attrs(dict(
+                label="no gradient: unreachable from the root", style="dashed,rounded", color=COLORS["finding"],
+                fontcolor=COLORS["finding"], id="cluster_unused"), sep="\n\t\t", bracket=False) + "\n")
+            nodes(tree["\0unused"], "\t\t")
+            body.append("\t}\n")
         modules = sorted({m for m in tree if m and m != "\0unused"} |
                          {".".join(m.split(".")[:k]) for m in tree if m and m != "\0unused"
                           for k in range(1, depth(m))})
         children: dict = {}
         for m in modules:
             children.setdefault(truncate(m, depth(m) - 1) if depth(m) > 1 else None, []).append(m)
-        stack = [(dot, m, False) for m in reversed(children.get(None, []))]
-        ctxs = []
+        stack = [(m, 1, False) for m in reversed(children.get(None, []))]
         while stack:                                       # explicit stack: no recursion
-            parent, m, done = stack.pop()
+            m, level, done = stack.pop()
+            indent = "\t" * level
             if done:
-                ctxs.pop().__exit__(None, None, None)
+                body.append(f"{indent}}}\n")
                 continue
-            ctx = parent.subgraph(name=f"cluster_{m}")
-            sub = ctx.__enter__()
-            ctxs.append(ctx)
-            sub.attr(label=esc(m), style="rounded", color="#cbd5e1", fontcolor="#475569", id=f"cluster:{m}")
-            for eid in tree.get(m, ()):
-                sub.node(self.names[eid], **self.items[eid][1])
-            stack.append((parent, m, True))
-            stack.extend((sub, c, False) for c in reversed(children.get(m, [])))
+            body.append(f"{indent}subgraph {_q('cluster_' + m)} {{\n{indent}\t" + _attrs(dict(
+                label=esc(m), style="rounded", color="#cbd5e1", fontcolor="#475569", id=f"cluster:{m}"),
+                sep=f"\n{indent}\t", bracket=False) + "\n")
+            nodes(tree.get(m, ()), indent + "\t")
+            stack.append((m, level, True))
+            stack.extend((c, level + 1, False) for c in reversed(children.get(m, [])))
 
     def _caption(self) -> list[str]:
         g = self.g
