@@ -36,12 +36,20 @@ def check(graph) -> Iterator[Finding]:
     for name in missing:
         if name in cuts:
             ev = cuts[name]
-            yield Finding(
-                "detached-branch", "error",
-                f"{name} gets no gradient: its branch was {_CUT_WORDS.get(ev['kind'], ev['kind'])} "
-                f"({ev['op']}) at {ev['location']}. Remove the cut, or freeze the parameter "
-                "(requires_grad_(False)) if that is intended.",
-                params=(name,), location=ev["location"])
+            cut = (f"its branch was {_CUT_WORDS.get(ev['kind'], ev['kind'])} ({ev['op']}) at "
+                   f"{ev['location']}")
+            fix = "Remove the cut, or freeze the parameter (requires_grad_(False)) if that is intended."
+            if opaque:  # it may also be used inside an opaque region, which the walk cannot see
+                yield Finding(
+                    "detached-branch", "warning",
+                    f"{name} is not reachable from the root: {cut}, but the graph holds {len(opaque)} "
+                    f"opaque node(s) (first: {graph.nodes[opaque[0]]['name']}) that may use it "
+                    "(reentrant checkpoint, custom Function); check after backward() whether .grad is "
+                    "None. " + fix,
+                    params=(name,), location=ev["location"])
+            else:
+                yield Finding("detached-branch", "error", f"{name} gets no gradient: {cut}. {fix}",
+                              params=(name,), location=ev["location"])
         else:
             plain.append(name)
     if opaque and plain:  # one warning: the walk cannot tell which of them the opaque region uses

@@ -152,11 +152,14 @@ def _same_bits(a, b) -> bool:
     return a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
-def check_program(prog: Program, seed: int = 0, traced: bool = False) -> None:
+def check_program(prog: Program, seed: int = 0, traced: bool = False, watched: bool = False) -> None:
     """Assert every gradscope prediction about ``prog`` against torch (see the module docstring).
 
     With ``traced``, run A's forward is recorded by ``gradscope.trace()`` and passed to ``inspect`` (cut
-    findings become ``detached-branch``); gradients must still be bit-identical to run B's.
+    findings become ``detached-branch``); gradients must still be bit-identical to run B's. With
+    ``watched``, run A's backward runs under ``gradscope.watch`` of the parameters: its ``none-grad`` /
+    ``nonfinite-grad`` findings must name exactly the parameters torch left without a gradient or with
+    a NaN/Inf one.
     """
     # B: the same program without gradscope.
     base = run_program(prog, seed)
@@ -182,6 +185,10 @@ def check_program(prog: Program, seed: int = 0, traced: bool = False) -> None:
         report = None
     assert [t._version for t in tensors] == versions, "inspect() changed a tensor's _version"
     del tensors
+    if watched:
+        holder = torch.nn.ParameterDict(run.params)   # the same Parameter objects, for watch(model)
+        problems = []
+        guard = gradscope.watch(holder, on_error=problems.append)
     reach = reachable(roots)
     expected_nodes = len(reach)
     # NOTE [checkpoint side channel]: checkpoint(use_reentrant=False) keeps its inputs alive in its
@@ -190,12 +197,26 @@ def check_program(prog: Program, seed: int = 0, traced: bool = False) -> None:
     # memory, so saved_bytes is a lower bound then (documented in the README).
     side = any(n not in reach for n in run.ckpt_nodes)
     del reach
-    truth = backward_truth(run.root)
+    try:
+        truth = backward_truth(run.root)
+    finally:
+        if watched:
+            guard.remove()
     assert truth == base_truth, f"backward behaved differently after inspect: {truth} vs {base_truth}"
     grads = _grads(run)
     for name, g in grads.items():
         assert _same_bits(g, base_grads[name]), f"gradient of {name} differs after inspect()"
 
+    if watched and truth["ok"]:
+        last = problems[-1] if problems else ()
+        said_none = {p for f in last if f.kind == "none-grad" for p in f.params}
+        said_bad = {p for f in last if f.kind == "nonfinite-grad" for p in f.params}
+        trainable = {n: p for n, p in run.params.items() if p.requires_grad}
+        none = {n for n, p in trainable.items() if p.grad is None}
+        if none != set(trainable) or said_none:  # a backward that reaches no parameter is not checked
+            assert said_none == none, f"watch none-grad said {said_none}, torch left {none} None"
+        assert said_bad == {n for n, p in trainable.items()
+                            if p.grad is not None and not torch.isfinite(p.grad).all()}, "watch nonfinite"
     if "ckpt-unnecessary" in truth["errors"]:
         return  # backward stopped for a reason outside gradscope's predictions
     if report is None:
@@ -221,7 +242,8 @@ def check_program(prog: Program, seed: int = 0, traced: bool = False) -> None:
     if truth["ok"]:
         hard = {p for f in report.findings if f.severity == "error"
                 and f.kind in ("unused-parameter", "detached-branch") for p in f.params}
-        soft = {p for f in report.findings if f.kind == "unused-parameter" for p in f.params} - hard
+        soft = {p for f in report.findings if f.severity != "error"
+                and f.kind in ("unused-parameter", "detached-branch") for p in f.params}
         soft |= _only_through_opaque(report.graph)
         for name, g in grads.items():
             if name.startswith("<"):

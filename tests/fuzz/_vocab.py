@@ -16,8 +16,8 @@ __all__ = ["OPS", "INPLACE", "make_params", "TORCH_OPS"]
 def make_params() -> dict[str, torch.Tensor]:
     """Fresh named parameters (call after ``torch.manual_seed``); ``f`` is frozen."""
     shapes = {"a": (2, 4), "w": (4, 4), "u": (4, 4), "b": (4,), "g": (4,), "e": (6, 4), "k": (2, 2, 3)}
-    params = {n: torch.randn(s).requires_grad_() for n, s in shapes.items()}
-    params["f"] = torch.randn(4)  # frozen: never flagged, never gets a grad
+    params = {n: torch.nn.Parameter(torch.randn(s)) for n, s in shapes.items()}
+    params["f"] = torch.nn.Parameter(torch.randn(4), requires_grad=False)  # frozen: never flagged
     return params
 
 

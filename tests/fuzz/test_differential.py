@@ -35,12 +35,12 @@ def test_predictions_match_torch(prog):
 
 @settings(settings.get_profile("gradscope-fuzz-ci-traced"))
 @given(programs)
-def test_predictions_match_torch_traced(prog):
-    check_program(prog, traced=True)
+def test_predictions_match_torch_traced_and_watched(prog):
+    check_program(prog, traced=True, watched=True)
 
 
 @pytest.mark.slow
 @settings(settings.get_profile("gradscope-fuzz-slow"))
-@given(programs, st.booleans())
-def test_predictions_match_torch_slow(prog, traced):
-    check_program(prog, traced=traced)
+@given(programs, st.booleans(), st.booleans())
+def test_predictions_match_torch_slow(prog, traced, watched):
+    check_program(prog, traced=traced, watched=watched)
