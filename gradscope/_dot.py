@@ -306,8 +306,8 @@ class _Builder:
     def _caption(self) -> list[str]:
         g = self.g
         n_err = sum(1 for f in self.findings if f.severity == "error")
-        lines = [f"gradscope: {g.number_of_nodes()} nodes, {human_bytes(self.saved_bytes)} saved for backward, "
-                 f"{len(self.findings)} findings ({n_err} errors)"]
+        lines = [f"gradscope: {_count(g.number_of_nodes(), 'node')}, {human_bytes(self.saved_bytes)} saved for "
+                 f"backward, {_count(len(self.findings), 'finding')} ({_count(n_err, 'error')})"]
         kinds = list(dict.fromkeys(f.kind for f in self.findings))
         if kinds:
             lines.append("findings (red): " + ", ".join(kinds))
@@ -317,6 +317,10 @@ class _Builder:
             lines.append(f"Large drawing: labels shortened and module clusters left out to keep the layout fast "
                          f"(more than {self.limit} elements); see the .html view for saved tensors.")
         return lines
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def draw(report, view: View, *, show_saved: bool = True, clusters=None, legend: bool = False,
