@@ -32,6 +32,7 @@ SCENARIOS = {
 }
 
 
+@pytest.mark.slow  # tests/test_noharm.py runs these scenarios (and more) in one subprocess in CI
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_50k_chain_inspected_and_freed(scenario):
     code = PRELUDE.format(n=50_000) + textwrap.dedent(SCENARIOS[scenario])
