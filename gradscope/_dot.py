@@ -7,7 +7,6 @@ Every drawn element gets a stable SVG ``id`` (the node id, ``fold:nK``, ``module
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import graphviz
@@ -15,6 +14,8 @@ import graphviz
 from ._collapse import View, depth, truncate
 from ._format import human_bytes, shape_str
 from ._style import COLORS, esc
+from ._style import attrs as _attrs
+from ._style import dot_id as _q
 from ._style import label as _label
 from ._style import legend as _legend
 from ._style import saved_lines as _saved_lines
@@ -24,25 +25,6 @@ from ._style import short as _short
 __all__ = ["Drawing", "draw", "COLORS"]
 
 _MAX_UNUSED_NODES = 12
-_ID = re.compile(r"[A-Za-z_][A-Za-z_0-9]*|-?(\.[0-9]+|[0-9]+(\.[0-9]*)?)")
-_KEYWORDS = {"node", "edge", "graph", "digraph", "subgraph", "strict"}
-
-
-def _q(text) -> str:
-    """A DOT ID: bare when it is a plain identifier or number, else double-quoted."""
-    text = str(text)
-    if _ID.fullmatch(text) and text.lower() not in _KEYWORDS:
-        return text
-    return '"' + text.replace('"', '\\"') + '"'
-
-
-def _attrs(attrs: dict, sep: str = " ", bracket: bool = True) -> str:
-    """``[label=... k=v ...]``: the label first, then the other keys sorted (deterministic)."""
-    keys = (["label"] if "label" in attrs else []) + sorted(k for k in attrs if k != "label")
-    text = sep.join(f"{k}={_q(attrs[k])}" for k in keys)
-    return f" [{text}]" if bracket else text
-
-
 @dataclass(slots=True)
 class Drawing:
     """The Digraph plus what the HTML view needs: per-element details and per-finding target ids."""

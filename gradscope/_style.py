@@ -1,10 +1,12 @@
-"""The colours, labels and legend of the graph views (the legend text is in :mod:`gradscope.render`)."""
+"""The colours, labels, legend and DOT syntax helpers of the graph views (the legend text is in :mod:`gradscope.render`)."""
 
 from __future__ import annotations
 
+import re
+
 from ._format import human_bytes, shape_str
 
-__all__ = ["COLORS", "esc", "label", "shade", "saved_lines", "short", "legend"]
+__all__ = ["COLORS", "esc", "label", "shade", "saved_lines", "short", "legend", "dot_id", "attrs"]
 
 COLORS = {
     "param": "#dbeafe", "param_line": "#2563eb",
@@ -66,3 +68,22 @@ def legend(dot):
         c.node("legend_finding", "finding", color=COLORS["finding"], penwidth="3", fillcolor=COLORS["shades"][0])
         c.node("legend_stub", "shared leaf (one stub per use)", style="rounded,filled,dashed",
                fillcolor=COLORS["param"], color=COLORS["param_line"], fontsize="8")
+
+
+_ID = re.compile(r"[A-Za-z_][A-Za-z_0-9]*|-?(\.[0-9]+|[0-9]+(\.[0-9]*)?)")
+_KEYWORDS = {"node", "edge", "graph", "digraph", "subgraph", "strict"}
+
+
+def dot_id(text) -> str:
+    """A DOT ID: bare when it is a plain identifier or number, else double-quoted."""
+    text = str(text)
+    if _ID.fullmatch(text) and text.lower() not in _KEYWORDS:
+        return text
+    return '"' + text.replace('"', '\\"') + '"'
+
+
+def attrs(attrs: dict, sep: str = " ", bracket: bool = True) -> str:
+    """``[label=... k=v ...]``: the label first, then the other keys sorted (deterministic)."""
+    keys = (["label"] if "label" in attrs else []) + sorted(k for k in attrs if k != "label")
+    text = sep.join(f"{k}={dot_id(attrs[k])}" for k in keys)
+    return f" [{text}]" if bracket else text
