@@ -25,6 +25,8 @@ from ._style import short as _short
 __all__ = ["Drawing", "draw", "COLORS"]
 
 _MAX_UNUSED_NODES = 12
+
+
 @dataclass(slots=True)
 class Drawing:
     """The Digraph plus what the HTML view needs: per-element details and per-finding target ids."""
