@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import graphviz
 
 from ._collapse import View, depth, truncate
+from .checks.inplace import stale_savers
 from ._format import human_bytes, shape_str
 from ._style import COLORS, esc
 from ._style import attrs as _attrs
@@ -37,6 +38,15 @@ class Drawing:
     element_of: dict = field(default_factory=dict)   # graph node id -> element id
 
 
+def _finding_nodes(graph, finding) -> list:
+    """The graph nodes a finding is drawn on: its node, and for an in-place hazard every other saver."""
+    if finding.node is None or finding.node not in graph:
+        return []
+    if finding.kind == "inplace-hazard":
+        return stale_savers(graph, finding.node)
+    return [finding.node]
+
+
 class _Builder:
     def __init__(self, report, view: View, show_saved: bool, clusters, legend: bool, limit: int):
         self.limit = limit
@@ -54,8 +64,8 @@ class _Builder:
         self.out = Drawing(graphviz.Digraph("gradscope"))
         self.flagged: dict = {}        # node id -> [Finding]
         for f in self.findings:
-            if f.node is not None:
-                self.flagged.setdefault(f.node, []).append(f)
+            for n in _finding_nodes(self.g, f):
+                self.flagged.setdefault(n, []).append(f)
 
     # -- placement -------------------------------------------------------------------------------
     def cluster_of_node(self, n) -> str | None:
@@ -96,7 +106,7 @@ class _Builder:
                 self.edge(self.out.element_of[u], self.out.element_of[v])
         self.unused_and_cuts()
         for f in self.findings:
-            tg = [self.out.element_of[f.node]] if f.node in self.out.element_of else []
+            tg = [self.out.element_of[n] for n in _finding_nodes(g, f) if n in self.out.element_of]
             tg += [self.out.element_of[p] for p in f.params if p in self.out.element_of]
             tg += self.cut_of.get(f.params, [])
             self.out.targets.append(list(dict.fromkeys(tg)))

@@ -6,22 +6,34 @@ from collections.abc import Iterator
 
 from ..finding import Finding
 
-__all__ = ["check"]
+__all__ = ["check", "stale_savers"]
 
 
 def check(graph) -> Iterator[Finding]:
-    """One error per node holding stale saved tensors, with the in-place op's location when traced."""
+    """One error per stale tensor, at the first node that saved it, with the in-place op when traced.
+
+    A tensor saved by several nodes (sigmoid's output, also saved as the next matmul's input) is one
+    cause: it gives one finding at the earliest saver that names the others.
+    """
     events = [e for e in graph.graph.get("events", ()) if e["kind"] == "inplace"]
+    groups: dict = {}
     for nid, data in graph.nodes(data=True):
         stale = [e for e in data["saved"] if e["status"] == "stale"]
-        if not stale:
-            continue
+        if stale:
+            key = stale[0]["storage"] if stale[0]["storage"] is not None else ("node", nid)
+            groups.setdefault(key, []).append((nid, data, stale))
+    for savers in groups.values():
+        savers.sort(key=lambda s: (s[1].get("seq") is None, s[1].get("seq") or 0))
+        nid, data, stale = savers[0]
         e = stale[0]
         what = _what(data["name"], e["slot"])
         if len(stale) > 1:
-            what += " (also " + ", ".join(f"'{s['slot']}'" for s in stale[1:]) + ", the same tensor)" \
-                if len({s["storage"] for s in stale}) == 1 else \
-                " (also " + ", ".join(f"'{s['slot']}'" for s in stale[1:]) + ")"
+            what += " (also " + ", ".join(f"'{s['slot']}'" for s in stale[1:]) + ")"
+        also = ""
+        if len(savers) > 1:
+            others = ", ".join(f"{d['name']} ({n}, '{st[0]['slot']}')" for n, d, st in savers[1:4])
+            more = f" and {len(savers) - 4} more" if len(savers) > 4 else ""
+            also = f" The same tensor is also saved by {others}{more}."
         event = _matching_event(events, data, e)
         where = f" by {event['op']} at {event['location']}" if event else ""
         loc = event["location"] if event else None
@@ -29,10 +41,20 @@ def check(graph) -> Iterator[Finding]:
             "inplace-hazard", "error",
             f"{data['name']} saved {what} (shape {tuple(e['shape'])}, {e['dtype']}) at version "
             f"{e['saved_version']}, but it was modified in place{where} and is now at version "
-            f"{e['version']}: backward() will raise 'modified by an inplace operation'. Use the "
+            f"{e['version']}: backward() will raise 'modified by an inplace operation'.{also} Use the "
             f"out-of-place op (x = x.mul(2) instead of x.mul_(2); inplace=False on the module), or "
             f".clone() before modifying it.",
             node=nid, location=loc)
+
+
+def stale_savers(graph, nid) -> list[str]:
+    """Every node that saved the same stale tensor as ``nid`` (``nid`` first): what one finding stands for."""
+    keys = {e["storage"] for e in graph.nodes[nid]["saved"] if e["status"] == "stale"} - {None}
+    if not keys:
+        return [nid]
+    others = [n for n, d in graph.nodes(data=True) if n != nid
+              and any(e["status"] == "stale" and e["storage"] in keys for e in d["saved"])]
+    return [nid, *others]
 
 
 def _what(name: str, slot: str) -> str:
