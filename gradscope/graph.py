@@ -108,7 +108,16 @@ def _root_node(t: torch.Tensor, index: int):
     if t.grad_fn is not None:
         return t.grad_fn
     if t.requires_grad:
-        return torch.autograd.graph.get_gradient_edge(t).node
+        try:
+            return torch.autograd.graph.get_gradient_edge(t).node
+        except (AssertionError, RuntimeError):
+            # A view of a leaf taken under no_grad reports requires_grad=True without a grad_fn or a
+            # gradient accumulator; backward() rejects it as "does not require grad".
+            raise NoGradRootError(
+                f"root {index} (a tensor of shape {tuple(t.shape)}) says requires_grad=True but has no "
+                "grad_fn and is not a leaf torch can accumulate into: it is a view of a parameter taken "
+                "under torch.no_grad(), and backward() rejects it. Take the view with grad enabled."
+            ) from None
     raise NoGradRootError(
         f"root {index} (a tensor of shape {tuple(t.shape)}) has no grad_fn and does not require grad, so "
         "backward() has nothing to do: it was computed under torch.no_grad()/inference_mode, detached, "

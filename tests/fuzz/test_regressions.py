@@ -115,3 +115,21 @@ def test_cut_parameter_also_used_in_reentrant_checkpoint_is_only_a_warning():
     run.root.backward()
     assert run.params["b"].grad is not None
     check_program(CUT_AND_REENTRANT, traced=True, watched=True)
+
+
+NO_GRAD_VIEW_ROOT = Program((("unsqueeze", 1, 0, "no_grad"),), (3,), "nonscalar")
+
+
+def test_root_that_is_a_no_grad_view_of_a_parameter():
+    # Found by the slow profile: a view of a leaf taken under no_grad says requires_grad=True but has
+    # no grad_fn; torch's own get_gradient_edge asserted inside inspect(). Now a NoGradRootError, the
+    # same verdict as backward() ("does not require grad"); next to a good root it is a finding.
+    run = run_program(NO_GRAD_VIEW_ROOT)
+    assert run.root.requires_grad and run.root.grad_fn is None
+    with pytest.raises(gradscope.NoGradRootError, match="view of a parameter taken under torch.no_grad"):
+        gradscope.inspect(run.root)
+    assert backward_truth(run.root)["errors"] == ["nonscalar", "nograd"]
+    report = gradscope.inspect([run.root, run.params["w"].sum()])
+    assert [f.kind for f in report.findings] == ["no-grad-root"]
+    check_program(NO_GRAD_VIEW_ROOT)
+    check_program(Program(NO_GRAD_VIEW_ROOT.steps, (3, 1), "list"), traced=True, watched=True)
