@@ -37,13 +37,17 @@ def check(graph) -> Iterator[Finding]:
         event = _matching_event(events, data, e)
         where = f" by {event['op']} at {event['location']}" if event else ""
         loc = event["location"] if event else None
+        op = event["op"] if event else ""
+        if op.endswith("_") and not op.endswith("__"):
+            fix = f"Use the out-of-place {op[:-1]}() instead of {op}() there"
+        else:
+            fix = "Use the out-of-place op (x = x.mul(2) instead of x.mul_(2); inplace=False on the module)"
         yield Finding(
             "inplace-hazard", "error",
             f"{data['name']} saved {what} (shape {tuple(e['shape'])}, {e['dtype']}) at version "
             f"{e['saved_version']}, but it was modified in place{where} and is now at version "
-            f"{e['version']}: backward() will raise 'modified by an inplace operation'.{also} Use the "
-            f"out-of-place op (x = x.mul(2) instead of x.mul_(2); inplace=False on the module), or "
-            f".clone() before modifying it.",
+            f"{e['version']}: backward() will raise 'modified by an inplace operation'.{also} {fix}, "
+            f"or .clone() the tensor before modifying it.",
             node=nid, location=loc)
 
 

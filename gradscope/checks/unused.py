@@ -33,31 +33,39 @@ def check(graph) -> Iterator[Finding]:
     called = graph.graph.get("called_modules")
     opaque = opaque_nodes(graph)
     plain: list[str] = []
+    by_cut: dict = {}   # one finding per cut: every parameter it drops
     for name in missing:
         if name in cuts:
             ev = cuts[name]
-            cut = (f"its branch was {_CUT_WORDS.get(ev['kind'], ev['kind'])} ({ev['op']}) at "
-                   f"{ev['location']}")
-            fix = "Remove the cut, or freeze the parameter (requires_grad_(False)) if that is intended."
-            if opaque:  # it may also be used inside an opaque region, which the walk cannot see
-                yield Finding(
-                    "detached-branch", "warning",
-                    f"{name} is not reachable from the root: {cut}, but the graph holds {len(opaque)} "
-                    f"opaque node(s) (first: {graph.nodes[opaque[0]]['name']}) that may use it "
-                    "(reentrant checkpoint, custom Function); check after backward() whether .grad is "
-                    "None. " + fix,
-                    params=(name,), location=ev["location"])
-            else:
-                yield Finding("detached-branch", "error", f"{name} gets no gradient: {cut}. {fix}",
-                              params=(name,), location=ev["location"])
+            by_cut.setdefault((ev["kind"], ev["op"], ev["location"]), (ev, []))[1].append(name)
         else:
             plain.append(name)
+    for ev, names in by_cut.values():
+        yield _detached(ev, names, opaque, graph)
     if opaque and plain:  # one warning: the walk cannot tell which of them the opaque region uses
         yield _unused(None, plain, False, opaque, graph)
         return
     for module, names in _group(plain):
         never = called is not None and module is not None and module not in called
         yield _unused(module, names, never, opaque, graph)
+
+
+def _detached(ev, names, opaque, graph) -> Finding:
+    subject = ", ".join(names) if len(names) <= 4 else f"{len(names)} parameters ({names[0]}, {names[1]}, ...)"
+    cut = f"{_CUT_WORDS.get(ev['kind'], ev['kind'])} ({ev['op']}) at {ev['location']}"
+    them = "it" if len(names) == 1 else "them"
+    fix = f"Remove the cut, or freeze {them} (requires_grad_(False)) if that is intended."
+    if opaque:  # they may also be used inside an opaque region, which the walk cannot see
+        return Finding(
+            "detached-branch", "warning",
+            f"{subject} {'is' if len(names) == 1 else 'are'} not reachable from the root: the branch was "
+            f"{cut}, but the graph holds {len(opaque)} opaque node(s) (first: "
+            f"{graph.nodes[opaque[0]]['name']}) that may use {them} (reentrant checkpoint, custom "
+            "Function); check after backward() whether .grad is None. " + fix,
+            params=tuple(names), location=ev["location"])
+    return Finding("detached-branch", "error",
+                   f"{subject} {'gets' if len(names) == 1 else 'get'} no gradient: the branch was {cut}. "
+                   f"{fix}", params=tuple(names), location=ev["location"])
 
 
 def _unused(module, names, never_called, opaque, graph) -> Finding:
