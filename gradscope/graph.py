@@ -16,12 +16,12 @@ import torch
 
 from ._release import keep_until_dead
 from .errors import InputTypeError, InputValueError, NoGradRootError
-from .saved import _DEVICES, StorageIds, device_str, dtype_str, node_type, read_saved
+from ._walk import walk
+from .saved import _DTYPES, StorageIds, dtype_str
 
-__all__ = ["build_graph", "flatten_roots", "param_names"]
+__all__ = ["build", "build_graph", "flatten_roots", "param_names"]
 
-_DEEP = 10_000
-_HELD = ("live", "stale", "hooked")  # see NOTE [freeing deep graphs] in _release.py
+_DEEP = 10_000  # from this many nodes on, release the walk's wrappers safely: NOTE [freeing deep graphs]
 
 
 def flatten_roots(root) -> list[torch.Tensor]:
@@ -99,11 +99,6 @@ def param_names(model=None, params=None) -> dict[int, tuple[str, torch.Tensor]]:
     return out
 
 
-def _leaf_meta(t: torch.Tensor) -> dict:
-    return {"shape": list(t.shape), "dtype": dtype_str(t.dtype),
-            "requires_grad": bool(t.requires_grad), "device": device_str(t.device)}
-
-
 def _root_node(t: torch.Tensor, index: int):
     if t.grad_fn is not None:
         return t.grad_fn
@@ -126,6 +121,11 @@ def _root_node(t: torch.Tensor, index: int):
 
 def build_graph(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]]) -> nx.DiGraph:
     """Walk from ``roots`` and return the metadata graph (see the module docstring)."""
+    return build(roots, names)[0]
+
+
+def build(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]]) -> tuple[nx.DiGraph, dict]:
+    """:func:`build_graph`, and the walk's index for the checks and the report (see ``_walk.walk``)."""
     root_info = []
     no_grad_roots = []
     for i, t in enumerate(roots):
@@ -144,7 +144,7 @@ def build_graph(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Ten
     gc.disable()  # the walk allocates many small dicts; generational GC passes would dominate its time
     try:
         storages = StorageIds()
-        ids, order, attrs, succ, pred = _walk([node for _, node, _ in root_info], names, storages)
+        ids, attrs, succ, pred, index = walk([node for _, node, _ in root_info], names, storages)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -166,104 +166,23 @@ def build_graph(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Ten
         "root_shapes": [shape for _, _, shape in root_info],
         "no_grad_roots": no_grad_roots,
         "storage_bytes": list(storages.sizes),
-        "params": _params_info(attrs, names, storages),
+        "params": _params_info(index["param_nodes"], names, storages),
     })
-    if len(order) >= _DEEP:
-        keep_until_dead([t for i, t in enumerate(roots) if i not in no_grad_roots], order)
-    return g
+    if len(attrs) >= _DEEP:
+        del ids[None]  # the walk's sentinel; the other keys are the nodes, root-first
+        keep_until_dead([t for i, t in enumerate(roots) if i not in no_grad_roots], list(ids))
+    return g, index
 
 
-def _walk(starts, names, storages):
-    ids: dict = {}      # live node -> id; dropped (or handed to _release) when build_graph returns
-    order: list = []
-    attrs: dict = {}
-    succ: dict = {}
-    pred: dict = {}
-    edges: list = []    # (child node, consumer id, input index, output nr); ids resolved after the walk
-    stack = list(reversed(starts))
-    while stack:
-        node = stack.pop()
-        if node in ids:
-            continue
-        nid = ids[node] = f"n{len(order)}"
-        order.append(node)
-        nexts = node.next_functions
-        for index in range(len(nexts) - 1, -1, -1):
-            child, out_nr = nexts[index]
-            if child is not None:
-                edges.append((child, nid, index, out_nr))
-                if child not in ids:
-                    stack.append(child)
-        attrs[nid] = _node_attrs(node, names, storages)
-        succ[nid] = {}
-        pred[nid] = {}
-    for child, nid, index, out_nr in reversed(edges):
-        u = ids[child]
-        e = succ[u].get(nid)
-        if e is None:
-            succ[u][nid] = pred[nid][u] = {"index": index, "output": out_nr, "count": 1}
-        else:
-            e["count"] += 1
-    return ids, order, attrs, succ, pred
-
-
-def _params_info(attrs: dict, names, storages: StorageIds) -> dict:
-    where = {d["name"]: n for n, d in attrs.items() if d["kind"] == "param"}
+def _params_info(where: dict, names, storages: StorageIds) -> dict:
     out = {}
+    ids_get = storages.ids.get
     for name, p in names.values():
         try:
-            sid = storages.ids.get(p.untyped_storage()._cdata)
+            sid = ids_get(p.untyped_storage()._cdata)
         except (RuntimeError, NotImplementedError):
             sid = None
+        dtype = p.dtype
         out[name] = {"requires_grad": bool(p.requires_grad), "shape": list(p.shape),
-                     "dtype": str(p.dtype).removeprefix("torch."), "node": where.get(name), "storage": sid}
+                     "dtype": _DTYPES.get(dtype) or dtype_str(dtype), "node": where.get(name), "storage": sid}
     return out
-
-
-def _node_attrs(node, names, storages: StorageIds) -> dict:
-    info = node_type(node)
-    if info.leaf:
-        var = node.variable
-        named = names.get(id(var))
-        attrs = {"kind": "param" if named else "input", "name": named[0] if named else "input",
-                 "saved": [], "saved_bytes": 0, "module": _owner(named[0]) if named else None,
-                 "root": False, "opaque": False, "seq": None}
-        attrs.update(_leaf_meta(var))
-        return attrs
-    saved, values = read_saved(node, info, storages)
-    held = 0
-    if len(saved) == 1:
-        e = saved[0]
-        if e["status"] in _HELD and "scalar" not in e:
-            held = e["nbytes"]
-    elif saved:
-        seen_storage = set()
-        for e in saved:
-            sid = e["storage"]
-            if e["status"] in _HELD and "scalar" not in e and sid not in seen_storage:
-                if sid is not None:
-                    seen_storage.add(sid)
-                held += e["nbytes"]
-    try:
-        meta = node._input_metadata
-    except (AttributeError, RuntimeError):
-        meta = ()
-    if meta:
-        dev = meta[0].device
-        device = _DEVICES.get(dev) or device_str(dev)
-        out_shapes = [list(m.shape) for m in meta] if len(meta) > 1 else [list(meta[0].shape)]
-    else:
-        device, out_shapes = None, []
-    attrs = info.template.copy()
-    attrs["saved"] = saved
-    attrs["saved_bytes"] = held
-    attrs["device"] = device
-    attrs["seq"] = node._sequence_nr()
-    attrs["attrs"] = values
-    attrs["out_shapes"] = out_shapes
-    return attrs
-
-
-def _owner(qualname: str) -> str | None:
-    head, _, _ = qualname.rpartition(".")
-    return head or None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .checks import run_checks
-from .graph import build_graph, flatten_roots, param_names
+from .graph import build, flatten_roots, param_names
 from .report import Report
 
 __all__ = ["inspect"]
@@ -38,10 +38,10 @@ def inspect(root, *, model=None, params=None, trace=None) -> Report:
     """
     roots = flatten_roots(root)
     names = param_names(model, params)
-    graph = build_graph(roots, names)
+    graph, index = build(roots, names)
     if trace is not None:
         _annotate(trace, graph, model, names)
-    return Report(graph, run_checks(graph))
+    return Report(graph, run_checks(graph, index["special"]), saved_bytes=index["held"])
 
 
 def _annotate(trace, graph, model, names) -> None:

@@ -37,10 +37,11 @@ class Report:
         saved_bytes: bytes held by saved tensors, each storage counted once.
     """
 
-    def __init__(self, graph: nx.DiGraph, findings: list[Finding]):
+    def __init__(self, graph: nx.DiGraph, findings: list[Finding], saved_bytes: int | None = None):
         self.graph = graph
         self.findings = list(findings)
-        self.saved_bytes = held_bytes(graph)
+        # inspect() passes the total its walk already summed (the same rule as held_bytes)
+        self.saved_bytes = held_bytes(graph) if saved_bytes is None else saved_bytes
 
     # -- reading ---------------------------------------------------------------------------------
     @property

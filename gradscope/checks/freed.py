@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ..finding import Finding
+from ._nodes import node_items
 
 __all__ = ["check"]
 
 
-def check(graph) -> Iterator[Finding]:
+def check(graph, nodes=None) -> Iterator[Finding]:
     """One info finding when any saved slot was freed by a backward without ``retain_graph=True``."""
-    freed = [n for n, d in graph.nodes(data=True) if any(e["status"] == "freed" for e in d["saved"])]
+    freed = [n for n, d in node_items(graph, nodes) if any(e["status"] == "freed" for e in d["saved"])]
     if not freed:
         return
     first = freed[0]

@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ..finding import Finding
+from ._nodes import node_items
 
 __all__ = ["check", "stale_savers"]
 
 
-def check(graph) -> Iterator[Finding]:
+def check(graph, nodes=None) -> Iterator[Finding]:
     """One error per stale tensor, at the first node that saved it, with the in-place op when traced.
 
     A tensor saved by several nodes (sigmoid's output, also saved as the next matmul's input) is one
@@ -17,7 +18,7 @@ def check(graph) -> Iterator[Finding]:
     """
     events = [e for e in graph.graph.get("events", ()) if e["kind"] == "inplace"]
     groups: dict = {}
-    for nid, data in graph.nodes(data=True):
+    for nid, data in node_items(graph, nodes):
         stale = [e for e in data["saved"] if e["status"] == "stale"]
         if stale:
             key = stale[0]["storage"] if stale[0]["storage"] is not None else ("node", nid)

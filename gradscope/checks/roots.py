@@ -9,7 +9,7 @@ from ..finding import Finding
 __all__ = ["check"]
 
 
-def check(graph) -> Iterator[Finding]:
+def check(graph, nodes=None) -> Iterator[Finding]:
     """Flag roots that ``backward()`` cannot start from as they are."""
     for rid, shape in zip(graph.graph.get("roots", ()), graph.graph.get("root_shapes", ())):
         numel = 1

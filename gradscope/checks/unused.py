@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ..finding import Finding
+from ._nodes import node_items
 
 __all__ = ["check", "opaque_nodes"]
 
@@ -18,12 +19,12 @@ _CUT_WORDS = {
 }
 
 
-def opaque_nodes(graph) -> list[str]:
+def opaque_nodes(graph, nodes=None) -> list[str]:
     """Node ids of opaque regions (custom Functions, reentrant checkpoint, compiled code)."""
-    return [n for n, d in graph.nodes(data=True) if d["kind"] == "op" and (d.get("opaque") or d.get("function"))]
+    return [n for n, d in node_items(graph, nodes) if d["kind"] == "op" and (d.get("opaque") or d.get("function"))]
 
 
-def check(graph) -> Iterator[Finding]:
+def check(graph, nodes=None) -> Iterator[Finding]:
     """Parameters that require grad but no path from the roots reaches."""
     params = graph.graph.get("params", {})
     missing = [name for name, p in params.items() if p["requires_grad"] and p.get("node") is None]
@@ -31,7 +32,7 @@ def check(graph) -> Iterator[Finding]:
         return
     cuts = _cuts_by_param(graph)
     called = graph.graph.get("called_modules")
-    opaque = opaque_nodes(graph)
+    opaque = opaque_nodes(graph, nodes)
     plain: list[str] = []
     by_cut: dict = {}   # one finding per cut: every parameter it drops
     for name in missing:
