@@ -20,7 +20,7 @@ import torch
 
 from .saved import _DEVICES, _DTYPES, StorageIds, device_str, dtype_str, node_type, plain_value, read_saved
 
-__all__ = ["walk", "node_ids"]
+__all__ = ["walk"]
 
 _HELD = ("live", "stale", "hooked")  # see NOTE [freeing deep graphs] in _release.py
 _U64 = 2**64
@@ -31,17 +31,15 @@ _STORAGE_ERRORS = (RuntimeError, NotImplementedError, TypeError)
 
 _OP, _LEAF, _OTHER = 0, 1, 2
 _SPECS: dict = {}   # node class -> (code, name, tensor slots, value slots, NodeType)
-_IDS: list[str] = []
+_IDS: list[str] = []    # "n0", "n1", ...: the same strings in every walk
 _MAX_CACHED_IDS = 1 << 17
 
 
-def node_ids(n: int) -> list[str]:
-    """``["n0", ..., f"n{n-1}"]``, the first ids cached (ids are the same strings in every walk)."""
-    if len(_IDS) < min(n, _MAX_CACHED_IDS):
-        _IDS.extend(f"n{i}" for i in range(len(_IDS), min(n, _MAX_CACHED_IDS)))
-    if n <= len(_IDS):
-        return _IDS if n == len(_IDS) else _IDS[:n]
-    return _IDS + [f"n{i}" for i in range(len(_IDS), n)]
+def _grow_ids(n: int) -> int:
+    """Make ``_IDS`` hold ``"n0" ... "n{n}"`` (up to the cap) and return its length."""
+    if len(_IDS) <= n < _MAX_CACHED_IDS:
+        _IDS.extend(f"n{i}" for i in range(len(_IDS), min(max(2 * n, 1024), _MAX_CACHED_IDS)))
+    return len(_IDS)
 
 
 def _spec(node) -> tuple:
@@ -84,7 +82,8 @@ def walk(starts: list, names: dict, storages: StorageIds):
     names_get = names.get
     dtypes_get = _DTYPES.get
     devices_get = _DEVICES.get
-    id_list = node_ids(1024)
+    id_list = _IDS
+    n_cached = _grow_ids(0)
     n = 0
     stack = list(reversed(starts))
     pop = stack.pop
@@ -93,9 +92,9 @@ def walk(starts: list, names: dict, storages: StorageIds):
         node = pop()
         if node in ids:
             continue
-        if n >= len(id_list):
-            id_list = node_ids(2 * n)
-        nid = ids[node] = id_list[n]
+        if n == n_cached:
+            n_cached = _grow_ids(n)
+        nid = ids[node] = id_list[n] if n < n_cached else f"n{n}"
         n += 1
         nexts = node.next_functions
         visit((nid, nexts))

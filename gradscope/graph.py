@@ -71,7 +71,8 @@ def param_names(model=None, params=None) -> dict[int, tuple[str, torch.Tensor]]:
             raise InputTypeError(f"model= must be a torch.nn.Module, got {_describe(model)}.")
         inner = model.module if isinstance(model, (torch.nn.parallel.DistributedDataParallel,
                                                   torch.nn.DataParallel)) else model
-        for name, p in inner.named_parameters():
+        named = _plain_named_parameters(inner)
+        for name, p in inner.named_parameters() if named is None else named:
             out.setdefault(id(p), (name, p))
     if params is not None:
         if not isinstance(params, Mapping):
@@ -96,6 +97,38 @@ def param_names(model=None, params=None) -> dict[int, tuple[str, torch.Tensor]]:
                     "require grad). Pass the leaves it was computed from, or check its .grad after "
                     "backward() if you called retain_grad() on it.")
             out.setdefault(id(p), (text, p))
+    return out
+
+
+_MODULE = torch.nn.Module
+
+
+def _plain_named_parameters(module) -> list | None:
+    """``list(module.named_parameters())`` without its nested generators, or None when any module on the
+    way overrides the methods it relies on (then the caller uses ``named_parameters()`` itself).
+
+    Same order (pre-order over ``_modules``, each module once) and the same names; a parameter shared
+    under several names comes once per name here, and ``param_names`` keeps the first, like torch.
+    """
+    out = []
+    memo = set()
+    stack = [("", module)]
+    while stack:
+        prefix, m = stack.pop()
+        if m in memo:
+            continue
+        cls = type(m)
+        if (cls.named_parameters is not _MODULE.named_parameters or cls.named_modules is not _MODULE.named_modules
+                or cls._named_members is not _MODULE._named_members):
+            return None
+        memo.add(m)
+        dot = prefix + "." if prefix else ""
+        for k, v in m._parameters.items():
+            if v is not None:
+                out.append((dot + k, v))
+        subs = [(dot + k, sub) for k, sub in m._modules.items() if sub is not None]
+        subs.reverse()
+        stack.extend(subs)
     return out
 
 
