@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from .finding import SEVERITIES
+from .report import held_bytes
 
 __all__ = ["Group", "View", "infer_modules", "find_folds", "build_view", "lcp", "depth"]
 
@@ -178,25 +179,9 @@ def _worst(findings):
     return best
 
 
-def _held(graph, members) -> int:
-    seen: set = set()
-    total = 0
-    for n in members:
-        for e in graph.nodes[n]["saved"]:
-            if e["status"] not in ("live", "stale", "hooked") or e.get("scalar"):
-                continue
-            sid = e.get("storage")
-            if sid is not None:
-                if sid in seen:
-                    continue
-                seen.add(sid)
-            total += e["nbytes"]
-    return total
-
-
 def _finish(graph, group: Group, by_node: dict) -> Group:
     group.n_ops = sum(1 for n in group.members if graph.nodes[n]["kind"] == "op")
-    group.saved_bytes = _held(graph, group.members)
+    group.saved_bytes = held_bytes(graph, group.members)
     group.worst = _worst(f for n in group.members for f in by_node.get(n, ()))
     return group
 

@@ -11,11 +11,16 @@ __all__ = ["Report", "held_bytes"]
 HELD = ("live", "stale", "hooked")
 
 
-def held_bytes(graph) -> int:
-    """Bytes held by saved tensors in ``graph``, each storage counted once (wrapped scalars excluded)."""
+def held_bytes(graph, nodes=None) -> int:
+    """Bytes held by saved tensors in ``graph`` (or only in ``nodes``), each storage counted once.
+
+    Wrapped Python scalars are left out, as are slots that hold nothing on the device (recomputed,
+    offloaded, freed).
+    """
     seen: set = set()
     total = 0
-    for _, data in graph.nodes(data=True):
+    attrs = graph.nodes
+    for data in (attrs.values() if nodes is None else (attrs[n] for n in nodes)):
         for e in data["saved"]:
             if e["status"] not in HELD or e.get("scalar"):
                 continue
