@@ -133,8 +133,15 @@ def _plain_named_parameters(module) -> list | None:
 
 
 def _root_node(t: torch.Tensor, index: int):
-    if t.grad_fn is not None:
-        return t.grad_fn
+    try:
+        grad_fn = t.grad_fn
+    except RuntimeError as exc:  # e.g. a no_grad view whose base was later modified in place
+        raise InputValueError(
+            f"root {index} (a tensor of shape {tuple(t.shape)}) cannot be differentiated: torch refuses "
+            f"to read its grad_fn ({str(exc).split('. ')[0]}). backward() raises the same; see torch's "
+            "message for the fix.") from None
+    if grad_fn is not None:
+        return grad_fn
     if t.requires_grad:
         try:
             return torch.autograd.graph.get_gradient_edge(t).node

@@ -262,3 +262,17 @@ def test_unprintable_ctx_attributes_of_custom_function(tmp_path):
     assert node["attrs"]["k"] == 2 and node["attrs"]["pair"][1] == 3
     loss.backward()
     assert report.ok and w.grad is not None
+
+
+def test_root_whose_grad_fn_torch_refuses_to_read():
+    p = nn.Parameter(torch.randn(2, 4))
+    h = p * 1
+    with torch.no_grad():
+        v = h.t()
+    h.mul_(2)                     # the base of a no_grad view, modified in place with grad enabled
+    with pytest.raises(RuntimeError, match="A view was created in no_grad mode"):
+        v.sum()
+    with pytest.raises(InputValueError, match="torch refuses to read its grad_fn"):
+        gradscope.inspect(v)
+    with pytest.raises(InputValueError, match="root 1 "):
+        gradscope.inspect([h.sum(), v])

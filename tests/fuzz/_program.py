@@ -62,6 +62,16 @@ def _apply(fn, params, s, t, ctx, inplace):
     return fn(params, s, t)
 
 
+def _readable(t) -> bool:
+    # torch forbids even reading grad_fn of a no_grad view whose base was modified in place with grad
+    # enabled ("A view was created in no_grad mode ..."); such a tensor cannot be a root.
+    try:
+        t.grad_fn
+    except RuntimeError:
+        return False
+    return True
+
+
 def run_program(prog: Program, seed: int = 0) -> Run:
     """Execute ``prog`` deterministically (same seed, same tensors and graph, every time)."""
     torch.manual_seed(seed)
@@ -84,7 +94,7 @@ def run_program(prog: Program, seed: int = 0) -> Run:
                 continue  # e.g. in-place on a leaf that requires grad: torch refuses before writing
             if not inplace:
                 pool.append(out)
-    picks = [pool[k % len(pool)] for k in prog.roots]
+    picks = [p for p in (pool[k % len(pool)] for k in prog.roots) if _readable(p)] or [x]
     if prog.mode == "sum":
         root = picks[0].sum()
         for p in picks[1:]:

@@ -133,3 +133,14 @@ def test_root_that_is_a_no_grad_view_of_a_parameter():
     assert [f.kind for f in report.findings] == ["no-grad-root"]
     check_program(NO_GRAD_VIEW_ROOT)
     check_program(Program(NO_GRAD_VIEW_ROOT.steps, (3, 1), "list"), traced=True, watched=True)
+
+
+NO_GRAD_VIEW_OF_MODIFIED_BASE = Program((("view_t", 1, 0, "no_grad"), ("detach_mul_", 1, 0, "plain")),
+                                        (3,), "sum")
+
+
+def test_program_whose_root_torch_refuses_to_read():
+    # Found by the slow profile (a harness case): a no_grad view whose base is later modified in place
+    # cannot even have its grad_fn read. The executor leaves such roots out; inspect() raises
+    # InputValueError on one (tests/test_hostile.py).
+    check_program(NO_GRAD_VIEW_OF_MODIFIED_BASE)
