@@ -30,6 +30,7 @@ __all__ = ["NodeType", "node_type", "read_saved", "StorageIds", "plain_value", "
 # A slot that was never saved (raw.data is None, getattr returns None) is left out.
 
 _VERSION_RE = re.compile(r"is at version (\d+); expected version (\d+)")
+_VIEW_MARK = "is a view and its base or another view of its base has been modified inplace"
 _FREED_MARK = "backward through the graph a second time"
 _U64 = 2**64
 _I64_MAX = 2**63
@@ -204,6 +205,12 @@ def _classify(node, slot: str, attr: str, raw, storages: StorageIds) -> dict | N
                 entry["status"] = "stale"
                 entry["version"] = int(m.group(1))
                 entry["saved_version"] = int(m.group(2))
+            elif _VIEW_MARK in str(exc):
+                # A saved output view of a multi-output op (split, chunk, unbind) whose base was modified
+                # in place: torch refuses it with its own message, which names no saved version.
+                entry["status"] = "stale"
+                entry["version"] = data._version
+                entry["saved_version"] = None
     return entry
 
 

@@ -45,8 +45,9 @@ def check(graph, nodes=None) -> Iterator[Finding]:
             fix = "Use the out-of-place op (x = x.mul(2) instead of x.mul_(2); inplace=False on the module)"
         yield Finding(
             "inplace-hazard", "error",
-            f"{data['name']} saved {what} (shape {tuple(e['shape'])}, {e['dtype']}) at version "
-            f"{e['saved_version']}, but it was modified in place{where} and is now at version "
+            f"{data['name']} saved {what} (shape {tuple(e['shape'])}, {e['dtype']}) at "
+            f"{'an earlier version' if e['saved_version'] is None else 'version ' + str(e['saved_version'])}"
+            f", but it was modified in place{where} and is now at version "
             f"{e['version']}: backward() will raise 'modified by an inplace operation'.{also} {fix}, "
             f"or .clone() the tensor before modifying it.",
             node=nid, location=loc)

@@ -92,7 +92,8 @@ def packed_bytes(make_root) -> int:
 
 def _kind(exc: RuntimeError) -> str:
     msg = str(exc)
-    if "modified by an inplace operation" in msg:
+    if "modified by an inplace operation" in msg or \
+            "is a view and its base or another view of its base has been modified inplace" in msg:
         return "inplace"
     if "implicitly created only for scalar outputs" in msg:
         return "nonscalar"

@@ -144,3 +144,19 @@ def test_program_whose_root_torch_refuses_to_read():
     # cannot even have its grad_fn read. The executor leaves such roots out; inspect() raises
     # InputValueError on one (tests/test_hostile.py).
     check_program(NO_GRAD_VIEW_OF_MODIFIED_BASE)
+
+
+SPLIT_VIEW_BASE_MODIFIED = Program((("chunk", 2, 0, "plain"), ("add_", 2, 0, "no_grad")), (3,), "sum")
+
+
+def test_saved_split_view_whose_base_is_modified_in_place():
+    # Found by the slow profile: mul saved the two chunk() views of m, then m.add_() under no_grad.
+    # torch refuses in backward with its multi-output-view message (no version in it), which the
+    # version regex missed: no inplace-hazard was reported. Now the slot is stale.
+    run = run_program(SPLIT_VIEW_BASE_MODIFIED)
+    report = gradscope.inspect(run.root, params=run.params)
+    hazards = [f for f in report.findings if f.kind == "inplace-hazard"]
+    assert len(hazards) == 1 and "at an earlier version" in hazards[0].message
+    with pytest.raises(RuntimeError, match="is a view and its base"):
+        run.root.backward()
+    check_program(SPLIT_VIEW_BASE_MODIFIED)
