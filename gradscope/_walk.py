@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import torch
 
+from ._values import _I64_MAX, _U64
 from .saved import _DEVICES, _DTYPES, StorageIds, device_str, dtype_str, node_type, plain_value, read_saved
 
 __all__ = ["walk"]
 
 _HELD = ("live", "stale", "hooked")  # see NOTE [freeing deep graphs] in _release.py
-_U64 = 2**64
-_I64_MAX = 2**63
 _SavedTensor = torch._C._autograd.SavedTensor
 _SCALAR_DTYPES = frozenset((torch.float64, torch.int64, torch.complex128, torch.bool))
 _STORAGE_ERRORS = (RuntimeError, NotImplementedError, TypeError)
