@@ -53,7 +53,9 @@ def check(graph, nodes=None) -> Iterator[Finding]:
 
 def _detached(ev, names, opaque, graph) -> Finding:
     subject = ", ".join(names) if len(names) <= 4 else f"{len(names)} parameters ({names[0]}, {names[1]}, ...)"
-    cut = f"{_CUT_WORDS.get(ev['kind'], ev['kind'])} ({ev['op']}) at {ev['location']}"
+    words = _CUT_WORDS.get(ev["kind"], ev["kind"])
+    op = f" ({ev['op']})" if ev["op"] not in words else ""   # "cut by .detach()", not "... (detach)"
+    cut = f"{words}{op} at {ev['location']}"
     them = "it" if len(names) == 1 else "them"
     fix = f"Remove the cut, or freeze {them} (requires_grad_(False)) if that is intended."
     if opaque:  # they may also be used inside an opaque region, which the walk cannot see
