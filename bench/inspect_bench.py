@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gradscope  # noqa: E402
+from gradscope._format import human_bytes  # noqa: E402
 from _models import MODELS, chain  # noqa: E402
 
 try:
@@ -133,16 +134,10 @@ def main() -> None:
         speed = (t_viz / t_gs) if t_viz else float("nan")
         ok &= ratio <= 3 and (t_viz is None or speed >= 5)
         viz = f"{t_viz * 1e3:9.1f}ms" if t_viz else "      n/a"
-        print(f"{name:<22}{n:>8}{_hb(saved):>12}"
+        print(f"{name:<22}{n:>8}{human_bytes(saved):>12}"
               f"{t_gs * 1e3:9.1f}ms{t_gs / n * 1e6:9.1f}{ratio:8.2f}x{viz:>11}{speed:8.1f}x")
     print()
     print("targets: inspect <= 3x bare walk, >= 5x faster than torchviz:", "MET" if ok else "NOT MET")
-
-
-def _hb(n):
-    from gradscope._format import human_bytes
-
-    return human_bytes(n)
 
 
 if __name__ == "__main__":

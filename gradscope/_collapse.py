@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ._format import lcp
 from .finding import SEVERITIES
 from .report import held_bytes
 
@@ -67,20 +68,6 @@ class View:
 def depth(module: str | None) -> int:
     """``None -> 0``, ``'a' -> 1``, ``'a.b' -> 2``."""
     return 0 if not module else module.count(".") + 1
-
-
-def lcp(a: str | None, b: str | None) -> str | None:
-    """Longest common dotted prefix: ``lcp('a.b.c', 'a.b.d') == 'a.b'``; None when nothing is shared."""
-    if not a or not b:
-        return None
-    if a == b:
-        return a
-    out = []
-    for x, y in zip(a.split("."), b.split(".")):
-        if x != y:
-            break
-        out.append(x)
-    return ".".join(out) or None
 
 
 def truncate(module: str | None, n: int) -> str | None:

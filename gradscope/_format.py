@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["human_bytes", "shape_str"]
+__all__ = ["human_bytes", "shape_str", "lcp"]
 
 
 def human_bytes(n: int | float) -> str:
@@ -20,3 +20,17 @@ def shape_str(shape) -> str:
     if shape is None:
         return "?"
     return "×".join(str(s) for s in shape) if shape else "scalar"
+
+
+def lcp(a: str | None, b: str | None) -> str | None:
+    """Longest common dotted prefix: ``lcp('a.b.c', 'a.b.d') == 'a.b'``; None when nothing is shared."""
+    if not a or not b:
+        return None
+    if a == b:
+        return a
+    out = []
+    for x, y in zip(a.split("."), b.split(".")):
+        if x != y:
+            break
+        out.append(x)
+    return ".".join(out) or None

@@ -22,13 +22,16 @@ only counted.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import reduce
+
+from ._format import lcp
+from .saved import HELD
 
 __all__ = ["NO_MODULE", "HELD", "StorageUse", "seq_order", "storage_uses", "node_modules", "node_bytes",
            "module_bytes"]
 
 #: The group name of op nodes that no module can be found for.
 NO_MODULE = "(no module)"
-HELD = ("live", "stale", "hooked")
 
 
 @dataclass(slots=True)
@@ -93,17 +96,11 @@ def _owner_module(qualname: str) -> str | None:
 
 
 def _common(mods: set[str]) -> str | None:
+    """Longest common dotted prefix of the modules; the first one (sorted) when they share nothing."""
     if not mods:
         return None
-    if len(mods) == 1:
-        return next(iter(mods))
-    parts = [m.split(".") for m in sorted(mods)]
-    prefix = []
-    for level in zip(*parts):
-        if len(set(level)) != 1:
-            break
-        prefix.append(level[0])
-    return ".".join(prefix) or sorted(mods)[0]
+    ordered = sorted(mods)
+    return reduce(lcp, ordered) or ordered[0]
 
 
 def node_modules(graph) -> dict[str, str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
+from .saved import HELD
 from ._format import human_bytes, shape_str
 
 __all__ = ["summary", "top_nodes"]
@@ -62,7 +63,7 @@ def summary(report, top: int = 5) -> str:
         for nid, d in hot:
             where = f" in {d['module']}" if d.get("module") else ""
             slots = ", ".join(f"{e['slot']} {shape_str(e['shape'])}" for e in d["saved"]
-                              if e["status"] in ("live", "stale", "hooked"))
+                              if e["status"] in HELD)
             lines.append(f"  {human_bytes(d['saved_bytes']):>10}  {nid:<6} {d['name']}{where}: {slots}")
     if any(d.get("module") for _, d in g.nodes(data=True) if d["kind"] == "op"):
         from ._memory_attr import module_bytes

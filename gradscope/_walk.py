@@ -19,11 +19,10 @@ from __future__ import annotations
 import torch
 
 from ._values import _I64_MAX, _U64
-from .saved import _DEVICES, _DTYPES, StorageIds, device_str, dtype_str, node_type, plain_value, read_saved
+from .saved import HELD, _DEVICES, _DTYPES, StorageIds, device_str, dtype_str, node_type, plain_value, read_saved
 
 __all__ = ["walk"]
 
-_HELD = ("live", "stale", "hooked")  # see NOTE [freeing deep graphs] in _release.py
 _SavedTensor = torch._C._autograd.SavedTensor
 _SCALAR_DTYPES = frozenset((torch.float64, torch.int64, torch.complex128, torch.bool))
 _STORAGE_ERRORS = (RuntimeError, NotImplementedError, TypeError)
@@ -64,7 +63,6 @@ def walk(starts: list, names: dict, storages: StorageIds):
         each storage once). See NOTE [walk fast path].
     """
     ids: dict = {None: None}
-    ids_get = ids.get
     attrs: dict = {}
     visited: list = []      # (id, next_functions) per node, for the edges
     visit = visited.append
@@ -208,7 +206,7 @@ def walk(starts: list, names: dict, storages: StorageIds):
             held = 0
             seen = set()
             for e in saved:
-                if e["status"] in _HELD and "scalar" not in e:
+                if e["status"] in HELD and "scalar" not in e:
                     sid = e["storage"]
                     if sid is None:
                         held += e["nbytes"]

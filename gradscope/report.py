@@ -5,10 +5,10 @@ from __future__ import annotations
 import networkx as nx
 
 from .finding import Finding
+from .saved import HELD
 
 __all__ = ["Report", "held_bytes"]
 
-HELD = ("live", "stale", "hooked")
 
 
 def held_bytes(graph, nodes=None) -> int:

@@ -13,7 +13,7 @@ import torch
 
 from ._values import plain_value
 
-__all__ = ["NodeType", "node_type", "read_saved", "StorageIds", "plain_value", "dtype_str", "device_str"]
+__all__ = ["HELD", "NodeType", "node_type", "read_saved", "StorageIds", "plain_value", "dtype_str", "device_str"]
 
 # NOTE [saved slot states]
 # Every tensor slot of a node ends up in exactly one state:
@@ -30,6 +30,9 @@ __all__ = ["NodeType", "node_type", "read_saved", "StorageIds", "plain_value", "
 #   opaque     another pack hook whose packed value we cannot read.
 #   freed      a backward without retain_graph released it (raw.data is None and reading raises).
 # A slot that was never saved (raw.data is None, getattr returns None) is left out.
+
+#: Slot states whose bytes the graph holds on the tensor's device (see NOTE [saved slot states]).
+HELD = ("live", "stale", "hooked")
 
 _VERSION_RE = re.compile(r"is at version (\d+); expected version (\d+)")
 _VIEW_MARK = "is a view and its base or another view of its base has been modified inplace"
@@ -226,7 +229,7 @@ def read_saved(node, info: NodeType, storages: StorageIds) -> tuple[list[dict], 
     if info.custom:
         _read_custom(node, saved, attrs, storages)
         return saved, attrs
-    ids = storages.ids
+    # The common case (a live, never-written slot) is read inline by _walk.py; this is the general path.
     for s, raw_attr, attr in info.tensor_slots:
         try:
             raw = getattr(node, raw_attr)
@@ -238,28 +241,6 @@ def read_saved(node, info: NodeType, storages: StorageIds) -> tuple[list[dict], 
                 if e is not None:
                     saved.append(e)
             continue
-        data = raw.data
-        # Fast path (almost every slot): a live tensor, no hooks, never written in place, dense storage.
-        if data is not None and raw.unpack_hook is None and not data._version:
-            shape = data.shape
-            if shape:
-                try:
-                    st = data.untyped_storage()
-                    ptr = st._cdata
-                except (RuntimeError, NotImplementedError, TypeError):
-                    saved.append(_classify(node, s, attr, raw, storages))
-                    continue
-                sid = ids.get(ptr)
-                if sid is None:
-                    sid = ids[ptr] = len(storages.sizes)
-                    storages.sizes.append(st.nbytes())
-                dtype = data.dtype
-                device = data.device
-                saved.append({"slot": s, "shape": list(shape),
-                              "dtype": _DTYPES.get(dtype) or dtype_str(dtype),
-                              "device": _DEVICES.get(device) or device_str(device),
-                              "nbytes": storages.sizes[sid], "status": "live", "storage": sid})
-                continue
         e = _classify(node, s, attr, raw, storages)
         if e is not None:
             saved.append(e)

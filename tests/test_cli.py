@@ -9,7 +9,6 @@ import re
 import shutil
 import subprocess
 import sys
-import textwrap
 import xml.etree.ElementTree as ET
 
 import networkx as nx

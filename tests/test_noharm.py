@@ -11,7 +11,6 @@ import gc
 import os
 import subprocess
 import sys
-import textwrap
 import time
 import weakref
 
