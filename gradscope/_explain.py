@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 
-from .checks.unused import _CUT_WORDS, _cuts_by_param, opaque_nodes
+from .checks.unused import _cuts_by_param, describe_cut, opaque_nodes
 from .errors import UnknownParameterError
 
 __all__ = ["explain"]
@@ -65,14 +65,12 @@ def _reached(report, param: str, nid: str) -> str:
 
 
 def _cut(g, param: str, ev: dict) -> str:
-    how = _CUT_WORDS.get(ev["kind"], ev["kind"])
-    where = f"at {ev['location']}" if ev.get("location") else "at an unknown location"
     inside = f" inside {ev['module']}" if ev.get("module") else ""
     params = g.graph["params"]
     others = [p for p in ev.get("params", ()) if p != param and params.get(p, {}).get("node") is None]
     also = f" The same cut also drops {_list(others)}." if others else ""
-    return (f"{param} gets no gradient (.grad stays None): its branch was {how} ({ev['op']}) "
-            f"{where}{inside}, so no path from the root reaches it.{also} {_FIX_CUT}")
+    return (f"{param} gets no gradient (.grad stays None): its branch was {describe_cut(ev)}"
+            f"{inside}, so no path from the root reaches it.{also} {_FIX_CUT}")
 
 
 def _unused(g, param: str) -> str:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from ..finding import Finding
 from ._nodes import node_items
 
-__all__ = ["check", "opaque_nodes"]
+__all__ = ["check", "opaque_nodes", "describe_cut"]
 
 _CUT_WORDS = {
     "detach": "cut by .detach()",
@@ -51,11 +51,17 @@ def check(graph, nodes=None) -> Iterator[Finding]:
         yield _unused(module, names, never, opaque, graph)
 
 
-def _detached(ev, names, opaque, graph) -> Finding:
-    subject = ", ".join(names) if len(names) <= 4 else f"{len(names)} parameters ({names[0]}, {names[1]}, ...)"
+def describe_cut(ev: dict) -> str:
+    """``"cut by .detach() at model.py:42"``: what a trace event did and where (op named when it adds)."""
     words = _CUT_WORDS.get(ev["kind"], ev["kind"])
     op = f" ({ev['op']})" if ev["op"] not in words else ""   # "cut by .detach()", not "... (detach)"
-    cut = f"{words}{op} at {ev['location']}"
+    where = f"at {ev['location']}" if ev.get("location") else "at an unknown location"
+    return f"{words}{op} {where}"
+
+
+def _detached(ev, names, opaque, graph) -> Finding:
+    subject = ", ".join(names) if len(names) <= 4 else f"{len(names)} parameters ({names[0]}, {names[1]}, ...)"
+    cut = describe_cut(ev)
     them = "it" if len(names) == 1 else "them"
     fix = f"Remove the cut, or freeze {them} (requires_grad_(False)) if that is intended."
     if opaque:  # they may also be used inside an opaque region, which the walk cannot see
