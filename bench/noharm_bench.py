@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import gradscope  # noqa: E402
-from gradscope._release import pending  # noqa: E402
+from gradscope.walk.release import pending  # noqa: E402
 
 PEAK_BUDGET = 3072
 RETAINED_BUDGET = 2560

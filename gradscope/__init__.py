@@ -7,15 +7,15 @@
 
 from __future__ import annotations
 
-from .errors import (GradientError, GradscopeError, InputTypeError, InputValueError, NoGradRootError,
+from gradscope.errors import (GradientError, GradscopeError, InputTypeError, InputValueError, NoGradRootError,
                      RenderError, UnknownParameterError)
-from .finding import KINDS, Finding
-from .inspect_ import inspect
-from .report import Report
-from .trace_ import trace
-from .watch import Watch, watch
-from ._json import load
-from .diff import Diff, diff
+from gradscope.findings import KINDS, Finding
+from gradscope.inspection import inspect
+from gradscope.report import Report
+from gradscope.tracing.recorder import trace
+from gradscope.watching.guard import Watch, watch
+from gradscope.views.serialize import load
+from gradscope.compare import Diff, diff
 
 __version__ = "0.1.0"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import networkx as nx
 
-from .finding import Finding
-from .saved import HELD
+from gradscope.findings import Finding
+from gradscope.walk.saved import HELD
 
 __all__ = ["Report", "held_bytes"]
 
@@ -61,48 +61,48 @@ class Report:
 
     def summary(self, top: int = 5) -> str:
         """The terminal report: counts, findings with their fixes, the top saved-memory nodes."""
-        from ._summary import summary
+        from gradscope.views.text import summary
 
         return summary(self, top=top)
 
     def explain(self, param: str) -> str:
         """Why ``param`` gets (or does not get) a gradient, in a few sentences."""
-        from ._explain import explain
+        from gradscope.checks.explain import explain
 
         return explain(self, param)
 
     def memory(self, **kwargs):
-        """Saved-tensor memory per module and per op kind (see :func:`gradscope.memory.memory`)."""
-        from .memory import memory
+        """Saved-tensor memory per module and per op kind (see :func:`gradscope.memory.table.memory`)."""
+        from gradscope.memory.table import memory
 
         return memory(self, **kwargs)
 
     # -- views -----------------------------------------------------------------------------------
     def render(self, path, **kwargs):
-        """Write the graph to ``path``; the format comes from the suffix (see :func:`gradscope.render.render`)."""
-        from .render import render
+        """Write the graph to ``path``; the format comes from the suffix (see :func:`gradscope.views.render.render`)."""
+        from gradscope.views.render import render
 
         return render(self, path, **kwargs)
 
     def to_dot(self, **kwargs):
-        """The graph as a ``graphviz.Digraph`` (see :func:`gradscope.render.to_dot`)."""
-        from .render import to_dot
+        """The graph as a ``graphviz.Digraph`` (see :func:`gradscope.views.render.to_dot`)."""
+        from gradscope.views.render import to_dot
 
         return to_dot(self, **kwargs)
 
     def to_json(self) -> dict:
         """JSON-ready node-link data of the graph, with findings (what ``render('x.json')`` writes)."""
-        from ._json import report_to_data
+        from gradscope.views.serialize import report_to_data
 
         return report_to_data(self)
 
     def _repr_html_(self) -> str:
-        from ._notebook import repr_html
+        from gradscope.views.notebook import repr_html
 
         return repr_html(self)
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
-        from ._notebook import repr_mimebundle
+        from gradscope.views.notebook import repr_mimebundle
 
         return repr_mimebundle(self, include=include, exclude=exclude)
 
@@ -111,7 +111,7 @@ class Report:
         for f in self.findings:
             counts[f.severity] = counts.get(f.severity, 0) + 1
         found = ", ".join(f"{n} {s}{'s' if n > 1 else ''}" for s, n in counts.items()) or "no findings"
-        from ._format import human_bytes
+        from gradscope._format import human_bytes
 
         return (f"<gradscope.Report: {self.graph.number_of_nodes()} nodes, "
                 f"{human_bytes(self.saved_bytes)} saved, {found}>")

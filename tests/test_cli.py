@@ -18,8 +18,8 @@ from click.testing import CliRunner
 
 import gradscope
 from gradscope import demo
-from gradscope._target import load
-from gradscope.cli import main
+from gradscope.cli.target import load
+from gradscope.cli.commands import main
 
 from .conftest import grads_none
 
@@ -301,7 +301,7 @@ def test_version():
 
 
 def test_diff_is_registered_when_the_diff_command_exists():
-    have = importlib.util.find_spec("gradscope._diff_cli") is not None
+    have = importlib.util.find_spec("gradscope.cli.diff") is not None
     assert ("diff" in main.commands) == have
 
 
@@ -327,7 +327,7 @@ def test_render_format_option_adds_the_suffix_and_passes_options(tmp_path, targe
 
 
 def test_big_graph_says_it_collapsed_and_expand_draws_every_node(tmp_path):
-    from gradscope.render import AUTO_LIMIT
+    from gradscope.views.render import AUTO_LIMIT
 
     steps = AUTO_LIMIT // 2 + 10
     (tmp_path / "chain.py").write_text(
@@ -360,7 +360,8 @@ def test_format_added_after_a_suffix_that_is_not_a_format(tmp_path, targets):
 
 
 def test_cli_formats_are_the_renderers():
-    from gradscope import cli, render
+    from gradscope.cli import commands as cli
+    from gradscope.views import render
 
     assert cli.FORMATS == render.FORMATS
 

@@ -44,7 +44,7 @@ def test_50k_chain_inspected_and_freed(scenario):
 def test_deep_release_frees_saved_memory():
     # After the loss is dropped, the held node references are released: the activations die.
     code = PRELUDE.format(n=20_000) + textwrap.dedent("""
-        from gradscope._release import pending
+        from gradscope.walk.release import pending
         assert pending() == 1
         del loss, y
         deadline = time.time() + 10

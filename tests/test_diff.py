@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import gradscope
-from gradscope._diff_cli import diff_cmd
+from gradscope.cli.diff import diff_cmd
 from gradscope.errors import InputTypeError
 
 

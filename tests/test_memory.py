@@ -19,7 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 import gradscope
 from gradscope.errors import InputValueError
-from gradscope.memory import NO_MODULE, module_bytes, node_bytes
+from gradscope.memory.table import NO_MODULE, module_bytes, node_bytes
 
 
 def packed(fn):

@@ -176,7 +176,7 @@ def _activations_die(build, keep_report=True):
     del loss, acts
     if not keep_report:
         del report
-    from gradscope._release import pending
+    from gradscope.walk.release import pending
     deadline = time.time() + 10
     while pending() and time.time() < deadline:
         time.sleep(0.02)

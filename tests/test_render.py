@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import gradscope
-from gradscope._dot import COLORS
-from gradscope._json import load
+from gradscope.views.dot import COLORS
+from gradscope.views.serialize import load
 from gradscope.errors import InputTypeError, InputValueError, RenderError
 from tests._render_models import planted, tied
 

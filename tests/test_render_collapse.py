@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import gradscope
-from gradscope._collapse import build_view, find_folds, infer_modules, lcp
+from gradscope.views.collapse import build_view, find_folds, infer_modules, lcp
 from tests._render_models import lstm
 
 

@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 import gradscope
-from gradscope._notebook import repr_html, repr_mimebundle
+from gradscope.views.notebook import repr_html, repr_mimebundle
 from tests._render_models import planted
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz 'dot' is not installed")

@@ -8,7 +8,7 @@ report loaded back from JSON.
 
 from __future__ import annotations
 
-from . import freed, inplace, roots, unused
+from gradscope.checks import freed, inplace, roots, unused
 
 __all__ = ["CHECKS", "run_checks"]
 
@@ -21,7 +21,7 @@ def run_checks(graph, nodes=None):
     ``nodes``: the only node ids that can hold a non-live saved slot or be opaque (``inspect`` knows
     them from its walk); None (a graph loaded from JSON, say) looks at every node.
     """
-    from ..finding import sort_findings
+    from gradscope.findings import sort_findings
 
     out = []
     for check in CHECKS:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..finding import Finding
+from gradscope.findings import Finding
 
 __all__ = ["check"]
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .checks import run_checks
-from .graph import build, flatten_roots, param_names
-from .report import Report
+from gradscope.checks import run_checks
+from gradscope.walk.build import build, flatten_roots, param_names
+from gradscope.report import Report
 
 __all__ = ["inspect"]
 
@@ -45,7 +45,7 @@ def inspect(root, *, model=None, params=None, trace=None) -> Report:
 
 
 def _annotate(trace, graph, model, names) -> None:
-    from .errors import InputTypeError
+    from gradscope.errors import InputTypeError
 
     annotate = getattr(trace, "annotate", None)
     if annotate is None:

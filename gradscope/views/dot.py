@@ -1,6 +1,6 @@
-"""The visual language: turn a :class:`~gradscope._collapse.View` of a report into a ``graphviz.Digraph``.
+"""The visual language: turn a :class:`~gradscope.views.collapse.View` of a report into a ``graphviz.Digraph``.
 
-The legend lives in :mod:`gradscope.render`'s docstring and the README; colours are in :mod:`._style`.
+The legend lives in :mod:`gradscope.views.render`'s docstring and the README; colours are in :mod:`gradscope.views.style`.
 Every drawn element gets a stable SVG ``id`` (the node id, ``fold:nK``, ``module:NAME``, ``unused:NAME``,
 ``cut:LOCATION``, ``nK~i`` for the i-th stub of a shared leaf) and ``gs-*`` classes for the HTML view.
 """
@@ -11,17 +11,17 @@ from dataclasses import dataclass, field
 
 import graphviz
 
-from ._collapse import View, depth, truncate
-from .checks.inplace import stale_savers
-from ._format import human_bytes, shape_str
-from ._style import COLORS, esc
-from ._style import attrs as _attrs
-from ._style import dot_id as _q
-from ._style import label as _label
-from ._style import legend as _legend
-from ._style import saved_lines as _saved_lines
-from ._style import shade as _shade
-from ._style import short as _short
+from gradscope.views.collapse import View, depth, truncate
+from gradscope.checks.inplace import stale_savers
+from gradscope._format import human_bytes, shape_str
+from gradscope.views.style import COLORS, esc
+from gradscope.views.style import attrs as _attrs
+from gradscope.views.style import dot_id as _q
+from gradscope.views.style import label as _label
+from gradscope.views.style import legend as _legend
+from gradscope.views.style import saved_lines as _saved_lines
+from gradscope.views.style import shade as _shade
+from gradscope.views.style import short as _short
 
 __all__ = ["Drawing", "draw", "COLORS"]
 

@@ -7,7 +7,7 @@ import sys
 import click
 import networkx as nx
 
-from .errors import GradscopeError
+from gradscope.errors import GradscopeError
 
 __all__ = ["diff_cmd"]
 
@@ -32,8 +32,8 @@ def diff_cmd(before: str, after: str, by: str | None, depth: int | None, exit_co
       gradscope render train.py:make_loss_ckpt -o after.json
       gradscope diff before.json after.json --depth 2
     """
-    from ._json import load
-    from .diff import diff
+    from gradscope.views.serialize import load
+    from gradscope.compare import diff
 
     a, b = _load(load, before), _load(load, after)
     d = diff(a, b, depth=depth)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import difflib
 
-from .checks.unused import _cuts_by_param, describe_cut, opaque_nodes
-from .errors import UnknownParameterError
+from gradscope.checks.unused import _cuts_by_param, describe_cut, opaque_nodes
+from gradscope.errors import UnknownParameterError
 
 __all__ = ["explain"]
 

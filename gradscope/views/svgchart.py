@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from ._format import human_bytes
+from gradscope._format import human_bytes
 
 __all__ = ["bar_chart", "SERIES"]
 

@@ -1,10 +1,10 @@
-"""The colours, labels, legend and DOT syntax helpers of the graph views (the legend text is in :mod:`gradscope.render`)."""
+"""The colours, labels, legend and DOT syntax helpers of the graph views (the legend text is in :mod:`gradscope.views.render`)."""
 
 from __future__ import annotations
 
 import re
 
-from ._format import human_bytes, shape_str
+from gradscope._format import human_bytes, shape_str
 
 __all__ = ["COLORS", "esc", "label", "shade", "saved_lines", "short", "legend", "dot_id", "attrs"]
 

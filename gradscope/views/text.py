@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import textwrap
 
-from .saved import HELD
-from ._format import human_bytes, shape_str
+from gradscope.walk.saved import HELD
+from gradscope._format import human_bytes, shape_str
 
 __all__ = ["summary", "top_nodes"]
 
@@ -66,7 +66,7 @@ def summary(report, top: int = 5) -> str:
                               if e["status"] in HELD)
             lines.append(f"  {human_bytes(d['saved_bytes']):>10}  {nid:<6} {d['name']}{where}: {slots}")
     if any(d.get("module") for _, d in g.nodes(data=True) if d["kind"] == "op"):
-        from ._memory_attr import module_bytes
+        from gradscope.memory.attribution import module_bytes
 
         mods = [(m, n) for m, n in module_bytes(g, params=False).items() if n > 0][:top]
         if mods:

@@ -18,8 +18,8 @@ import time
 
 import click
 
-from . import __version__
-from .errors import GradscopeError
+from gradscope import __version__
+from gradscope.errors import GradscopeError
 
 __all__ = ["main"]
 
@@ -39,7 +39,7 @@ def _status(msg: str) -> None:
 
 
 def _report(target: str, use_trace: bool):
-    from ._target import inspect_target
+    from gradscope.cli.target import inspect_target
 
     t0 = time.perf_counter()
     try:
@@ -107,7 +107,7 @@ def _render_kwargs(collapse, expand, show_saved, legend) -> dict:
 def _render(report, output: str, kwargs: dict) -> None:
     n = report.graph.number_of_nodes()
     fmt = os.path.splitext(output)[1].lstrip(".").lower()
-    from .render import AUTO_LIMIT
+    from gradscope.views.render import AUTO_LIMIT
 
     if n > AUTO_LIMIT and "collapse" not in kwargs and fmt not in ("json", "graphml"):
         _status(f"{n:,} nodes > {AUTO_LIMIT}: collapsed automatically (repeated blocks folded, deep modules "
@@ -124,7 +124,7 @@ def _render(report, output: str, kwargs: dict) -> None:
     except OSError as exc:
         raise UserError(f"Cannot write {output!r}: {exc.strerror or exc}.") from None
     size = os.path.getsize(output) if os.path.exists(output) else 0
-    from ._format import human_bytes
+    from gradscope._format import human_bytes
 
     _status(f"wrote {output} ({human_bytes(size)}) in {time.perf_counter() - t0:.1f} s")
 
@@ -270,9 +270,9 @@ def demo(output, fmt, collapse, expand, show_saved, legend, use_trace):
 
 
 def _register_diff() -> None:
-    if importlib.util.find_spec(f"{__package__}._diff_cli") is None:
+    if importlib.util.find_spec("gradscope.cli.diff") is None:
         return
-    from ._diff_cli import diff_cmd
+    from gradscope.cli.diff import diff_cmd
 
     main.add_command(diff_cmd, "diff")
 

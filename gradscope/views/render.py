@@ -37,9 +37,9 @@ import os
 import graphviz
 import networkx as nx
 
-from ._collapse import build_view
-from ._dot import draw
-from .errors import InputTypeError, InputValueError, RenderError
+from gradscope.views.collapse import build_view
+from gradscope.views.dot import draw
+from gradscope.errors import InputTypeError, InputValueError, RenderError
 
 __all__ = ["render", "to_dot", "FORMATS", "AUTO_LIMIT"]
 
@@ -148,7 +148,7 @@ def render(report, path, *, format: str | None = None, collapse=None, show_saved
                               f"{', '.join('.' + f for f in FORMATS)} (or pass format='svg').")
     kw = dict(collapse=collapse, show_saved=show_saved, fold=fold, clusters=clusters, legend=legend, limit=limit)
     if fmt == "json":
-        from ._json import report_to_data
+        from gradscope.views.serialize import report_to_data
 
         _write(path, json.dumps(report_to_data(report), default=str).encode("utf-8"))
     elif fmt == "graphml":
@@ -157,7 +157,7 @@ def render(report, path, *, format: str | None = None, collapse=None, show_saved
     elif fmt == "dot":
         _write(path, to_dot(report, **kw).source.encode("utf-8"))
     elif fmt == "html":
-        from ._html import page
+        from gradscope.views.html_page import page
 
         _write(path, page(report, **kw).encode("utf-8"))
     else:

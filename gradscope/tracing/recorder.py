@@ -21,8 +21,8 @@ from bisect import bisect_right
 import torch
 from torch.nn.modules import module as _nn_module
 
-from ._trace_mode import CutMode
-from .errors import InputTypeError, InputValueError
+from gradscope.tracing.modes import CutMode
+from gradscope.errors import InputTypeError, InputValueError
 
 __all__ = ["Trace", "trace"]
 

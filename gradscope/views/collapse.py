@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ._format import lcp
-from .finding import SEVERITIES
-from .report import held_bytes
+from gradscope._format import lcp
+from gradscope.findings import SEVERITIES
+from gradscope.report import held_bytes
 
 __all__ = ["Group", "View", "infer_modules", "find_folds", "build_view", "lcp", "depth"]
 

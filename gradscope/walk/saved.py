@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._values import plain_value
+from gradscope.walk.values import plain_value
 
 __all__ = ["HELD", "NodeType", "node_type", "read_saved", "StorageIds", "plain_value", "dtype_str", "device_str"]
 
@@ -245,7 +245,7 @@ def read_saved(node, info: NodeType, storages: StorageIds) -> tuple[list[dict], 
         if e is not None:
             saved.append(e)
     if saved and any(e["status"] == "recomputed" for e in saved):  # NOTE [checkpoint inputs]
-        from ._checkpoint import checkpoint_inputs, raw_slots
+        from gradscope.walk.checkpoint import checkpoint_inputs, raw_slots
 
         saved.extend(checkpoint_inputs(raw_slots(node, info), storages, _classify))
     for s, attr in info.value_slots:
@@ -274,7 +274,7 @@ def _read_custom(node, saved: list, attrs: dict, storages: StorageIds) -> None:
     if written:
         _check_custom_versions(node, saved)
     if any(e["status"] == "recomputed" for e in saved):  # NOTE [checkpoint inputs]
-        from ._checkpoint import checkpoint_inputs
+        from gradscope.walk.checkpoint import checkpoint_inputs
 
         saved.extend(checkpoint_inputs(raws, storages, _classify))
     for e in saved:

@@ -24,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import reduce
 
-from ._format import lcp
-from .saved import HELD
+from gradscope._format import lcp
+from gradscope.walk.saved import HELD
 
 __all__ = ["NO_MODULE", "HELD", "StorageUse", "seq_order", "storage_uses", "node_modules", "node_bytes",
            "module_bytes"]

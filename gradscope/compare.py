@@ -1,7 +1,7 @@
 """``gradscope.diff(a, b)``: what changed between two reports (two models, two steps, before/after a fix).
 
 Node ids are positions in one walk, so nothing is matched by id: op nodes are compared as counts per op
-name, parameters by qualified name, saved bytes per module (see :func:`gradscope.memory.memory`), and
+name, parameters by qualified name, saved bytes per module (see :func:`gradscope.memory.table.memory`), and
 findings by ``(kind, parameters, name of the node)``.
 """
 
@@ -11,9 +11,9 @@ import html
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ._format import human_bytes
-from .errors import InputTypeError
-from .memory import MemoryRow, memory
+from gradscope._format import human_bytes
+from gradscope.errors import InputTypeError
+from gradscope.memory.table import MemoryRow, memory
 
 __all__ = ["diff", "Diff"]
 
@@ -34,7 +34,7 @@ class Diff:
             ``offloaded``, ``recomputed`` and ``findings`` (every total, changed or not).
         ops: ``{op name: (count in a, count in b)}`` for the op kinds whose count changed.
         params_added, params_removed: parameters reached in only one of the two graphs.
-        modules: ``{module: (row in a, row in b)}`` (:class:`~gradscope.memory.MemoryRow`, zeros when
+        modules: ``{module: (row in a, row in b)}`` (:class:`~gradscope.memory.table.MemoryRow`, zeros when
             absent) for the modules whose saved bytes, recomputed tensors or node count changed.
         appeared, disappeared: findings present only in ``b`` / only in ``a``.
     """
@@ -123,7 +123,7 @@ class Diff:
         """
         from dataclasses import replace
 
-        from ._svgbar import bar_chart
+        from gradscope.views.svgchart import bar_chart
 
         rows = []
         for name, (a, b) in list(self.modules.items())[:top]:
@@ -156,7 +156,7 @@ def diff(report_a, report_b, *, depth: int | None = None) -> Diff:
         report_a: the "before" report (plain model, step 1...).
         report_b: the "after" report (checkpointed model, step N...).
         depth: compare saved bytes per module merged to their first ``depth`` name components (see
-            :func:`gradscope.memory.memory`); None compares every module.
+            :func:`gradscope.memory.table.memory`); None compares every module.
 
     Returns:
         A :class:`Diff`; ``bool(d)`` is False when nothing changed, ``print(d)`` shows the changes.

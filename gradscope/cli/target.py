@@ -19,12 +19,12 @@ from typing import NamedTuple
 
 import torch
 
-from .errors import InputValueError
+from gradscope.errors import InputValueError
 
 __all__ = ["TargetError", "Loaded", "load", "inspect_target"]
 
 _HINT = "write TARGET as path/to/file.py:function or package.module:function"
-_LIB_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules[__package__]))
+_LIB_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["gradscope"]))
 
 
 class TargetError(InputValueError):
@@ -68,7 +68,7 @@ def load(target: str, *, use_trace: bool = True) -> Loaded:
 
 def inspect_target(target: str, *, use_trace: bool = True):
     """Load ``target`` and return ``gradscope.inspect`` of its loss (see :func:`load`)."""
-    from .inspect_ import inspect
+    from gradscope.inspection import inspect
 
     loaded = load(target, use_trace=use_trace)
     return inspect(loaded.loss, model=loaded.model, trace=loaded.trace)

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from ._values import _I64_MAX, _U64
-from .saved import HELD, _DEVICES, _DTYPES, StorageIds, device_str, dtype_str, node_type, plain_value, read_saved
+from gradscope.walk.values import _I64_MAX, _U64
+from gradscope.walk.saved import HELD, _DEVICES, _DTYPES, StorageIds, device_str, dtype_str, node_type, plain_value, read_saved
 
 __all__ = ["walk"]
 
@@ -52,8 +52,8 @@ def walk(starts: list, names: dict, storages: StorageIds):
 
     Args:
         starts: the root nodes, root 0 first.
-        names: ``id(tensor) -> (qualified name, tensor)`` from :func:`gradscope.graph.param_names`.
-        storages: the walk's :class:`~gradscope.saved.StorageIds`.
+        names: ``id(tensor) -> (qualified name, tensor)`` from :func:`gradscope.walk.build.param_names`.
+        storages: the walk's :class:`~gradscope.walk.saved.StorageIds`.
 
     Returns:
         ``(ids, attrs, succ, pred, index)``: ``ids`` maps each live node to its id (``None`` maps to

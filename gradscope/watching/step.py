@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import torch
 
-from .finding import Finding
+from gradscope.findings import Finding
 
 __all__ = ["WatchedParam", "nonfinite", "none_grad_findings", "nonfinite_findings", "error_message",
            "rank_text"]

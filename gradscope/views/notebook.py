@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import html
 
-from ._html import findings_table, svg_text, widget
-from .errors import GradscopeError
+from gradscope.views.html_page import findings_table, svg_text, widget
+from gradscope.errors import GradscopeError
 
 __all__ = ["repr_html", "repr_mimebundle"]
 
@@ -17,7 +17,7 @@ _HEIGHT = "520px"
 
 
 def _render(report):
-    from .render import _drawing, pipe
+    from gradscope.views.render import _drawing, pipe
 
     drawing = _drawing(report)
     return drawing, svg_text(pipe(drawing.dot, "svg"))

@@ -2,7 +2,7 @@
 
 :func:`widget` is one self-contained fragment (used by the notebook display); :func:`page` wraps it in a
 full HTML document (``report.render("graph.html")``). The script finds elements by the ``id`` attributes
-that :mod:`gradscope._dot` puts on every drawn element; a highlighted element gets the class ``gs-hl``
+that :mod:`gradscope.views.dot` puts on every drawn element; a highlighted element gets the class ``gs-hl``
 and the attribute ``data-gs-highlight="1"``.
 """
 
@@ -108,7 +108,7 @@ def _findings_data(report, drawing) -> list[dict]:
 
 def findings_table(report) -> str:
     """An HTML table of the findings (or a one-line 'no findings' note)."""
-    from ._format import human_bytes
+    from gradscope._format import human_bytes
 
     head = (f"<p><b>gradscope</b>: {report.graph.number_of_nodes()} nodes, "
             f"{html.escape(human_bytes(report.saved_bytes))} saved for backward, "
@@ -146,8 +146,8 @@ def widget(report, drawing, svg: str, *, height: str = "100%", side: bool = True
 
 
 def page(report, **kwargs) -> str:
-    """A complete, self-contained HTML page of ``report`` (see :func:`gradscope.render.render`)."""
-    from .render import _drawing, pipe
+    """A complete, self-contained HTML page of ``report`` (see :func:`gradscope.views.render.render`)."""
+    from gradscope.views.render import _drawing, pipe
 
     drawing = _drawing(report, **kwargs)
     svg = svg_text(pipe(drawing.dot, "svg"))

@@ -19,7 +19,7 @@ import weakref
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ._release import keep_until_dead
+from gradscope.walk.release import keep_until_dead
 
 __all__ = ["CutMode", "user_location", "MAX_EVENTS", "WALK_LIMIT"]
 
@@ -107,7 +107,7 @@ def _grad_inputs(args, kwargs) -> list:
 # gradscope code sits between the user's code and an op, and gradscope/demo.py *is* (example) user code.
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_TRACER_FILES = frozenset(os.path.join(_HERE, name) for name in ("_trace_mode.py", "trace_.py"))
+_TRACER_FILES = frozenset(os.path.join(_HERE, name) for name in ("modes.py", "recorder.py"))
 _INTERNAL: dict[str, bool] = {}
 
 
@@ -127,7 +127,7 @@ def user_location(depth: int = 1) -> str | None:
 
 
 class CutMode(TorchFunctionMode):
-    """Records cut and in-place events into ``rec`` (a :class:`gradscope.trace_.Trace`)."""
+    """Records cut and in-place events into ``rec`` (a :class:`gradscope.tracing.recorder.Trace`)."""
 
     def __init__(self, rec):
         super().__init__()

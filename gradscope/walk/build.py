@@ -14,10 +14,10 @@ from collections.abc import Mapping
 import networkx as nx
 import torch
 
-from ._release import keep_until_dead
-from .errors import InputTypeError, InputValueError, NoGradRootError
-from ._walk import walk
-from .saved import _DTYPES, StorageIds, dtype_str
+from gradscope.walk.release import keep_until_dead
+from gradscope.errors import InputTypeError, InputValueError, NoGradRootError
+from gradscope.walk.loop import walk
+from gradscope.walk.saved import _DTYPES, StorageIds, dtype_str
 
 __all__ = ["build", "build_graph", "flatten_roots", "param_names"]
 

@@ -41,14 +41,14 @@ import warnings
 
 import torch
 
-from ._watch_check import (WatchedParam, error_message, none_grad_findings, nonfinite, nonfinite_findings,
+from gradscope.watching.step import (WatchedParam, error_message, none_grad_findings, nonfinite, nonfinite_findings,
                            rank_text)
-from .errors import GradientError, InputTypeError, InputValueError
-from .finding import sort_findings
+from gradscope.errors import GradientError, InputTypeError, InputValueError
+from gradscope.findings import sort_findings
 
 __all__ = ["watch", "Watch"]
 
-_INTERNAL = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(__file__) + os.sep)
+_INTERNAL = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
 _task_id = torch._C._current_graph_task_id
 _current_node = torch._C._current_autograd_node
 

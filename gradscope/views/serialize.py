@@ -12,8 +12,8 @@ import os
 
 import networkx as nx
 
-from .errors import InputValueError
-from .finding import Finding
+from gradscope.errors import InputValueError
+from gradscope.findings import Finding
 
 __all__ = ["report_to_data", "report_from_data", "load"]
 
@@ -33,7 +33,7 @@ def report_to_data(report) -> dict:
 
 def report_from_data(data: dict):
     """Rebuild a :class:`Report` from :func:`report_to_data` output."""
-    from .report import Report
+    from gradscope.report import Report
 
     if not isinstance(data, dict) or "nodes" not in data:
         raise InputValueError("this is not a gradscope report: the JSON has no 'nodes' list. "

@@ -10,9 +10,9 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
-from ._format import human_bytes
-from ._memory_attr import NO_MODULE, module_bytes, node_bytes, node_modules, seq_order, storage_uses
-from .errors import InputValueError
+from gradscope._format import human_bytes
+from gradscope.memory.attribution import NO_MODULE, module_bytes, node_bytes, node_modules, seq_order, storage_uses
+from gradscope.errors import InputValueError
 
 __all__ = ["memory", "MemoryRow", "MemoryTable", "DeviceTotal", "CopyNode", "Shared", "module_bytes",
            "node_bytes", "node_modules", "NO_MODULE"]
@@ -202,7 +202,7 @@ class MemoryTable(list):
             >>> from IPython.display import SVG                 # doctest: +SKIP
             >>> SVG(report.memory().to_svg())                   # doctest: +SKIP
         """
-        from ._svgbar import bar_chart
+        from gradscope.views.svgchart import bar_chart
 
         return bar_chart(self[:top], title=f"saved-tensor memory by {self.by}", width=width)
 
