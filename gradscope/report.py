@@ -5,32 +5,9 @@ from __future__ import annotations
 import networkx as nx
 
 from gradscope.findings import Finding
-from gradscope.walk.saved import HELD
+from gradscope.graph import held_bytes
 
 __all__ = ["Report", "held_bytes"]
-
-
-
-def held_bytes(graph, nodes=None) -> int:
-    """Bytes held by saved tensors in ``graph`` (or only in ``nodes``), each storage counted once.
-
-    Wrapped Python scalars are left out, as are slots that hold nothing on the device (recomputed,
-    offloaded, freed).
-    """
-    seen: set = set()
-    total = 0
-    attrs = graph.nodes
-    for data in (attrs.values() if nodes is None else (attrs[n] for n in nodes)):
-        for e in data["saved"]:
-            if e["status"] not in HELD or e.get("scalar"):
-                continue
-            sid = e["storage"]
-            if sid is not None:
-                if sid in seen:
-                    continue
-                seen.add(sid)
-            total += e["nbytes"]
-    return total
 
 
 class Report:
