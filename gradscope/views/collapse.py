@@ -2,7 +2,7 @@
 
 Pure functions over ``report.graph``. :func:`build_view` decides, for every node, whether it is drawn on
 its own or inside a group box (a collapsed module or a folded run of repetition), and which module
-cluster it sits in. See NOTE [inferring modules] and NOTE [folding repetition].
+cluster it sits in. See NOTE [inferring modules] (gradscope/graph.py) and NOTE [folding repetition].
 """
 
 from __future__ import annotations
@@ -12,17 +12,13 @@ from dataclasses import dataclass, field
 
 from gradscope._format import lcp
 from gradscope.findings import SEVERITIES
-from gradscope.report import held_bytes
+from gradscope.graph import forward_order, held_bytes
+from gradscope.graph import node_modules as infer_modules
 
 __all__ = ["Group", "View", "infer_modules", "find_folds", "build_view", "lcp", "depth"]
 
-# NOTE [inferring modules]
-# A traced graph carries `module` on op nodes; we use it as is. Otherwise a parameter node's module comes
-# from its qualified name, and an op that consumes parameters directly belongs to the common prefix of
-# their modules (TBackward0 of `a.weight` -> `a`). Every other op takes the common prefix of the nearest
-# attributed ops before and after it in forward order (`seq`): the attention matmuls between
-# `blocks.0.attn.qkv` and `blocks.0.attn.proj` land in `blocks.0.attn`, the loss after the last module in
-# no module. This mimics the trace's sequence-range attribution (TORCH-FACTS section 5) without hooks.
+# Module attribution: NOTE [inferring modules] in gradscope/graph.py (one answer for the picture and
+# report.memory()).
 
 # NOTE [folding repetition]
 # Ops sorted by `seq` form a token string (op name + module with indices replaced by '#'). A run where the
@@ -75,48 +71,6 @@ def truncate(module: str | None, n: int) -> str | None:
     if not module or depth(module) <= n:
         return module
     return ".".join(module.split(".")[:n]) or None
-
-
-def _ops_in_order(graph) -> list:
-    ops = [(d.get("seq") if d.get("seq") is not None else -1, i, n)
-           for i, (n, d) in enumerate(graph.nodes(data=True)) if d["kind"] == "op"]
-    ops.sort()
-    return [n for _, _, n in ops]
-
-
-def infer_modules(graph, order=None) -> dict:
-    """Node id -> module name (or None); see NOTE [inferring modules]."""
-    nodes = graph.nodes
-    out = {n: d.get("module") for n, d in nodes(data=True)}
-    traced = "called_modules" in graph.graph or any(
-        d.get("module") for _, d in nodes(data=True) if d["kind"] == "op")
-    if traced:
-        return out
-    order = _ops_in_order(graph) if order is None else order
-    tagged: dict = {}
-    for n in order:
-        mods = [nodes[p].get("module") for p in graph.predecessors(n) if nodes[p]["kind"] == "param"]
-        if mods:
-            m = mods[0]
-            for other in mods[1:]:
-                m = lcp(m, other)
-            tagged[n] = m
-    before: dict = {}
-    last = _NONE = object()
-    for n in order:
-        if n in tagged:
-            last = tagged[n]
-        else:
-            before[n] = last
-    nxt = _NONE
-    for n in reversed(order):
-        if n in tagged:
-            nxt = tagged[n]
-            out[n] = tagged[n]
-        else:
-            b = before[n]
-            out[n] = None if b is _NONE or nxt is _NONE else lcp(b, nxt)
-    return out
 
 
 def _tokens(graph, order, module_of) -> list[int]:
@@ -197,7 +151,7 @@ def build_view(graph, findings=(), *, collapse=None, fold=None, limit: int = 100
         fold: fold unrolled repetition into "xN" boxes; ``None`` means: when collapsing automatically.
         limit: the automatic threshold, in drawn nodes.
     """
-    order = _ops_in_order(graph)
+    order = forward_order(graph)
     module_of = infer_modules(graph, order)
     by_node: dict = {}
     for f in findings:
