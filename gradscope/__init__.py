@@ -14,7 +14,7 @@ from gradscope.inspection import inspect
 from gradscope.report import Report
 from gradscope.tracing.recorder import trace
 from gradscope.watching.guard import Watch, watch
-from gradscope.views.serialize import load
+from gradscope.report import load
 from gradscope.compare import Diff, diff
 
 __version__ = "0.1.0"

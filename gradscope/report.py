@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import networkx as nx
 
 from gradscope.findings import Finding
 from gradscope.graph import held_bytes
 
-__all__ = ["Report", "held_bytes"]
+__all__ = ["Report", "held_bytes", "load", "report_from_data"]
 
 
 class Report:
@@ -95,3 +97,22 @@ class Report:
 
     def __str__(self) -> str:
         return self.summary()
+
+
+def report_from_data(data: dict) -> Report:
+    """Rebuild a :class:`Report` from ``report.to_json()`` data (checks are not re-run: findings are stored)."""
+    from gradscope.views.serialize import graph_from_data
+
+    graph, findings = graph_from_data(data)
+    return Report(graph, findings)
+
+
+def load(path: str | os.PathLike) -> Report:
+    """Read a report written by ``report.render("x.json")``.
+
+    Raises:
+        InputValueError: the file is missing, is not JSON, or is not a gradscope report.
+    """
+    from gradscope.views.serialize import read_json
+
+    return report_from_data(read_json(path))

@@ -15,7 +15,7 @@ import torch
 
 import gradscope
 from gradscope.views.dot import COLORS
-from gradscope.views.serialize import load
+from gradscope.report import load
 from gradscope.errors import InputTypeError, InputValueError, RenderError
 from tests._render_models import planted, tied
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 
-from gradscope.checks.unused import _cuts_by_param, describe_cut, opaque_nodes
+from gradscope.checks.unused import cuts_by_param, describe_cut, opaque_nodes
 from gradscope.errors import UnknownParameterError
 
 __all__ = ["explain"]
@@ -37,7 +37,7 @@ def explain(report, param: str) -> str:
                 "never flags it.")
     if info.get("node") is not None:
         return _reached(report, param, info["node"])
-    cut = _cuts_by_param(g).get(param)
+    cut = cuts_by_param(g).get(param)
     if cut is not None:
         return _cut(g, param, cut)
     opaque = opaque_nodes(g)

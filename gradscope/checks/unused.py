@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from gradscope.findings import Finding
 from gradscope.checks._nodes import node_items
 
-__all__ = ["check", "opaque_nodes", "describe_cut"]
+__all__ = ["check", "opaque_nodes", "describe_cut", "cuts_by_param"]
 
 _CUT_WORDS = {
     "detach": "cut by .detach()",
@@ -30,7 +30,7 @@ def check(graph, nodes=None) -> Iterator[Finding]:
     missing = [name for name, p in params.items() if p["requires_grad"] and p.get("node") is None]
     if not missing:
         return
-    cuts = _cuts_by_param(graph)
+    cuts = cuts_by_param(graph)
     called = graph.graph.get("called_modules")
     opaque = opaque_nodes(graph, nodes)
     plain: list[str] = []
@@ -108,7 +108,8 @@ def _group(names: list[str]):
     return list(groups.items())
 
 
-def _cuts_by_param(graph) -> dict:
+def cuts_by_param(graph) -> dict:
+    """Parameter name -> the first trace event (a cut, not an in-place op) that names it."""
     out: dict = {}
     for ev in graph.graph.get("events", ()):
         if ev["kind"] == "inplace":

@@ -147,9 +147,9 @@ def widget(report, drawing, svg: str, *, height: str = "100%", side: bool = True
 
 def page(report, **kwargs) -> str:
     """A complete, self-contained HTML page of ``report`` (see :func:`gradscope.views.render.render`)."""
-    from gradscope.views.render import _drawing, pipe
+    from gradscope.views.drawing import draw_report, pipe
 
-    drawing = _drawing(report, **kwargs)
+    drawing = draw_report(report, **kwargs)
     svg = svg_text(pipe(drawing.dot, "svg"))
     title = f"gradscope: {report.graph.number_of_nodes()} nodes, {len(report.findings)} findings"
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

@@ -17,9 +17,9 @@ _HEIGHT = "520px"
 
 
 def _render(report):
-    from gradscope.views.render import _drawing, pipe
+    from gradscope.views.drawing import draw_report, pipe
 
-    drawing = _drawing(report)
+    drawing = draw_report(report)
     return drawing, svg_text(pipe(drawing.dot, "svg"))
 
 

@@ -37,31 +37,13 @@ import os
 import graphviz
 import networkx as nx
 
-from gradscope.views.collapse import build_view
-from gradscope.views.dot import draw
 from gradscope.errors import InputTypeError, InputValueError, RenderError
+from gradscope.views.drawing import AUTO_LIMIT, draw_report, pipe
 
 __all__ = ["render", "to_dot", "FORMATS", "AUTO_LIMIT"]
 
 #: Suffixes :func:`render` understands.
 FORMATS = ("svg", "png", "pdf", "html", "dot", "json", "graphml")
-#: Above this many nodes, the default view collapses.
-AUTO_LIMIT = 1000
-_DOT_INSTALL = ("the Graphviz 'dot' program is not installed or not on PATH; install it with "
-                "'apt-get install graphviz' (Debian/Ubuntu), 'brew install graphviz' (macOS) or "
-                "'conda install graphviz', or write a .dot/.json/.graphml file, which needs no Graphviz.")
-
-
-def _drawing(report, *, collapse=None, show_saved=None, fold=None, clusters=None, legend=False,
-             limit=AUTO_LIMIT):
-    if collapse is not None and collapse is not False and (
-            isinstance(collapse, bool) or not isinstance(collapse, int) or collapse < 0):
-        raise InputValueError(f"collapse must be None (automatic), False (expand all) or a module depth "
-                              f">= 0, got {collapse!r}.")
-    view = build_view(report.graph, report.findings, collapse=collapse, fold=fold, limit=limit)
-    return draw(report, view, show_saved=show_saved, clusters=clusters, legend=legend, limit=limit)
-
-
 def to_dot(report, *, collapse=None, show_saved=None, fold=None, clusters=None,
            legend: bool = False, limit: int = AUTO_LIMIT) -> graphviz.Digraph:
     """The report's graph as a ``graphviz.Digraph`` (deterministic: same model, same source).
@@ -92,20 +74,8 @@ def to_dot(report, *, collapse=None, show_saved=None, fold=None, clusters=None,
         >>> "AddmmBackward0" in report.to_dot().source
         True
     """
-    return _drawing(report, collapse=collapse, show_saved=show_saved, fold=fold, clusters=clusters,
+    return draw_report(report, collapse=collapse, show_saved=show_saved, fold=fold, clusters=clusters,
                     legend=legend, limit=limit).dot
-
-
-def pipe(dot: graphviz.Digraph, fmt: str) -> bytes:
-    """Run ``dot`` on ``dot`` and return the ``fmt`` output; :class:`RenderError` when it cannot."""
-    try:
-        return dot.pipe(format=fmt, quiet=True)
-    except graphviz.ExecutableNotFound:
-        raise RenderError(_DOT_INSTALL) from None
-    except graphviz.CalledProcessError as exc:
-        err = (exc.stderr or b"").decode("utf-8", "replace").strip().splitlines()
-        raise RenderError(f"Graphviz 'dot' failed to lay out the graph ({err[-1] if err else exc}); "
-                          "write a .dot file instead, or render with a smaller collapse=N.") from None
 
 
 def render(report, path, *, format: str | None = None, collapse=None, show_saved=None,

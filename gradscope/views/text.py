@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from gradscope.walk.saved import HELD
+from gradscope.graph import HELD
 from gradscope._format import human_bytes, shape_str
 
 __all__ = ["summary", "top_nodes"]
