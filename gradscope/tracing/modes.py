@@ -19,6 +19,8 @@ import weakref
 import torch
 from torch.overrides import TorchFunctionMode
 
+from gradscope._torch import ACCUMULATE_GRAD, FUNCTION_APPLY_CODE, TENSOR_DATA, peek_sequence_nr
+from gradscope._torch import version as tensor_version
 from gradscope.walk.release import keep_until_dead
 
 __all__ = ["CutMode", "user_location", "MAX_EVENTS", "WALK_LIMIT"]
@@ -27,11 +29,11 @@ MAX_EVENTS = 10_000     # events kept per recording; later ones are only counted
 WALK_LIMIT = 1_000_000  # nodes visited per event to find its parameters
 _DEEP = 10_000          # from this many nodes on, release our wrappers safely: NOTE [freeing deep graphs]
 
-_peek_seq = torch._C._autograd._get_sequence_nr
-_ACCUMULATE = torch._C._functions.AccumulateGrad
-_DATA = torch._C.TensorBase.__dict__["data"]
+_peek_seq = peek_sequence_nr
+_ACCUMULATE = ACCUMULATE_GRAD
+_DATA = TENSOR_DATA
 _Tensor = torch.Tensor
-_APPLY = torch.autograd.function.Function.apply.__func__.__code__
+_APPLY = FUNCTION_APPLY_CODE
 
 # Categories (NOTE [cheap per-op path]); small ints compare fastest.
 _PLAIN, _GETTER, _DETACH, _DATA_GET, _TO_PYTHON, _INPLACE = range(6)
@@ -201,7 +203,7 @@ class CutMode(TorchFunctionMode):
     def _inplace(self, func, t) -> None:
         try:
             shape = list(t.shape)
-            version = t._version
+            version = tensor_version(t)
         except RuntimeError:  # inference tensors have no version counter; nested tensors no shape
             return
         self._record("inplace", _op_name(func), (), shape=shape, version=version)

@@ -19,16 +19,16 @@ import weakref
 from bisect import bisect_right
 
 import torch
-from torch.nn.modules import module as _nn_module
 
+from gradscope import _torch
 from gradscope.tracing.modes import CutMode
 from gradscope.errors import InputTypeError, InputValueError
 
 __all__ = ["Trace", "trace"]
 
-_peek_seq = torch._C._autograd._get_sequence_nr
+_peek_seq = _torch.peek_sequence_nr
 _get_ident = threading.get_ident
-_U64_MAX = 2**64 - 1
+_U64_MAX = _torch.NO_SEQUENCE_NR
 
 
 def trace(model=None) -> "Trace":
@@ -95,8 +95,8 @@ class Trace:
         self._tid = threading.get_ident()
         self._segment(-1)
         try:
-            self._handles.append(_nn_module.register_module_forward_pre_hook(self._pre))
-            self._handles.append(_nn_module.register_module_forward_hook(self._post, always_call=True))
+            self._handles.append(_torch.register_module_forward_pre_hook(self._pre))
+            self._handles.append(_torch.register_module_forward_hook(self._post, always_call=True))
             mode = CutMode(self)
             mode.__enter__()
             self._mode = mode

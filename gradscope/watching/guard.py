@@ -43,18 +43,16 @@ import torch
 
 from gradscope.watching.step import (WatchedParam, error_message, none_grad_findings, nonfinite, nonfinite_findings,
                            rank_text)
+from gradscope._torch import current_autograd_node, current_graph_task_id, queue_engine_callback
 from gradscope.errors import GradientError, InputTypeError, InputValueError
 from gradscope.findings import sort_findings
 
 __all__ = ["watch", "Watch"]
 
 _INTERNAL = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
-_task_id = torch._C._current_graph_task_id
-_current_node = torch._C._current_autograd_node
-
-
-def _queue(fn) -> None:
-    torch.autograd.Variable._execution_engine.queue_callback(fn)
+_task_id = current_graph_task_id
+_current_node = current_autograd_node
+_queue = queue_engine_callback
 
 
 def watch(model, *, on_error="raise", check_nonfinite=True, ignore=(), every=1, accumulate=1,
