@@ -16,11 +16,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch
 
-from gradscope._format import human_bytes  # noqa: E402
-from tests._sweep import measure  # noqa: E402
-from tests._sweep_models import HF_CASES, TORCH_CASES, have_transformers  # noqa: E402
+from gradscope._format import human_bytes
+from tests._sweep import measure
+from tests._sweep_models import HF_CASES, TORCH_CASES, have_transformers
 
 
 def _names(s):

@@ -27,8 +27,9 @@ from torch.overrides import TorchFunctionMode
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import gradscope  # noqa: E402
-from _models import gpt2_small_like, mlp, resnet18_like  # noqa: E402
+from _models import gpt2_small_like, mlp, resnet18_like
+
+import gradscope
 
 
 def _gpt(**kwargs):

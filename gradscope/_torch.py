@@ -46,7 +46,7 @@ def sequence_nr(node: Any) -> int:
 # -- node classes and saved slots ------------------------------------------------------------------
 #: ``torch._C._functions.AccumulateGrad``: the class of the leaf nodes (``type(node) is ...``);
 #: ``node.variable`` is the leaf tensor. TORCH-FACTS section 1 (AccumulateGrad, ``_functions``).
-ACCUMULATE_GRAD: type = torch._C._functions.AccumulateGrad
+ACCUMULATE_GRAD: Any = torch._C._functions.AccumulateGrad  # type: ignore[attr-defined]
 
 #: ``torch._C._autograd.SavedTensor``: what ``node._raw_saved_<slot>`` returns; ``.data`` reads the
 #: stored tensor without a version check or an unpack hook. TORCH-FACTS section 1 (raw SavedTensor), 10.
@@ -118,13 +118,13 @@ current_autograd_node: Callable[[], Any] = torch._C._current_autograd_node
 def queue_engine_callback(fn: Callable[[], None]) -> None:
     """``torch.autograd.Variable._execution_engine.queue_callback(fn)``: run ``fn`` once when the current
     backward finishes (what DDP uses). Only valid during backward. TORCH-FACTS section 7 (a)."""
-    torch.autograd.Variable._execution_engine.queue_callback(fn)  # type: ignore[attr-defined]
+    torch.autograd.Variable._execution_engine.queue_callback(fn)
 
 
 #: ``torch._foreach_norm(tensors, ord, dtype=)``: one fused norm per tensor (what
 #: ``torch.nn.utils.clip_grad_norm_`` uses). Not covered by TORCH-FACTS; watch() calls it only for
 #: gradients on an accelerator, so the CPU test suite does not run it.
-foreach_norm: Callable[..., list[torch.Tensor]] = torch._foreach_norm
+foreach_norm: Callable[..., Any] = torch._foreach_norm
 
 
 def sparse_values(t: torch.Tensor) -> torch.Tensor:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from gradscope.checks import run_checks
-from gradscope.walk.build import build, flatten_roots, param_names
 from gradscope.report import Report
+from gradscope.walk.build import build, flatten_roots, param_names
 
 __all__ = ["inspect"]
 

@@ -86,7 +86,7 @@ class Report:
         return repr_mimebundle(self, include=include, exclude=exclude)
 
     def __repr__(self) -> str:
-        counts = {}
+        counts: dict[str, int] = {}
         for f in self.findings:
             counts[f.severity] = counts.get(f.severity, 0) + 1
         found = ", ".join(f"{n} {s}{'s' if n > 1 else ''}" for s, n in counts.items()) or "no findings"

@@ -3,8 +3,9 @@
 Rules (docs/architecture.md): no import cycle anywhere in gradscope/; only the walk itself and the code
 that runs it on live tensors import ``gradscope.walk``; views import ``gradscope.report`` for type hints
 only (under ``TYPE_CHECKING``, which this graph leaves out); no module reaches into another module's
-private (``_``-prefixed) names (the walk, being rewritten, aside), except from the helper modules (``gradscope._format``,
-``gradscope._torch``, ``checks._nodes``) that exist to be shared.
+private (``_``-prefixed) names (the walk, being rewritten, aside), except from the helper modules
+(``gradscope._format``, ``gradscope._torch``, ``checks._nodes``) that exist to be shared; private torch API
+only in ``gradscope/_torch.py`` (and, until it is routed there, the walk).
 """
 
 from __future__ import annotations

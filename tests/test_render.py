@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import gradscope
-from gradscope.views.dot import COLORS
-from gradscope.report import load
 from gradscope.errors import InputTypeError, InputValueError, RenderError
+from gradscope.report import load
+from gradscope.views.dot import COLORS
 from tests._render_models import planted, tied
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"

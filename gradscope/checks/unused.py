@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from gradscope.findings import Finding
 from gradscope.checks._nodes import node_items
+from gradscope.findings import Finding
 
 __all__ = ["check", "opaque_nodes", "describe_cut", "cuts_by_param"]
 

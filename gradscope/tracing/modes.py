@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import sys
 import weakref
+from types import FrameType
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -115,7 +117,7 @@ _INTERNAL: dict[str, bool] = {}
 
 def user_location(depth: int = 1) -> str | None:
     """``"file.py:LINE"`` (basename) of the first caller frame outside torch and the tracer, or None."""
-    f = sys._getframe(depth + 1)
+    f: FrameType | None = sys._getframe(depth + 1)
     while f is not None:
         filename = f.f_code.co_filename
         internal = _INTERNAL.get(filename)
@@ -134,7 +136,7 @@ class CutMode(TorchFunctionMode):
     def __init__(self, rec):
         super().__init__()
         self.rec = rec
-        self._detached = None   # (weakref to the last detach() output, its event index)
+        self._detached: Any = None   # (weakref to the last detach() output, its event index)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         try:
@@ -229,7 +231,7 @@ class CutMode(TorchFunctionMode):
 # Function.apply frame is on the stack; inspect reports those parameters as possibly hidden in an opaque
 # node instead. In-place writes there are still recorded.
 def _inside_function() -> bool:
-    f = sys._getframe(2)
+    f: FrameType | None = sys._getframe(2)
     while f is not None:
         if f.f_code is _APPLY:
             return True
@@ -240,7 +242,7 @@ def _inside_function() -> bool:
 def _param_ids(inputs, refs: dict) -> tuple[int, ...]:
     """Ids of the leaf tensors (parameters) that feed ``inputs``; each is remembered as a weak reference."""
     found: dict[int, None] = {}
-    stack = []
+    stack: list = []
     for t in inputs:
         node = t.grad_fn
         if node is None:
@@ -248,7 +250,7 @@ def _param_ids(inputs, refs: dict) -> tuple[int, ...]:
         else:
             stack.append(node)
     seen = set()
-    order = []      # discovery (root-first) order, for keep_until_dead
+    order: list = []      # discovery (root-first) order, for keep_until_dead
     while stack and len(order) < WALK_LIMIT:
         node = stack.pop()
         if node in seen:

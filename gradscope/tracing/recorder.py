@@ -17,12 +17,13 @@ from __future__ import annotations
 import threading
 import weakref
 from bisect import bisect_right
+from typing import Literal
 
 import torch
 
 from gradscope import _torch
-from gradscope.tracing.modes import CutMode
 from gradscope.errors import InputTypeError, InputValueError
+from gradscope.tracing.modes import CutMode
 
 __all__ = ["Trace", "trace"]
 
@@ -31,7 +32,7 @@ _get_ident = threading.get_ident
 _U64_MAX = _torch.NO_SEQUENCE_NR
 
 
-def trace(model=None) -> "Trace":
+def trace(model=None) -> Trace:
     """Record module attribution and graph cuts during a forward pass, for :func:`gradscope.inspect`.
 
     Args:
@@ -86,7 +87,7 @@ class Trace:
         self._dropped = 0
 
     # -- recording ------------------------------------------------------------------------------
-    def __enter__(self) -> "Trace":
+    def __enter__(self) -> Trace:
         if self._active:
             raise InputValueError(
                 "This gradscope.trace() is already recording; it cannot be entered twice at once. "
@@ -106,7 +107,7 @@ class Trace:
         self._active = True
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> Literal[False]:
         try:
             self._segment(-1)
             if self._mode is not None:
@@ -213,9 +214,8 @@ class Trace:
             data["module"] = call_names.get(self._seg_call[i]) if i >= 0 else None
         graph.graph["events"] = self._event_dicts(call_names, self._param_names(model, names))
         if model is not None or self._live_model() is not None:
-            called = {call_names[i] for i in range(len(self._calls))}
-            called.discard(None)
-            graph.graph["called_modules"] = sorted(called)
+            called = {call_names[i] for i in range(len(self._calls))} - {None}
+            graph.graph["called_modules"] = sorted(c for c in called if c is not None)
         if self._dropped:
             graph.graph["events_dropped"] = self._dropped
 
@@ -225,7 +225,7 @@ class Trace:
     def _names(self, model) -> dict[int, str | None]:
         """call index -> qualified name of the innermost named module of that call (-1 -> None)."""
         model = _unwrap(model) if model is not None else self._live_model()
-        live = {}
+        live: dict = {}
         if model is not None:
             for name, m in model.named_modules(remove_duplicate=False):
                 live.setdefault(id(m), (name, m))

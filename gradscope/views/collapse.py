@@ -194,7 +194,7 @@ def build_view(graph, findings=(), *, collapse=None, fold=None, limit: int = 100
             box = truncate(m, depth_kept + 1)
             gid = f"module:{box}"
             if gid not in groups:
-                groups[gid] = Group(gid, "module", box, box)
+                groups[gid] = Group(gid, "module", box or "", box)
             groups[gid].members.append(n)
             owner[n] = gid
     _absorb_leaves(graph, owner, groups)

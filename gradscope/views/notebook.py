@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import html
 
-from gradscope.views.html_page import findings_table, svg_text, widget
 from gradscope.errors import GradscopeError
+from gradscope.views.html_page import findings_table, svg_text, widget
 
 __all__ = ["repr_html", "repr_mimebundle"]
 
@@ -47,7 +47,7 @@ def repr_mimebundle(report, include=None, exclude=None) -> dict:
             drawing = None
         if wanted("text/html"):
             table = findings_table(report)
-            if drawing is None:
+            if drawing is None or svg is None:
                 bundle["text/html"] = table + ("<p><i>No graph picture: Graphviz 'dot' is missing or failed "
                                                "(apt-get install graphviz).</i></p>")
             else:

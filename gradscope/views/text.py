@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import textwrap
 
-from gradscope.graph import HELD
 from gradscope._format import human_bytes, shape_str
+from gradscope.graph import HELD
 
 __all__ = ["summary", "top_nodes"]
 
@@ -43,7 +43,7 @@ def summary(report, top: int = 5) -> str:
     if not report.findings:
         lines.append("No findings: backward() will run and every trainable parameter gets a gradient.")
     else:
-        counts = {}
+        counts: dict[str, int] = {}
         for f in report.findings:
             counts[f.severity] = counts.get(f.severity, 0) + 1
         lines.append("Findings: " + ", ".join(f"{n} {s}{'s' if n > 1 else ''}" for s, n in counts.items()))
