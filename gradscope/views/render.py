@@ -1,6 +1,6 @@
 """Graph views of a report: SVG/PNG/PDF (through Graphviz ``dot``), HTML, DOT, JSON and GraphML.
 
-Legend (the same in every view; see also the README section "Rendering"):
+Legend (the same in every view; see also docs/reference.md, section "Rendering"):
 
 =====================  ============================================================================
 element                drawing
