@@ -63,6 +63,8 @@ class SavedEntry(TypedDict, total=False):
     status: str                # one of the saved-slot states above
     storage: int | None        # storage id (an index into graph.graph["storage_bytes"]); None: unknown
     scalar: bool               # present (True) on a wrapped Python number (``x * 2``): not an activation
+    version: int               # stale only: the tensor's version now (it was modified in place)
+    saved_version: int | None  # stale only: the version backward expects (from torch's error text); None: unknown
 
 
 class NodeAttrs(TypedDict, total=False):

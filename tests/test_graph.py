@@ -125,3 +125,40 @@ def test_graph_keys_are_the_ones_inspect_writes():
     lin = nn.Linear(3, 1)
     report = gradscope.inspect(lin(torch.randn(2, 3)).sum(), model=lin)
     assert {ROOTS, PARAMS, NO_GRAD_ROOTS} <= set(report.graph.graph)
+
+
+def _keys(td) -> set:
+    return set(td.__annotations__)
+
+
+def test_the_schema_names_every_attribute_the_walk_and_trace_write():
+    from gradscope.graph import EdgeAttrs, GraphAttrs, NodeAttrs, ParamInfo, SavedEntry, TraceEvent
+
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    model = nn.Sequential(Block(), nn.Linear(8, 2))
+    with gradscope.trace(model) as tr:
+        h = model[0](torch.randn(2, 5, 8))
+        h = Scale.apply(h) + h.detach() * 0
+        y = model[1](h)
+        x = y.sigmoid()
+        x.mul_(2)                       # a stale saved tensor and an inplace event
+        loss = x.sum() + torch.utils.checkpoint.checkpoint(lambda t: t.sin(), y, use_reentrant=False).sum()
+    report = gradscope.inspect(loss, model=model, trace=tr)
+    g = report.graph
+    assert set(g.graph) <= _keys(GraphAttrs)
+    assert {k for _, d in g.nodes(data=True) for k in d} <= _keys(NodeAttrs)
+    saved = [e for _, d in g.nodes(data=True) for e in d["saved"]]
+    assert {e["status"] for e in saved} >= {"live", "stale", "recomputed"}
+    assert {k for e in saved for k in e} <= _keys(SavedEntry)
+    assert {k for _, _, d in g.edges(data=True) for k in d} == _keys(EdgeAttrs)
+    assert {k for p in g.graph[PARAMS].values() for k in p} == _keys(ParamInfo)
+    assert {k for ev in g.graph["events"] for k in ev} <= _keys(TraceEvent)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from gradscope.findings import Finding
 from gradscope.checks._nodes import node_items
+from gradscope.findings import Finding
+from gradscope.graph import EVENTS
 
 __all__ = ["check", "stale_savers"]
 
@@ -16,7 +17,7 @@ def check(graph, nodes=None) -> Iterator[Finding]:
     A tensor saved by several nodes (sigmoid's output, also saved as the next matmul's input) is one
     cause: it gives one finding at the earliest saver that names the others.
     """
-    events = [e for e in graph.graph.get("events", ()) if e["kind"] == "inplace"]
+    events = [e for e in graph.graph.get(EVENTS, ()) if e["kind"] == "inplace"]
     groups: dict = {}
     for nid, data in node_items(graph, nodes):
         stale = [e for e in data["saved"] if e["status"] == "stale"]

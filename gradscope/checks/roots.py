@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from gradscope.findings import Finding
+from gradscope.graph import NO_GRAD_ROOTS, ROOT_SHAPES, ROOTS
 
 __all__ = ["check"]
 
 
 def check(graph, nodes=None) -> Iterator[Finding]:
     """Flag roots that ``backward()`` cannot start from as they are."""
-    for rid, shape in zip(graph.graph.get("roots", ()), graph.graph.get("root_shapes", ())):
+    for rid, shape in zip(graph.graph.get(ROOTS, ()), graph.graph.get(ROOT_SHAPES, ())):
         numel = 1
         for s in shape:
             numel *= s
@@ -23,7 +24,7 @@ def check(graph, nodes=None) -> Iterator[Finding]:
                 "'grad can be implicitly created only for scalar outputs'. Reduce it first "
                 "(loss.mean() or loss.sum()) or pass gradient=torch.ones_like(loss).",
                 node=rid)
-    for index in graph.graph.get("no_grad_roots", ()):
+    for index in graph.graph.get(NO_GRAD_ROOTS, ()):
         yield Finding(
             "no-grad-root", "error",
             f"Root {index} has no grad_fn and does not require grad: it was computed under torch.no_grad()"

@@ -23,6 +23,7 @@ import torch
 
 from gradscope import _torch
 from gradscope.errors import InputTypeError, InputValueError
+from gradscope.graph import CALLED_MODULES, EVENTS, EVENTS_DROPPED
 from gradscope.tracing.modes import CutMode
 
 __all__ = ["Trace", "trace"]
@@ -212,12 +213,12 @@ class Trace:
         for data in ops:
             i = bisect_right(starts, data["seq"]) - 1
             data["module"] = call_names.get(self._seg_call[i]) if i >= 0 else None
-        graph.graph["events"] = self._event_dicts(call_names, self._param_names(model, names))
+        graph.graph[EVENTS] = self._event_dicts(call_names, self._param_names(model, names))
         if model is not None or self._live_model() is not None:
             called = {call_names[i] for i in range(len(self._calls))} - {None}
-            graph.graph["called_modules"] = sorted(c for c in called if c is not None)
+            graph.graph[CALLED_MODULES] = sorted(c for c in called if c is not None)
         if self._dropped:
-            graph.graph["events_dropped"] = self._dropped
+            graph.graph[EVENTS_DROPPED] = self._dropped
 
     def _live_model(self):
         return None if self._model is None else self._model()

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 
 import graphviz
 
-from gradscope.views.collapse import View, depth, truncate
-from gradscope.checks.inplace import stale_savers
 from gradscope._format import human_bytes, shape_str
+from gradscope.checks.inplace import stale_savers
+from gradscope.graph import EVENTS, PARAMS
+from gradscope.views.collapse import View, depth, truncate
 from gradscope.views.style import COLORS, esc
 from gradscope.views.style import attrs as _attrs
 from gradscope.views.style import dot_id as _q
@@ -194,7 +195,7 @@ class _Builder:
             self.edges.setdefault((a, b), None)
 
     def unused_and_cuts(self):
-        params = self.g.graph.get("params", {})
+        params = self.g.graph.get(PARAMS, {})
         unused = [name for name, p in params.items() if p.get("requires_grad") and p.get("node") is None]
         if not unused:
             return
@@ -216,7 +217,7 @@ class _Builder:
                      fillcolor=COLORS["finding_fill"], color=COLORS["finding"], style="rounded,filled,dashed")
             for name in names:
                 self.out.element_of[name] = eid
-        events = [e for e in self.g.graph.get("events", ()) if e.get("kind") != "inplace"]
+        events = [e for e in self.g.graph.get(EVENTS, ()) if e.get("kind") != "inplace"]
         for f in self.findings:
             if f.kind != "detached-branch":
                 continue

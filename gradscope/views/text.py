@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 
 from gradscope._format import human_bytes, shape_str
-from gradscope.graph import HELD
+from gradscope.graph import HELD, PARAMS, ROOT_SHAPES, ROOTS
 
 __all__ = ["summary", "top_nodes"]
 
@@ -31,9 +31,9 @@ def summary(report, top: int = 5) -> str:
         f"{kinds['input']} inputs), {human_bytes(report.saved_bytes)} held by {saved_count} saved tensors",
     ]
     roots = [f"{g.nodes[r]['name']} ({shape_str(s)})"
-             for r, s in zip(g.graph.get("roots", ()), g.graph.get("root_shapes", ()))]
+             for r, s in zip(g.graph.get(ROOTS, ()), g.graph.get(ROOT_SHAPES, ()))]
     lines.append("root: " + ", ".join(roots))
-    params = g.graph.get("params", {})
+    params = g.graph.get(PARAMS, {})
     if params:
         trainable = sum(1 for p in params.values() if p["requires_grad"])
         reached = sum(1 for p in params.values() if p["requires_grad"] and p.get("node") is not None)
