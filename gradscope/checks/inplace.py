@@ -77,14 +77,16 @@ def _what(name: str, slot: str) -> str:
 def _matching_event(events, data, slot):
     """The recorded in-place event that made ``slot`` stale, or None.
 
-    A candidate was recorded after the node was created (its ``seq`` is above the node's) and, when versions are known, left the
-    tensor at a version in ``(saved_version, version]``; among those the earliest write wins (it is the
-    one that broke the slot). Same shape first; a write through a view of another shape comes second.
+    A candidate was recorded after the node was created (its ``seq`` is above the node's) and, when versions
+    are known, left the tensor at a version in ``(saved_version, version]``; among those the earliest write
+    wins (it is the one that broke the slot). Same shape first; a write through a view of another shape
+    comes second.
     """
     seq = data.get("seq")
     saved_v, now_v = slot.get("saved_version"), slot.get("version")
     shape = list(slot.get("shape") or ())
-    same, other = [], []
+    same: list[dict] = []
+    other: list[dict] = []
     for ev in events:
         if seq is not None and ev.get("seq") is not None and ev["seq"] <= seq:
             continue    # event seq is the next number after the write: the node must be older

@@ -1,6 +1,7 @@
 """The visual language: turn a :class:`~gradscope.views.collapse.View` of a report into a ``graphviz.Digraph``.
 
-The legend lives in :mod:`gradscope.views.render`'s docstring and the README; colours are in :mod:`gradscope.views.style`.
+The legend lives in :mod:`gradscope.views.render`'s docstring and docs/reference.md; colours are in
+:mod:`gradscope.views.style`.
 Every drawn element gets a stable SVG ``id`` (the node id, ``fold:nK``, ``module:NAME``, ``unused:NAME``,
 ``cut:LOCATION``, ``nK~i`` for the i-th stub of a shared leaf) and ``gs-*`` classes for the HTML view.
 """
