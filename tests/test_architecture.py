@@ -95,6 +95,18 @@ def test_the_graph_sees_the_package():
     assert GRAPH.number_of_edges() > 60
 
 
+def test_the_scanner_reads_function_imports_and_skips_type_checking():
+    src = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from gradscope.report import Report\n"
+        "def f():\n    from gradscope.walk.build import build\n    from . import style\n"
+        "    from gradscope import _torch, inspect\n"
+    )
+    known = {"gradscope", "gradscope.report", "gradscope.walk.build", "gradscope.views.style", "gradscope._torch"}
+    got = {m for m, _ in _imports(ast.parse(src), "gradscope.views.text", False, known)} & known
+    assert got == {"gradscope.walk.build", "gradscope.views.style", "gradscope._torch", "gradscope"}
+
+
 def test_no_import_cycles():
     cycles = list(nx.simple_cycles(GRAPH))
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c + [c[0]]) for c in cycles[:10])
