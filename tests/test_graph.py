@@ -162,3 +162,22 @@ def test_the_schema_names_every_attribute_the_walk_and_trace_write():
     assert {k for _, _, d in g.edges(data=True) for k in d} == _keys(EdgeAttrs)
     assert {k for p in g.graph[PARAMS].values() for k in p} == _keys(ParamInfo)
     assert {k for ev in g.graph["events"] for k in ev} <= _keys(TraceEvent)
+
+
+def test_trace_events_are_typed_records_capped_and_counted(monkeypatch):
+    from gradscope.graph import EVENTS, EVENTS_DROPPED
+    from gradscope.tracing import recorder
+
+    monkeypatch.setattr(recorder, "MAX_EVENTS", 3)
+    lin = nn.Linear(3, 3)
+    with gradscope.trace(lin) as tr:
+        h = lin(torch.randn(2, 3))
+        for _ in range(5):
+            h = h + h.detach()          # five cuts; the trace keeps three
+        loss = h.sum()
+    assert all(isinstance(e, recorder.RecordedEvent) for e in tr._events)
+    g = gradscope.inspect(loss, model=lin, trace=tr).graph
+    assert [e["kind"] for e in g.graph[EVENTS]] == ["detach"] * 3
+    assert g.graph[EVENTS_DROPPED] == 2
+    assert all(e["location"].startswith("test_graph.py:") and e["params"] == ["bias", "weight"]
+               for e in g.graph[EVENTS])

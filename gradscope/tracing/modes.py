@@ -25,7 +25,7 @@ from gradscope._torch import ACCUMULATE_GRAD, FUNCTION_APPLY_CODE, TENSOR_DATA, 
 from gradscope._torch import version as tensor_version
 from gradscope.walk.release import keep_until_dead
 
-__all__ = ["CutMode", "user_location", "MAX_EVENTS", "WALK_LIMIT"]
+__all__ = ["CutMode", "user_location", "param_ids", "MAX_EVENTS", "WALK_LIMIT"]
 
 MAX_EVENTS = 10_000     # events kept per recording; later ones are only counted
 WALK_LIMIT = 1_000_000  # nodes visited per event to find its parameters
@@ -198,8 +198,7 @@ class CutMode(TorchFunctionMode):
         # cut; report it as the conversion to Python it was made for, at the detach's location.
         ref, index = self._detached
         if ref() is t:
-            ev = self.rec._events[index]
-            self.rec._events[index] = ("to-python", _op_name(func), *ev[2:])
+            self.rec.relabel_event(index, "to-python", _op_name(func))
             self._detached = None
 
     def _inplace(self, func, t) -> None:
@@ -211,17 +210,15 @@ class CutMode(TorchFunctionMode):
         self._record("inplace", _op_name(func), (), shape=shape, version=version)
 
     def _record(self, kind, op, inputs, shape=None, version=None) -> int | None:
-        rec = self.rec
         if kind != "inplace" and _inside_function():
             return None     # NOTE [cuts inside autograd.Function]
-        if len(rec._events) >= MAX_EVENTS:
-            rec._dropped += 1
+        rec = self.rec
+        if rec.full():
+            rec.drop_event()
             return None
         location = user_location(3)
-        params = _param_ids(inputs, rec._leaf_refs) if inputs else ()
-        call = rec._stack[-1] if rec._stack else -1
-        rec._events.append((kind, op, location, params, call, _peek_seq(), shape, version))
-        return len(rec._events) - 1
+        params = param_ids(inputs, rec.leaf_refs) if inputs else ()
+        return rec.record_event(kind, op, location, params, _peek_seq(), shape, version)
 
 
 # NOTE [cuts inside autograd.Function]
@@ -239,7 +236,7 @@ def _inside_function() -> bool:
     return False
 
 
-def _param_ids(inputs, refs: dict) -> tuple[int, ...]:
+def param_ids(inputs, refs: dict) -> tuple[int, ...]:
     """Ids of the leaf tensors (parameters) that feed ``inputs``; each is remembered as a weak reference."""
     found: dict[int, None] = {}
     stack: list = []

@@ -17,14 +17,14 @@ from __future__ import annotations
 import threading
 import weakref
 from bisect import bisect_right
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 
 from gradscope import _torch
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.graph import CALLED_MODULES, EVENTS, EVENTS_DROPPED
-from gradscope.tracing.modes import CutMode
+from gradscope.tracing.modes import MAX_EVENTS, CutMode
 
 __all__ = ["Trace", "trace"]
 
@@ -58,6 +58,19 @@ def trace(model=None) -> Trace:
     return Trace(model)
 
 
+class RecordedEvent(NamedTuple):
+    """One cut or in-place write as the mode records it: ids and numbers only, named in :meth:`Trace.annotate`."""
+
+    kind: str                      # "detach", ".data", "no_grad-region", "to-python", ..., "inplace"
+    op: str                        # the torch function, e.g. "detach", "add_"
+    location: str | None           # the user's "file.py:LINE"
+    params: tuple[int, ...]        # ids of the parameters that fed the cut input (see leaf_refs)
+    call: int                      # the innermost open module call (index into _calls), -1 outside
+    seq: int                       # the next sequence number when it was recorded
+    shape: list[int] | None        # in-place: the written tensor's shape
+    version: int | None            # in-place: its version after the write
+
+
 class Trace:
     """A recording of one forward pass (see :func:`trace`). Holds plain data only.
 
@@ -83,8 +96,8 @@ class Trace:
         self._seg_seq: list[int] = []               # segment starts (sequence numbers), ascending
         self._seg_call: list[int] = []              # innermost call of each segment, -1 outside
         self._refs: dict[int, weakref.ref] = {}     # id(module) -> weak reference
-        self._leaf_refs: dict[int, weakref.ref] = {}  # id(parameter) -> weak reference (for events)
-        self._events: list[tuple] = []              # see CutMode._record
+        self.leaf_refs: dict[int, weakref.ref] = {}   # id(parameter) -> weak reference, filled by the mode
+        self._events: list[RecordedEvent] = []      # see record_event
         self._dropped = 0
 
     # -- recording ------------------------------------------------------------------------------
@@ -166,6 +179,26 @@ class Trace:
                 return
 
     # -- reading --------------------------------------------------------------------------------
+    # -- what the mode records (CutMode) ------------------------------------------------------------
+    def full(self) -> bool:
+        """True once MAX_EVENTS events are kept: later ones are only counted (:meth:`drop_event`)."""
+        return len(self._events) >= MAX_EVENTS
+
+    def drop_event(self) -> None:
+        """Count an event that was not kept."""
+        self._dropped += 1
+
+    def record_event(self, kind: str, op: str, location: str | None, params: tuple[int, ...], seq: int,
+                     shape: list[int] | None = None, version: int | None = None) -> int:
+        """Keep one event, inside the innermost open module call; returns its index."""
+        call = self._stack[-1] if self._stack else -1
+        self._events.append(RecordedEvent(kind, op, location, params, call, seq, shape, version))
+        return len(self._events) - 1
+
+    def relabel_event(self, index: int, kind: str, op: str) -> None:
+        """Change what the event at ``index`` is reported as (a detach made for ``.numpy()``)."""
+        self._events[index] = self._events[index]._replace(kind=kind, op=op)
+
     @property
     def events(self) -> list[dict]:
         """The recorded events as dicts (see :meth:`annotate`), named with the model given to ``trace``."""
@@ -249,7 +282,7 @@ class Trace:
             for name, p in model.named_parameters():
                 tensors.setdefault(id(p), (name, p))
         out = {}
-        for key, ref in self._leaf_refs.items():
+        for key, ref in self.leaf_refs.items():
             entry = tensors.get(key)
             if entry is not None and ref() is entry[1]:
                 out[key] = entry[0]
