@@ -17,8 +17,11 @@ views all depend on it, never the other way round.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
+
+import networkx as nx
 
 from gradscope._format import lcp
 
@@ -132,7 +135,7 @@ class GraphAttrs(TypedDict, total=False):
 
 
 # -- held bytes ------------------------------------------------------------------------------------
-def held_bytes(graph, nodes=None) -> int:
+def held_bytes(graph: nx.DiGraph, nodes: Iterable[str] | None = None) -> int:
     """Bytes held by saved tensors in ``graph`` (or only in ``nodes``), each storage counted once.
 
     Wrapped Python scalars are left out, as are slots that hold nothing on the device (recomputed,
@@ -162,7 +165,7 @@ def held_bytes(graph, nodes=None) -> int:
 
 
 # -- forward order ---------------------------------------------------------------------------------
-def forward_order(graph) -> list[str]:
+def forward_order(graph: nx.DiGraph) -> list[str]:
     """Op node ids in forward creation order (``seq``).
 
     Ties keep node order; ops without a sequence number (a hand-built or old graph) come last, after
@@ -191,13 +194,13 @@ def forward_order(graph) -> list[str]:
 # This mimics the trace's sequence-range attribution (TORCH-FACTS section 5) without hooks;
 # tests/test_graph.py checks it against trace() on real models.
 
-def is_traced(graph) -> bool:
+def is_traced(graph: nx.DiGraph) -> bool:
     """True when module names on op nodes come from ``trace()``."""
     return CALLED_MODULES in graph.graph or any(
         d.get("module") for _, d in graph.nodes(data=True) if d.get("kind") == OP)
 
 
-def param_storages(graph) -> dict[int, set[str]]:
+def param_storages(graph: nx.DiGraph) -> dict[int, set[str]]:
     """Storage id -> modules of the named parameters living in it."""
     out: dict[int, set[str]] = {}
     for name, p in graph.graph.get(PARAMS, {}).items():
@@ -216,14 +219,14 @@ _VIEWS = frozenset({"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackwar
 _MATMULS = frozenset({"AddmmBackward0", "MmBackward0"})
 
 
-def _common(mods) -> str | None:
+def _common(mods: Iterable[str]) -> str | None:
     out = None
     for i, m in enumerate(sorted(mods)):
         out = m if i == 0 else lcp(out, m)
     return out
 
 
-def _anchors(graph, order: list[str]) -> dict[str, str]:
+def _anchors(graph: nx.DiGraph, order: list[str]) -> dict[str, str]:
     """Op node -> module, for the ops that use parameters (see NOTE [inferring modules])."""
     nodes = graph.nodes
     pred = graph.pred
@@ -261,7 +264,7 @@ def _anchors(graph, order: list[str]) -> dict[str, str]:
     return out
 
 
-def node_modules(graph, order: list[str] | None = None) -> dict[str, str | None]:
+def node_modules(graph: nx.DiGraph, order: list[str] | None = None) -> dict[str, str | None]:
     """The module owning every node (``None``: no module); see NOTE [inferring modules].
 
     Args:
@@ -316,7 +319,7 @@ class StorageUse:
     users: list[str] = field(default_factory=list)   # node ids that saved it, forward order
 
 
-def storage_uses(graph, order: list[str] | None = None) -> list[StorageUse]:
+def storage_uses(graph: nx.DiGraph, order: list[str] | None = None) -> list[StorageUse]:
     """Every saved storage once, in the order its owner was created.
 
     Args:
