@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 
 from gradscope._format import lcp
 from gradscope.findings import SEVERITIES
-from gradscope.report import held_bytes
 
-__all__ = ["Group", "View", "infer_modules", "find_folds", "build_view", "lcp", "depth"]
+__all__ = ["Group", "View", "infer_modules", "find_folds", "build_view", "finding_nodes", "lcp", "depth"]
 
 # NOTE [inferring modules]
 # A traced graph carries `module` on op nodes; we use it as is. Otherwise a parameter node's module comes
@@ -63,6 +62,7 @@ class View:
     groups: dict                   # group id -> Group, in a deterministic order
     depth: int | None              # module depth kept as clusters (None: everything expanded)
     note: str | None = None
+    keep_open: set = field(default_factory=set)   # modules kept open down to a finding's node
 
 
 def depth(module: str | None) -> int:
@@ -166,9 +166,9 @@ def _worst(findings):
     return best
 
 
-def _finish(graph, group: Group, by_node: dict) -> Group:
+def _finish(graph, group: Group, by_node: dict, own: dict) -> Group:
     group.n_ops = sum(1 for n in group.members if graph.nodes[n]["kind"] == "op")
-    group.saved_bytes = held_bytes(graph, group.members)
+    group.saved_bytes = sum(own.get(n, 0) for n in group.members)
     group.worst = _worst(f for n in group.members for f in by_node.get(n, ()))
     return group
 
@@ -186,39 +186,73 @@ def _absorb_leaves(graph, owner: dict, groups: dict) -> None:
                 groups[gid].members.append(n)
 
 
-def build_view(graph, findings=(), *, collapse=None, fold=None, limit: int = 1000) -> View:
+def finding_nodes(graph, finding) -> list:
+    """The graph nodes a finding is drawn on: its node, and for an in-place hazard every other saver."""
+    if finding.node is None or finding.node not in graph:
+        return []
+    if finding.kind == "inplace-hazard":
+        from gradscope.checks.inplace import stale_savers
+
+        return stale_savers(graph, finding.node)
+    return [finding.node]
+
+
+def _runs(toks, order, protected, min_reps, min_ops):
+    """Fold runs ``(start, period, reps)``; a run holding a finding is split around that repetition."""
+    for start, period, reps in find_folds(toks, min_reps, min_ops):
+        hit = sorted({(i - start) // period for i in range(start, start + period * reps)
+                      if order[i] in protected})
+        lo = 0
+        for k in hit + [reps]:
+            if k - lo >= 2:
+                yield start + lo * period, period, k - lo
+            lo = k + 1
+
+
+def build_view(graph, findings=(), *, collapse=None, fold=True, min_reps: int = MIN_REPS,
+               min_ops: int = MIN_OPS, module_of: dict | None = None, cache: dict | None = None,
+               limit=None) -> View:
     """Plan the drawing.
 
     Args:
         graph: ``report.graph``.
-        findings: the report's findings (a box shows its worst one).
-        collapse: ``None`` collapses automatically above ``limit`` drawn nodes; an int ``N`` draws module
-            clusters down to depth ``N`` and folds every deeper module into one box; ``False`` expands all.
-        fold: fold unrolled repetition into "xN" boxes; ``None`` means: when collapsing automatically.
-        limit: the automatic threshold, in drawn nodes.
+        findings: the report's findings (a box shows its worst one; a finding's node is never boxed).
+        collapse: an int ``N`` draws module clusters down to depth ``N`` and every deeper module as one
+            box; ``None`` or ``False``: no module is boxed.
+        fold: fold unrolled repetition (at least ``min_reps`` repetitions over ``min_ops`` ops) into
+            "xN" boxes.
+        module_of: node -> module, when the caller has it (default :func:`infer_modules`).
+        cache: a dict kept between calls on the same graph and findings (fold runs are found once).
+        limit: ignored (the automatic choice moved to :mod:`gradscope.views.fit`); kept for callers.
     """
     order = _ops_in_order(graph)
-    module_of = infer_modules(graph, order)
+    module_of = infer_modules(graph, order) if module_of is None else module_of
     by_node: dict = {}
+    protected: set = set()
     for f in findings:
-        if f.node is not None:
-            by_node.setdefault(f.node, []).append(f)
+        for n in finding_nodes(graph, f):
+            by_node.setdefault(n, []).append(f)
+            protected.add(n)
+    keep_open = {truncate(module_of.get(n), k) for n in protected
+                 for k in range(1, depth(module_of.get(n)) + 1)}
     roots = {n for n, d in graph.nodes(data=True) if d.get("root")}
-    big = graph.number_of_nodes() > limit
-    if fold is None:
-        fold = collapse is None and big
     owner: dict = {}
     groups: dict = {}
     if fold:
-        toks = _tokens(graph, order, module_of)
-        for start, period, reps in find_folds(toks):
+        key = ("runs", min_reps, min_ops)
+        if cache is None or key not in cache:
+            runs = list(_runs(_tokens(graph, order, module_of), order, protected, min_reps, min_ops))
+            if cache is not None:
+                cache[key] = runs
+        else:
+            runs = cache[key]
+        for start, period, reps in runs:
             members = [n for n in order[start:start + period * reps] if n not in roots]
-            first = order[start]
             mod = module_of.get(members[0])
             for n in members[1:]:
                 mod = lcp(mod, module_of.get(n))
             names = tuple(graph.nodes[n]["name"] for n in order[start:start + period])
-            g = Group(f"fold:{first}", "fold", f"x{reps}", mod, members, reps=reps, pattern=names)
+            g = Group(f"fold:{order[start]}", "fold", f"x{reps}", mod, members, reps=reps, pattern=names)
             ends = [truncate(module_of.get(n), depth(mod) + 1) for n in (members[0], members[-1])]
             if all(ends) and ends[0] != ends[1]:
                 g.span = tuple(ends)
@@ -226,52 +260,37 @@ def build_view(graph, findings=(), *, collapse=None, fold=None, limit: int = 100
             for n in members:
                 owner[n] = g.gid
     _absorb_leaves(graph, owner, groups)
-    note = None
-    depth_kept = None
-    if collapse is None and big:
-        depth_kept = _auto_depth(graph, order, module_of, owner, roots, limit)
-    elif collapse is not None and collapse is not False:
-        depth_kept = int(collapse)
+    depth_kept = None if collapse is None or collapse is False else int(collapse)
     if depth_kept is not None:
         for n in order:
             m = module_of.get(n)
-            if n in owner or n in roots or depth(m) <= depth_kept:
+            if n in owner or n in roots or n in protected or depth(m) <= depth_kept:
                 continue
-            box = truncate(m, depth_kept + 1)
+            k = depth_kept + 1                      # the module holding a finding stays open
+            while k <= depth(m) and truncate(m, k) in keep_open:
+                k += 1
+            if k > depth(m):
+                continue
+            box = truncate(m, k)
             gid = f"module:{box}"
             if gid not in groups:
                 groups[gid] = Group(gid, "module", box, box)
             groups[gid].members.append(n)
             owner[n] = gid
     _absorb_leaves(graph, owner, groups)
+    from gradscope.memory.attribution import node_bytes
+
+    own = node_bytes(graph)
     for g in groups.values():
-        _finish(graph, g, by_node)
+        _finish(graph, g, by_node, own)
         if g.kind == "fold" and depth_kept is not None:
-            g.module = truncate(g.module, depth_kept)
-    if collapse is None and (groups or depth_kept is not None) and big:
-        drawn = graph.number_of_nodes() - len(owner) + len(groups)
-        what = []
-        if any(g.kind == "fold" for g in groups.values()):
-            what.append("repetition folded into xN boxes")
-        if depth_kept is not None and any(g.kind == "module" for g in groups.values()):
-            what.append(f"modules deeper than depth {depth_kept} collapsed")
-        note = (f"Auto-collapsed: {graph.number_of_nodes()} nodes drawn as about {drawn} "
-                f"({'; '.join(what) or 'nothing to fold'}). Expand with render(path, collapse=False) "
-                f"or collapse=N for module depth N (CLI: --collapse N).")
-    return View(module_of, owner, groups, depth_kept, note)
+            g.module = _open_ancestor(g.module, depth_kept, keep_open)
+    return View(module_of, owner, groups, depth_kept, keep_open=keep_open)
 
 
-def _auto_depth(graph, order, module_of, owner, roots, limit) -> int | None:
-    """The deepest module depth whose collapsed drawing stays under ``limit`` nodes (None: no need)."""
-    loose = [n for n in order if n not in owner and n not in roots]
-    base = graph.number_of_nodes() - len(loose) - len(owner)     # loose leaves and roots
-    folds = len(set(owner.values()))
-    deepest = max((depth(module_of.get(n)) for n in loose), default=0)
-    if base + folds + len(loose) <= limit:
-        return None
-    for d in range(deepest - 1, -1, -1):
-        boxes = {truncate(module_of.get(n), d + 1) for n in loose if depth(module_of.get(n)) > d}
-        plain = sum(1 for n in loose if depth(module_of.get(n)) <= d)
-        if folds + len(boxes) + plain + min(base, len(boxes) * 2 + plain) <= limit:
-            return d
-    return 0
+def _open_ancestor(module, depth_kept, keep_open):
+    """The deepest ancestor of ``module`` drawn as a cluster."""
+    k = depth_kept
+    while k < depth(module) and truncate(module, k + 1) in keep_open:
+        k += 1
+    return truncate(module, k)

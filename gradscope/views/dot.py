@@ -7,12 +7,14 @@ Every drawn element gets a stable SVG ``id`` (the node id, ``fold:nK``, ``module
 
 from __future__ import annotations
 
+import math
+import textwrap
 from dataclasses import dataclass, field
 
 import graphviz
 
-from gradscope.views.collapse import View, depth, truncate
-from gradscope.checks.inplace import stale_savers
+from gradscope.views.collapse import View, depth, finding_nodes, truncate
+from gradscope.memory.attribution import node_bytes
 from gradscope._format import human_bytes, shape_str
 from gradscope.views.style import COLORS, esc
 from gradscope.views.style import attrs as _attrs
@@ -26,6 +28,7 @@ from gradscope.views.style import short as _short
 __all__ = ["Drawing", "draw", "COLORS"]
 
 _MAX_UNUSED_NODES = 12
+_MAX_UNUSED_BOXES = 24
 
 
 @dataclass(slots=True)
@@ -36,20 +39,25 @@ class Drawing:
     elements: dict = field(default_factory=dict)     # element id -> details shown on hover/click
     targets: list = field(default_factory=list)      # finding index -> element ids to highlight
     element_of: dict = field(default_factory=dict)   # graph node id -> element id
+    view: View | None = None                         # the plan drawn (groups, module of each node)
+    svg: str | None = None                           # dot's SVG output, once laid out
+    size: tuple | None = None                        # (width, height) of the laid-out drawing, in pt
 
 
-def _finding_nodes(graph, finding) -> list:
-    """The graph nodes a finding is drawn on: its node, and for an in-place hazard every other saver."""
-    if finding.node is None or finding.node not in graph:
-        return []
-    if finding.kind == "inplace-hazard":
-        return stale_savers(graph, finding.node)
-    return [finding.node]
+_finding_nodes = finding_nodes
+#: Font size (pt) of the elements a finding is drawn on, and of everything else.
+FINDING_FONT, FONT = 14, 10
 
 
 class _Builder:
-    def __init__(self, report, view: View, show_saved: bool, clusters, legend: bool, limit: int):
+    def __init__(self, report, view: View, show_saved: bool, clusters, legend: bool, limit: int,
+                 rankdir: str = "TB", context=()):
         self.limit = limit
+        self.rankdir = rankdir
+        # nodes outside a drilled-down box, drawn as small stubs (render.drawing(report, box=...))
+        self.context = set(context) | set(report.graph.graph.get("context", ()))
+        self.own = node_bytes(report.graph)            # activations each node holds, each storage once
+        self.by_ref = {n: b - self.own.get(n, 0) for n, b in node_bytes(report.graph, params=True).items()}
         self.g = report.graph
         self.findings = list(report.findings)
         self.saved_bytes = report.saved_bytes
@@ -61,7 +69,7 @@ class _Builder:
         self.items: dict = {}          # element id -> (cluster, attrs)
         self.edges: dict = {}          # (a, b) -> attrs
         self.names: dict = {}          # element id -> DOT node name
-        self.out = Drawing(graphviz.Digraph("gradscope"))
+        self.out = Drawing(graphviz.Digraph("gradscope"), view=view)
         self.flagged: dict = {}        # node id -> [Finding]
         for f in self.findings:
             for n in _finding_nodes(self.g, f):
@@ -70,7 +78,14 @@ class _Builder:
     # -- placement -------------------------------------------------------------------------------
     def cluster_of_node(self, n) -> str | None:
         m = self.view.module_of.get(n)
-        return truncate(m, self.view.depth) if self.view.depth is not None else m
+        if n in self.context:
+            return None
+        if self.view.depth is None:
+            return m
+        k = self.view.depth
+        while k < depth(m) and truncate(m, k + 1) in self.view.keep_open:
+            k += 1
+        return truncate(m, k)
 
     def cluster_of(self, eid) -> str | None:
         return self.items[eid][0]
@@ -86,7 +101,7 @@ class _Builder:
     # -- elements --------------------------------------------------------------------------------
     def build(self) -> Drawing:
         g, view = self.g, self.view
-        top = max([d["saved_bytes"] for _, d in g.nodes(data=True)] +
+        top = max(list(self.own.values()) +
                   [grp.saved_bytes for grp in view.groups.values()] + [0])
         self.compact = g.number_of_nodes() - len(view.owner) + len(view.groups) > self.limit
         if self.show_saved is None:
@@ -119,7 +134,7 @@ class _Builder:
         attrs = self.items[eid][1]
         if "gs-finding" not in attrs["class"]:
             attrs["class"] += " gs-finding"
-            attrs.update(color=COLORS["finding"], penwidth="3")
+            attrs.update(color=COLORS["finding"], penwidth="3", fontsize=str(FINDING_FONT))
 
     def op(self, n, d, top):
         lines = [d["name"]]
@@ -128,16 +143,25 @@ class _Builder:
             lines.append("root -> " + ", ".join(shape_str(s) for s in d.get("root_shapes") or outs[:1]))
         elif outs and not self.compact:
             lines.append("-> " + shape_str(outs[0]))
+        own = self.own.get(n, 0)
         if self.show_saved and d["saved"]:
             lines += _saved_lines(d["saved"])
+        if own and not self.compact:
+            lines.append(f"holds {human_bytes(own)}")
         for f in self.flagged.get(n, ()):
             lines.append(f"!! {f.kind}")
         classes = ["gs-op"] + (["gs-root"] if d.get("root") else [])
-        attrs = {"fillcolor": _shade(d["saved_bytes"], top)}
+        attrs = {"fillcolor": _shade(own, top)}
         if d.get("root"):
             attrs.update(peripheries="2", penwidth="2")
-        info = {"kind": "op", "name": d["name"], "node": n, "module": self.view.module_of.get(n),
-                "bytes": human_bytes(d["saved_bytes"]), "saved": _saved_lines(d["saved"]) if d["saved"] else []}
+        if n in self.context:
+            lines = [f"{'from' if self.g.out_degree(n) else 'to'} {n} {d['name']}"]
+            classes.append("gs-context")
+            attrs.update(style="rounded,dashed", fontsize="8", fillcolor="#ffffff")
+        params = [self.g.nodes[p]["name"] for p in self.g.predecessors(n) if self.g.nodes[p]["kind"] == "param"]
+        info = {"kind": "op", "name": d["name"], "op": d["name"], "node": n, "module": self.view.module_of.get(n),
+                "params": params, "bytes": human_bytes(own), "held": own, "by_reference": self.by_ref.get(n, 0),
+                "saved": _saved_lines(d["saved"]) if d["saved"] else []}
         self.add(n, self.cluster_of_node(n), _label(lines), classes, info, **attrs)
         self.out.element_of[n] = n
 
@@ -153,8 +177,11 @@ class _Builder:
         lines.append(f"{grp.n_ops} ops, {human_bytes(grp.saved_bytes)} saved")
         if grp.worst is not None:
             lines.append(f"!! {grp.worst.kind}")
-        info = {"kind": grp.kind, "name": grp.title, "module": grp.module, "ops": grp.n_ops,
-                "bytes": human_bytes(grp.saved_bytes), "members": len(grp.members),
+        info = {"kind": grp.kind, "name": grp.title, "group": gid, "module": grp.module, "ops": grp.n_ops,
+                "bytes": human_bytes(grp.saved_bytes), "held": grp.saved_bytes, "members": len(grp.members),
+                "reps": grp.reps, "expandable": True,
+                "params": sorted({self.g.nodes[m]["name"] for m in grp.members if self.g.nodes[m]["kind"] == "param"}),
+                "op_names": sorted({self.g.nodes[m]["name"] for m in grp.members if self.g.nodes[m]["kind"] == "op"}),
                 "pattern": list(grp.pattern[:12]), "worst": grp.worst.message if grp.worst else None}
         shade = _shade(grp.saved_bytes, top)
         fill = COLORS["group"] if shade == COLORS["shades"][0] else shade
@@ -166,6 +193,7 @@ class _Builder:
         users = list(dict.fromkeys(self.out.element_of[c] for c in self.g.successors(n)))
         base = {"fillcolor": COLORS[kind], "color": COLORS[kind + "_line"]}
         info = {"kind": kind, "name": d["name"], "node": n, "module": d.get("module"),
+                "params": [d["name"]] if kind == "param" else [],
                 "shape": shape_str(d.get("shape")), "dtype": d.get("dtype"), "bytes": "0 B", "saved": []}
         if len(users) <= 1:
             cluster = self.cluster_of(users[0]) if users else None
@@ -200,8 +228,15 @@ class _Builder:
             return
         per_param = len(unused) <= _MAX_UNUSED_NODES
         groups: dict = {}
-        for name in unused:
-            groups.setdefault(name if per_param else (name.rpartition(".")[0] or name), []).append(name)
+        level = max(depth(n) for n in unused) - 1
+        while True:                            # by module, at the deepest level giving few enough boxes
+            groups = {}
+            for name in unused:
+                groups.setdefault(name if per_param else (truncate(name, max(level, 1)) if depth(name) > 1
+                                                          else name), []).append(name)
+            if per_param or len(groups) <= _MAX_UNUSED_BOXES or level <= 1:
+                break
+            level -= 1
         for key, names in groups.items():
             eid = f"unused:{key}"
             if per_param:
@@ -241,7 +276,7 @@ class _Builder:
     # -- output ----------------------------------------------------------------------------------
     def emit(self):
         dot = self.out.dot
-        dot.attr("graph", rankdir="TB", newrank="true", nodesep="0.2", ranksep="0.3", fontname="Helvetica",
+        dot.attr("graph", rankdir=self.rankdir, newrank="true", nodesep="0.2", ranksep="0.3", fontname="Helvetica",
                  fontsize="10", id="gradscope-graph")
         dot.attr("node", shape="box", style="rounded,filled", fontname="Helvetica", fontsize="10",
                  color=COLORS["op_line"], height="0.3", margin="0.08,0.03")
@@ -276,6 +311,10 @@ class _Builder:
                 label="no gradient: unreachable from the root", style="dashed,rounded", color=COLORS["finding"],
                 fontcolor=COLORS["finding"], id="cluster_unused"), sep="\n\t\t", bracket=False) + "\n")
             nodes(tree["\0unused"], "\t\t")
+            cells = tree["\0unused"]              # a compact grid: invisible edges stack the rows
+            cols = max(1, math.ceil(math.sqrt(len(cells) * 1.5)))
+            body.extend(f"\t\t{_q(self.names[cells[i]])} -> {_q(self.names[cells[i + cols]])} [style=invis]\n"
+                        for i in range(len(cells) - cols))
             body.append("\t}\n")
         modules = sorted({m for m in tree if m and m != "\0unused"} |
                          {".".join(m.split(".")[:k]) for m in tree if m and m != "\0unused"
@@ -310,7 +349,7 @@ class _Builder:
         if self.compact:
             lines.append(f"Large drawing: labels shortened and module clusters left out to keep the layout fast "
                          f"(more than {self.limit} elements); see the .html view for saved tensors.")
-        return lines
+        return [part for line in lines for part in textwrap.wrap(line, 110)]
 
 
 def _count(n: int, word: str) -> str:
@@ -318,10 +357,10 @@ def _count(n: int, word: str) -> str:
 
 
 def draw(report, view: View, *, show_saved: bool = True, clusters=None, legend: bool = False,
-         limit: int = 1000) -> Drawing:
+         limit: int = 1000, rankdir: str = "TB", context=()) -> Drawing:
     """Build the :class:`Drawing` of ``report`` following ``view``.
 
     ``clusters=None`` draws module clusters when at most ``limit`` elements are drawn: beyond that, dot
     spends most of its time on clusters (an expanded 200-step LSTM: 23 s with them, 4 s without).
     """
-    return _Builder(report, view, show_saved, clusters, legend, limit).build()
+    return _Builder(report, view, show_saved, clusters, legend, limit, rankdir, context).build()

@@ -33,6 +33,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import warnings
+from types import SimpleNamespace
 
 import graphviz
 import networkx as nx
@@ -40,8 +43,18 @@ import networkx as nx
 from gradscope.views.collapse import build_view
 from gradscope.views.dot import draw
 from gradscope.errors import InputTypeError, InputValueError, RenderError
+from gradscope.report import held_bytes
 
-__all__ = ["render", "to_dot", "FORMATS", "AUTO_LIMIT"]
+__all__ = ["render", "to_dot", "drawing", "FORMATS", "RANKDIRS", "AUTO_LIMIT", "MAX_PIXELS", "RenderWarning"]
+
+#: Layout directions: top to bottom, left to right.
+RANKDIRS = ("TB", "LR")
+#: Raster images (.png) larger than this many pixels on a side are scaled down, with a warning.
+MAX_PIXELS = 8000
+
+
+class RenderWarning(UserWarning):
+    """A picture was changed to stay usable (a raster image scaled down to ``max_pixels``)."""
 
 #: Suffixes :func:`render` understands.
 FORMATS = ("svg", "png", "pdf", "html", "dot", "json", "graphml")
@@ -52,38 +65,212 @@ _DOT_INSTALL = ("the Graphviz 'dot' program is not installed or not on PATH; ins
                 "'conda install graphviz', or write a .dot/.json/.graphml file, which needs no Graphviz.")
 
 
-def _drawing(report, *, collapse=None, show_saved=None, fold=None, clusters=None, legend=False,
-             limit=AUTO_LIMIT):
+def _check(collapse, rankdir, size, dpi, max_pixels):
     if collapse is not None and collapse is not False and (
             isinstance(collapse, bool) or not isinstance(collapse, int) or collapse < 0):
         raise InputValueError(f"collapse must be None (automatic), False (expand all) or a module depth "
                               f">= 0, got {collapse!r}.")
-    view = build_view(report.graph, report.findings, collapse=collapse, fold=fold, limit=limit)
-    return draw(report, view, show_saved=show_saved, clusters=clusters, legend=legend, limit=limit)
+    if rankdir is not None and (not isinstance(rankdir, str) or rankdir.upper() not in RANKDIRS):
+        raise InputValueError(f"rankdir must be one of {', '.join(RANKDIRS)} (TB: top to bottom, LR: left to "
+                              f"right), got {rankdir!r}.")
+    if size is not None:
+        _size_attr(size)
+    for name, v in (("dpi", dpi), ("max_pixels", max_pixels)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
+            raise InputValueError(f"{name} must be a positive number or None, got {v!r}.")
+
+
+def _size_attr(size) -> str:
+    """Graphviz's ``size`` (inches, "W,H"): from ``(w, h)``, ``"W,H"`` or one number (a square)."""
+    try:
+        if isinstance(size, str):
+            parts = [float(x) for x in size.rstrip("!").split(",")]
+        elif isinstance(size, (int, float)) and not isinstance(size, bool):
+            parts = [float(size)] * 2
+        else:
+            parts = [float(x) for x in size]
+        if len(parts) != 2 or min(parts) <= 0:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise InputValueError(f"size must be (width, height) in inches, 'W,H' or one number, got {size!r}; "
+                              f"for example size=(8, 10).") from None
+    return f"{parts[0]:g},{parts[1]:g}"
+
+
+def _drawing(report, *, collapse=None, show_saved=None, fold=None, clusters=None, legend=False,
+             limit=AUTO_LIMIT, rankdir=None, size=None, dpi=None, box=None, within=None, layout=True):
+    """The :class:`~gradscope.views.dot.Drawing` to show (laid out when ``layout`` and dot is installed)."""
+    from gradscope.views.fit import choose
+
+    _check(collapse, rankdir, size, dpi, None)
+    rankdir = rankdir.upper() if rankdir else None
+    module_of = None
+    if box is not None:
+        if within is None:
+            within = _drawing(report, limit=limit, legend=False, layout=layout)
+        report, module_of, collapse, fold = _box_part(report, box, within, collapse, fold)
+    kw = dict(show_saved=show_saved, clusters=clusters, legend=legend)
+    if not layout or shutil.which("dot") is None:
+        return _unmeasured(report, collapse, fold, limit, rankdir or "TB", module_of, size, dpi, kw)
+    out = choose(report, pipe=pipe, fold=fold, collapse=collapse, rankdir=rankdir, limit=limit,
+                 module_of=module_of, **kw)
+    if size is not None or dpi is not None:
+        _scale(out, size, dpi)
+        out.svg = pipe(out.dot, "svg").decode("utf-8")
+        from gradscope.views.fit import svg_size
+
+        out.size = svg_size(out.svg)
+    return out
+
+
+def _scale(drawing, size, dpi):
+    if size is not None:
+        drawing.dot.attr("graph", size=_size_attr(size))
+    if dpi is not None:
+        drawing.dot.attr("graph", dpi=f"{dpi:g}")
+
+
+def _unmeasured(report, collapse, fold, limit, rankdir, module_of, size, dpi, kw):
+    """Without dot to measure layouts: the first candidate of at most PAGE_ELEMENTS boxes."""
+    from gradscope.views.collapse import infer_modules
+    from gradscope.views.fit import PAGE_ELEMENTS, candidates
+
+    graph = report.graph
+    module_of = infer_modules(graph) if module_of is None else module_of
+    view = None
+    for view in candidates(graph, report.findings, fold=fold, collapse=collapse, limit=limit,
+                           module_of=module_of, cache={}):
+        if collapse is not None or graph.number_of_nodes() - len(view.owner) + len(view.groups) <= PAGE_ELEMENTS:
+            break
+    out = draw(report, view, rankdir=rankdir, limit=limit, **kw)
+    _scale(out, size, dpi)
+    return out
+
+
+def _box_part(report, box, within, collapse, fold):
+    """The part of ``report`` inside the box ``box`` ("fold:nK", "module:NAME"), with context stubs."""
+    from gradscope.views.collapse import infer_modules
+
+    graph = report.graph
+    view = within.view
+    grp = view.groups.get(box) if view is not None else None
+    if grp is None and box.startswith("module:"):
+        name = box[len("module:"):]
+        mods = infer_modules(graph)
+        members = [n for n, m in mods.items() if m == name or (m or "").startswith(name + ".")]
+        members += [n for n in graph if graph.nodes[n]["kind"] != "op"
+                    and any(s in set(members) for s in graph.successors(n))]
+        kind, reps = "module", 1
+    elif grp is None:
+        raise InputValueError(f"no box {box!r} in the drawing; its boxes are "
+                              f"{', '.join(view.groups) if view and view.groups else '(none)'}.")
+    else:
+        members, kind, reps = list(grp.members), grp.kind, grp.reps
+    mods = view.module_of if view is not None else infer_modules(graph)
+    if kind == "fold":                       # one repetition: the others run the same ops
+        ops = [n for n in members if graph.nodes[n]["kind"] == "op"]
+        ops.sort(key=lambda n: (graph.nodes[n].get("seq") or 0, n))
+        first = set(ops[:max(1, len(ops) // max(reps, 1))])
+        members = [n for n in members if n in first or (graph.nodes[n]["kind"] != "op"
+                                                         and any(s in first for s in graph.successors(n)))]
+        fold = False if fold is None else fold
+    inside = set(members)
+    context = {v for n in inside if graph.nodes[n]["kind"] == "op"
+               for v in list(graph.predecessors(n)) + list(graph.successors(n))
+               if v not in inside and graph.nodes[v]["kind"] == "op"}
+    sub = graph.subgraph(inside | context).copy()
+    sub.graph = {k: v for k, v in graph.graph.items() if k == "called_modules"}
+    sub.graph["context"] = sorted(context)
+    for n in context:
+        sub.nodes[n]["root"] = False
+    module_of = {n: (None if n in context else mods.get(n)) for n in sub}
+    findings = [f for f in report.findings if f.node in inside]
+    part = SimpleNamespace(graph=sub, findings=findings, saved_bytes=held_bytes(graph, members))
+    return part, module_of, collapse, fold
+
+
+def drawing(report, *, box: str | None = None, within=None, collapse=None, fold=None, show_saved=None,
+            clusters=None, legend: bool = False, limit: int = AUTO_LIMIT, rankdir: str | None = None,
+            size=None, dpi=None):
+    """The laid-out drawing of ``report`` (the default one), or of one box of a drawing opened.
+
+    This is the stable entry point of views that navigate a picture (the HTML page, the notebook).
+
+    Args:
+        report: a :class:`~gradscope.Report`.
+        box: ``None`` for the whole graph; else the id of a box (a folded block ``"fold:nK"`` or a
+            collapsed module ``"module:NAME"``) drawn in ``within``: the result draws what is inside it,
+            chosen to fit a page again (a fold shows its first repetition: every repetition runs the
+            same ops). ``"module:NAME"`` also works for any module that is not boxed. The ops just
+            outside the box are drawn as small dashed stubs (class ``gs-context``) so the edges in
+            and out stay visible.
+        within: the :class:`~gradscope.views.dot.Drawing` that holds ``box`` (default: the default
+            drawing of ``report``; pass it when you have it, it saves a layout; for a box inside an
+            opened box, pass the opened box's drawing).
+        collapse, fold, show_saved, clusters, legend, limit, rankdir, size, dpi: see :func:`to_dot`.
+
+    Returns:
+        :class:`~gradscope.views.dot.Drawing` with
+        ``svg`` (dot's SVG document, ``None`` when Graphviz is not installed), ``size`` ((width, height)
+        in pt), ``dot`` (the ``graphviz.Digraph``), ``view`` (the plan: ``view.groups`` maps every box id
+        to its :class:`~gradscope.views.collapse.Group`), ``element_of`` (graph node id -> the id of the
+        element it is drawn in or as), ``targets`` (per finding, in ``report.findings`` order, the element
+        ids to highlight) and ``elements``: element id -> metadata, the same ids as the SVG's ``<g id>``.
+        Every element has ``kind`` ("op", "param", "input", "fold", "module", "unused", "cut"), ``name``,
+        ``module``, ``params`` (parameter names), ``bytes`` (human-readable activations held); ops also
+        ``node``, ``op``, ``held`` / ``by_reference`` (bytes), ``saved`` (slot lines); boxes also ``group``
+        (their id), ``expandable`` (True), ``ops``, ``members``, ``reps``, ``pattern``, ``op_names``,
+        ``worst`` (message of the worst finding inside). SVG classes: ``gs-op gs-param gs-input gs-root
+        gs-group gs-fold gs-module gs-unused gs-cut gs-stub gs-context gs-finding``.
+
+    Raises:
+        InputValueError: ``box`` is not a box of ``within``; a bad option value.
+        RenderError: Graphviz ``dot`` failed.
+
+    Example:
+        >>> import torch, gradscope
+        >>> from gradscope.views.render import drawing
+        >>> lin = torch.nn.Linear(3, 1)
+        >>> report = gradscope.inspect(lin(torch.randn(2, 3)).sum(), model=lin)
+        >>> d = drawing(report)
+        >>> d.elements[d.element_of["weight"]]["params"]
+        ['weight']
+    """
+    return _drawing(report, box=box, within=within, collapse=collapse, fold=fold, show_saved=show_saved,
+                    clusters=clusters, legend=legend, limit=limit, rankdir=rankdir, size=size, dpi=dpi)
 
 
 def to_dot(report, *, collapse=None, show_saved=None, fold=None, clusters=None,
-           legend: bool = False, limit: int = AUTO_LIMIT) -> graphviz.Digraph:
+           legend: bool = False, limit: int = AUTO_LIMIT, rankdir: str | None = None, size=None,
+           dpi=None) -> graphviz.Digraph:
     """The report's graph as a ``graphviz.Digraph`` (deterministic: same model, same source).
 
     Args:
         report: a :class:`~gradscope.Report`.
-        collapse: ``None`` (default) collapses automatically above ``limit`` nodes; ``N`` keeps module
-            clusters down to depth ``N`` and draws each deeper module as one box; ``False`` expands all.
+        collapse: ``None`` (default): the drawing that fits a page (see :mod:`gradscope.views.fit`:
+            repeated blocks folded, modules boxed to the depth that fits, the module of every finding
+            open down to the finding's node); ``N`` keeps module clusters down to depth ``N`` and draws
+            each deeper module as one box; ``False`` expands everything.
         show_saved: list saved tensors (shape, dtype, bytes) on op labels; ``None`` (default): unless
             more than ``limit`` elements are drawn (long labels make dot several times slower).
-        fold: fold unrolled repetition into ``xN`` boxes (default: when collapsing automatically).
-        clusters: draw module clusters; ``None`` (default): when at most ``limit`` elements are drawn
-            (clusters make dot several times slower on big expanded graphs).
+        fold: fold unrolled repetition into ``xN`` boxes; ``None`` (default): when that is needed to fit
+            the page; ``True`` always, ``False`` never.
+        clusters: draw module clusters; ``None`` (default): when at most ``limit`` elements are drawn.
         legend: add a legend box to the picture.
-        limit: node count above which the default view collapses.
+        limit: the most elements the automatic choice draws; above it labels are shortened and clusters
+            left out (dot's layout time grows fast with long labels and clusters).
+        rankdir: ``"TB"`` (top to bottom) or ``"LR"`` (left to right); ``None``: TB, or LR when that
+            fits the page and TB does not.
+        size: the largest size of the picture, ``(width, height)`` in inches (or ``"W,H"``); a bigger
+            drawing is scaled down to it (Graphviz ``size``).
+        dpi: dots per inch of raster output (.png; Graphviz ``dpi``; default 96).
 
     Returns:
         ``graphviz.Digraph``; every element has an ``id`` (node id, ``fold:nK``, ``module:NAME``,
         ``unused:NAME``, ``cut:LOCATION``) that ends up in the SVG.
 
     Raises:
-        InputValueError: ``collapse`` is not None, False or a non-negative int.
+        InputValueError: ``collapse`` is not None, False or a non-negative int; a bad rankdir/size/dpi.
 
     Example:
         >>> import torch, gradscope
@@ -93,7 +280,7 @@ def to_dot(report, *, collapse=None, show_saved=None, fold=None, clusters=None,
         True
     """
     return _drawing(report, collapse=collapse, show_saved=show_saved, fold=fold, clusters=clusters,
-                    legend=legend, limit=limit).dot
+                    legend=legend, limit=limit, rankdir=rankdir, size=size, dpi=dpi).dot
 
 
 def pipe(dot: graphviz.Digraph, fmt: str) -> bytes:
@@ -109,14 +296,18 @@ def pipe(dot: graphviz.Digraph, fmt: str) -> bytes:
 
 
 def render(report, path, *, format: str | None = None, collapse=None, show_saved=None,
-           fold=None, clusters=None, legend: bool = False, limit: int = AUTO_LIMIT) -> str:
+           fold=None, clusters=None, legend: bool = False, limit: int = AUTO_LIMIT, rankdir: str | None = None,
+           size=None, dpi=None, max_pixels: int | None = MAX_PIXELS) -> str:
     """Write the report's graph to ``path``; the format comes from the suffix (or ``format=``).
 
     Args:
         report: a :class:`~gradscope.Report`.
         path: ``str`` or ``os.PathLike``; suffix ``.svg .png .pdf .html .dot .json .graphml``.
         format: one of :data:`FORMATS`, overriding the suffix.
-        collapse, show_saved, fold, clusters, legend, limit: see :func:`to_dot`.
+        collapse, show_saved, fold, clusters, legend, limit, rankdir, size, dpi: see :func:`to_dot`.
+        max_pixels: a .png whose longer side would pass this many pixels is scaled down to it, with a
+            :class:`RenderWarning` (a 10,000 x 30,000 px image helps no one and takes gigabytes to
+            open); ``None`` lifts the cap.
 
     Returns:
         The path written, as a string.
@@ -146,7 +337,9 @@ def render(report, path, *, format: str | None = None, collapse=None, show_saved
                                            else "no suffix")
         raise InputValueError(f"cannot render {path!r}: unknown format {got}. Supported: "
                               f"{', '.join('.' + f for f in FORMATS)} (or pass format='svg').")
-    kw = dict(collapse=collapse, show_saved=show_saved, fold=fold, clusters=clusters, legend=legend, limit=limit)
+    _check(collapse, rankdir, size, dpi, max_pixels)
+    kw = dict(collapse=collapse, show_saved=show_saved, fold=fold, clusters=clusters, legend=legend, limit=limit,
+              rankdir=rankdir, size=size, dpi=dpi)
     if fmt == "json":
         from gradscope.views.serialize import report_to_data
 
@@ -155,14 +348,36 @@ def render(report, path, *, format: str | None = None, collapse=None, show_saved
         buf = "\n".join(nx.generate_graphml(graphml_ready(report.graph))) + "\n"
         _write(path, buf.encode("utf-8"))
     elif fmt == "dot":
-        _write(path, to_dot(report, **kw).source.encode("utf-8"))
+        _write(path, _drawing(report, **kw, layout=False).dot.source.encode("utf-8"))
     elif fmt == "html":
         from gradscope.views.html_page import page
 
         _write(path, page(report, **kw).encode("utf-8"))
     else:
-        _write(path, pipe(to_dot(report, **kw), fmt))
+        out = _drawing(report, **kw)
+        if fmt == "svg" and out.svg is not None:
+            _write(path, out.svg.encode("utf-8"))
+        else:
+            if fmt == "png":
+                _cap_pixels(out, dpi, max_pixels, path)
+            _write(path, pipe(out.dot, fmt))
     return path
+
+
+def _cap_pixels(out, dpi, max_pixels, path) -> None:
+    """Scale a raster image down to ``max_pixels`` on its longer side, saying so (RenderWarning)."""
+    if out.size is None or max_pixels is None:
+        return
+    dpi = dpi or 96.0
+    side = max(out.size) / 72 * dpi
+    if side <= max_pixels:
+        return
+    new = dpi * max_pixels / side
+    w, h = (round(x / 72 * dpi) for x in out.size)
+    warnings.warn(f"{path}: a {w:,} x {h:,} px image would be written; scaled down to {max_pixels:,} px on its "
+                  f"longer side (dpi {new:.0f}). Pass max_pixels=None (CLI --max-pixels 0) for full size, or "
+                  f"write .svg/.pdf, which scale without loss.", RenderWarning, stacklevel=3)
+    out.dot.attr("graph", dpi=f"{new:.2f}")
 
 
 def _write(path: str, data: bytes) -> None:
