@@ -89,7 +89,7 @@ def _hf(kind: str, layers: int, d: int = 32, heads: int = 2, vocab: int = 97):
                             intermediate_size=2 * d, vocab_size=vocab, max_position_embeddings=64)
         return tf.BertForMaskedLM(cfg), "bert"
     if kind == "t5":
-        cfg = tf.T5Config(num_layers=layers, num_decoder_layers=layers, d_model=d, d_kv=d // heads,
+        cfg = tf.T5Config(num_layers=layers, num_decoder_layers=layers, d_model=d, d_kv=d // heads, decoder_start_token_id=0, pad_token_id=0,
                           num_heads=heads, d_ff=2 * d, vocab_size=vocab)
         return tf.T5ForConditionalGeneration(cfg), "t5"
     cfg = tf.ViTConfig(num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads,
@@ -98,7 +98,7 @@ def _hf(kind: str, layers: int, d: int = 32, heads: int = 2, vocab: int = 97):
 
 
 _MID = {"gpt2": "transformer.h.{k}.mlp.c_fc", "bert": "bert.encoder.layer.{k}.intermediate.dense",
-        "t5": "encoder.block.{k}.layer.1.DenseReluDense.wi", "vit": "vit.encoder.layer.{k}.intermediate.dense"}
+        "t5": "encoder.block.{k}.layer.1.DenseReluDense.wi", "vit": "vit.layers.{k}.mlp.fc1"}
 
 
 def hf_model(kind: str, layers: int = 2, planted: bool = False, d: int = 32, heads: int = 2):
@@ -234,9 +234,9 @@ class Chain(nn.Module):
 def chain(n: int = 10_000, planted: bool = False):
     model = Chain()
     y = model.w * 1.0
-    for i in range(n // 2):
+    for i in range(n):
         y = y.sin() if i % 2 else y * 1.5
-        if planted and i == n // 4:
+        if planted and i == n // 2:
             y = torch.exp(y)
             y.mul_(1.0)
     return y.sum(), model

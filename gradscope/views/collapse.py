@@ -262,21 +262,29 @@ def build_view(graph, findings=(), *, collapse=None, fold=True, min_reps: int = 
     _absorb_leaves(graph, owner, groups)
     depth_kept = None if collapse is None or collapse is False else int(collapse)
     if depth_kept is not None:
+        calls: dict = {}
+        last = None                                 # (box, gid) of the previous op in forward order
         for n in order:
             m = module_of.get(n)
-            if n in owner or n in roots or n in protected or depth(m) <= depth_kept:
+            box = None
+            if not (n in owner or n in roots or n in protected or depth(m) <= depth_kept):
+                k = depth_kept + 1                  # the module holding a finding stays open
+                while k <= depth(m) and truncate(m, k) in keep_open:
+                    k += 1
+                box = truncate(m, k) if k <= depth(m) else None
+            if box is None:
+                last = None
                 continue
-            k = depth_kept + 1                      # the module holding a finding stays open
-            while k <= depth(m) and truncate(m, k) in keep_open:
-                k += 1
-            if k > depth(m):
-                continue
-            box = truncate(m, k)
-            gid = f"module:{box}"
-            if gid not in groups:
+            # NOTE [one box per call]: a box holds one contiguous run of ops in forward order (a module
+            # called twice, like torchvision's shared ReLU, gets one box per call); contracting a
+            # contiguous run cannot create a cycle (NOTE [folding repetition]).
+            if last is None or last[0] != box:
+                calls[box] = calls.get(box, 0) + 1
+                gid = f"module:{box}" if calls[box] == 1 else f"module:{box}#{calls[box]}"
                 groups[gid] = Group(gid, "module", box, box)
-            groups[gid].members.append(n)
-            owner[n] = gid
+                last = (box, gid)
+            groups[last[1]].members.append(n)
+            owner[n] = last[1]
     _absorb_leaves(graph, owner, groups)
     from gradscope.memory.attribution import node_bytes
 

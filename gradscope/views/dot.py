@@ -12,6 +12,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 import graphviz
+import networkx as nx
 
 from gradscope.views.collapse import View, depth, finding_nodes, truncate
 from gradscope.memory.attribution import node_bytes
@@ -68,6 +69,7 @@ class _Builder:
         self.legend = legend
         self.items: dict = {}          # element id -> (cluster, attrs)
         self.edges: dict = {}          # (a, b) -> attrs
+        self.beside: dict = {}         # leaf element -> the one element it feeds: drawn on the same rank
         self.names: dict = {}          # element id -> DOT node name
         self.out = Drawing(graphviz.Digraph("gradscope"), view=view)
         self.flagged: dict = {}        # node id -> [Finding]
@@ -172,9 +174,11 @@ class _Builder:
             lines = [head, pat] + ([f"{grp.span[0]} ... {grp.span[1]}"] if grp.span else [])
             cluster = grp.module
         else:
-            lines = [f"{grp.title}  (collapsed)"]
             cluster = truncate(grp.module, depth(grp.module) - 1)
-        lines.append(f"{grp.n_ops} ops, {human_bytes(grp.saved_bytes)} saved")
+            named = grp.title if self.compact or self.clusters is False else _short(grp.title, cluster)
+            call = gid.rpartition("#")[2] if "#" in gid else None
+            lines = [f"{named}  (collapsed{', call ' + call if call else ''})"]
+        lines.append(f"{_count(grp.n_ops, 'op')}, {human_bytes(grp.saved_bytes)} saved")
         if grp.worst is not None:
             lines.append(f"!! {grp.worst.kind}")
         info = {"kind": grp.kind, "name": grp.title, "group": gid, "module": grp.module, "ops": grp.n_ops,
@@ -207,6 +211,7 @@ class _Builder:
             self.out.element_of[n] = n
             for u in users:
                 self.edge(n, u)
+                self.beside[n] = u
             return
         for i, u in enumerate(users):
             sid = f"{n}~{i}"
@@ -215,6 +220,7 @@ class _Builder:
             self.add(sid, cluster, label, [f"gs-{kind}", "gs-stub", f"gs-of-{n}"], info, fontsize="8",
                      style="rounded,filled,dashed", **base)
             self.edge(sid, u)
+            self.beside[sid] = u
         self.out.element_of[n] = f"{n}~0"
 
     def edge(self, a, b):
@@ -287,6 +293,10 @@ class _Builder:
             if not clusters and cluster != "\0unused":
                 cluster = None
             tree.setdefault(cluster, []).append(eid)
+        for (a, b) in self._spine():
+            self.edges[(a, b)] = dict(self.edges[(a, b)] or {}, weight="8")
+            for e in (a, b):
+                self.items[e][1]["group"] = "spine"
         self._emit_clusters(dot.body, tree)
         for (a, b), attrs in self.edges.items():
             dot.body.append(f"\t{_q(self.names[a])} -> {_q(self.names[b])}{_attrs(attrs) if attrs else ''}\n")
@@ -304,6 +314,9 @@ class _Builder:
         # Written as DOT lines directly: graphviz's per-attribute quoting was most of to_dot's time.
         def nodes(eids, indent):
             body.extend(f"{indent}{_q(self.names[e])}{_attrs(self.items[e][1])}\n" for e in eids)
+            here = set(eids)
+            body.extend(f"{indent}{{rank=same; {_q(self.names[e])}; {_q(self.names[self.beside[e]])}}}\n"
+                        for e in eids if self.beside.get(e) in here)
 
         nodes(tree.get(None, ()), "\t")
         if "\0unused" in tree:
@@ -329,12 +342,26 @@ class _Builder:
             if done:
                 body.append(f"{indent}}}\n")
                 continue
+            if not tree.get(m) and len(children.get(m, ())) == 1:     # a cluster around one cluster only
+                stack.append((children[m][0], level, False))
+                continue
             body.append(f"{indent}subgraph {_q('cluster_' + m)} {{\n{indent}\t" + _attrs(dict(
                 label=esc(m), style="rounded", color="#cbd5e1", fontcolor="#475569", id=f"cluster:{m}"),
                 sep=f"\n{indent}\t", bracket=False) + "\n")
             nodes(tree.get(m, ()), indent + "\t")
             stack.append((m, level, True))
             stack.extend((c, level + 1, False) for c in reversed(children.get(m, [])))
+
+    def _spine(self) -> list:
+        """The edges of the longest path: drawn straight (heavy weight), so clusters line up on it
+        instead of stepping sideways (NOTE [no staircase] in :mod:`gradscope.views.fit`)."""
+        if len(self.items) > self.limit:
+            return []
+        dag = nx.DiGraph(e for e, attrs in self.edges.items() if not attrs or "style" not in attrs)
+        if not nx.is_directed_acyclic_graph(dag):
+            return []
+        path = nx.dag_longest_path(dag)
+        return list(zip(path, path[1:]))
 
     def _caption(self) -> list[str]:
         g = self.g
