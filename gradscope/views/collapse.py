@@ -211,7 +211,7 @@ def _runs(toks, order, protected, min_reps, min_ops):
 
 def build_view(graph, findings=(), *, collapse=None, fold=True, min_reps: int = MIN_REPS,
                min_ops: int = MIN_OPS, module_of: dict | None = None, cache: dict | None = None,
-               limit=None) -> View:
+               limit=None, chains: int | None = None) -> View:
     """Plan the drawing.
 
     Args:
@@ -224,6 +224,8 @@ def build_view(graph, findings=(), *, collapse=None, fold=True, min_reps: int = 
         module_of: node -> module, when the caller has it (default :func:`infer_modules`).
         cache: a dict kept between calls on the same graph and findings (fold runs are found once).
         limit: ignored (the automatic choice moved to :mod:`gradscope.views.fit`); kept for callers.
+        chains: draw every chain of at least this many ops (one op feeding the next, nothing else in
+            between, same module) as one box ("chain:nK"); ``None``: never.
     """
     order = _ops_in_order(graph)
     module_of = infer_modules(graph, order) if module_of is None else module_of
@@ -285,15 +287,53 @@ def build_view(graph, findings=(), *, collapse=None, fold=True, min_reps: int = 
                 last = (box, gid)
             groups[last[1]].members.append(n)
             owner[n] = last[1]
+    if chains:
+        _chains(graph, order, module_of, owner, groups, roots | protected, chains)
     _absorb_leaves(graph, owner, groups)
     from gradscope.memory.attribution import node_bytes
 
     own = node_bytes(graph)
     for g in groups.values():
         _finish(graph, g, by_node, own)
-        if g.kind == "fold" and depth_kept is not None:
+        if g.kind in ("fold", "chain") and depth_kept is not None:
             g.module = _open_ancestor(g.module, depth_kept, keep_open)
     return View(module_of, owner, groups, depth_kept, keep_open=keep_open)
+
+
+def _chains(graph, order, module_of, owner, groups, fixed, min_len) -> None:
+    """Box chains of loose ops (NOTE [chains]): no path can enter or leave a chain in its middle, so
+    contracting one cannot create a cycle."""
+    nodes = graph.nodes
+
+    def op_preds(n):
+        return [p for p in graph.predecessors(n) if nodes[p]["kind"] == "op"]
+
+    def op_succs(n):
+        return [c for c in graph.successors(n) if nodes[c]["kind"] == "op"]
+
+    loose = [n for n in order if n not in owner and n not in fixed]
+    free = set(loose)
+    done: set = set()
+    for n in loose:
+        if n in done:
+            continue
+        run = [n]
+        while True:
+            succ = op_succs(run[-1])
+            if len(succ) != 1 or succ[0] not in free or succ[0] in done:
+                break
+            nxt = succ[0]
+            if op_preds(nxt) != [run[-1]] or module_of.get(nxt) != module_of.get(n):
+                break
+            run.append(nxt)
+        done.update(run)
+        if len(run) >= min_len:
+            gid = f"chain:{run[0]}"
+            g = Group(gid, "chain", f"{len(run)} ops", module_of.get(n), list(run),
+                      pattern=tuple(nodes[m]["name"] for m in run))
+            groups[gid] = g
+            for m in run:
+                owner[m] = gid
 
 
 def _open_ancestor(module, depth_kept, keep_open):

@@ -173,6 +173,10 @@ class _Builder:
             pat = ", ".join(grp.pattern[:3]) + (", ..." if len(grp.pattern) > 3 else "")
             lines = [head, pat] + ([f"{grp.span[0]} ... {grp.span[1]}"] if grp.span else [])
             cluster = grp.module
+        elif grp.kind == "chain":
+            lines = [f"{grp.title}: " + ", ".join(x.replace("Backward0", "") for x in grp.pattern[:4])
+                     + (", ..." if len(grp.pattern) > 4 else "")]
+            cluster = grp.module
         else:
             cluster = truncate(grp.module, depth(grp.module) - 1)
             named = grp.title if self.compact or self.clusters is False else _short(grp.title, cluster)

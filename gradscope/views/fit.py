@@ -31,6 +31,7 @@ WINDOW_PX = 1600
 MIN_TEXT_PX = 10
 PAGE_ELEMENTS = 400
 _LOOSE = (2, 8)
+CHAIN = 3
 _SIZE = re.compile(rb'<svg width="([\d.]+)pt" height="([\d.]+)pt"')
 
 
@@ -67,21 +68,19 @@ def _elements(graph, view) -> int:
 def candidates(graph, findings, *, fold, collapse, limit, module_of, cache):
     """Views to try, most detailed first (see NOTE [fitting a page])."""
     if collapse is not None:
-        folds = [(MIN_REPS, MIN_OPS)] if fold else [None]
-        depths = [None if collapse is False else collapse]
+        stages = [((MIN_REPS, MIN_OPS) if fold else None, None if collapse is False else collapse, None)]
     else:
         deepest = max((depth(m) for m in module_of.values()), default=0)
         depths = [None] + list(range(deepest - 1, -1, -1))
-        folds = [None] + ([(MIN_REPS, MIN_OPS), _LOOSE] if fold in (None, True) else [])
+        folds = {None: [None, (MIN_REPS, MIN_OPS), _LOOSE], True: [(MIN_REPS, MIN_OPS), _LOOSE]}.get(fold, [None])
+        stages = [(f, d, None) for f in folds for d in (depths if f is not None else [None])]
+        stages += [(folds[-1], d, CHAIN) for d in depths]
     seen = set()
-    for f in folds:
-        for d in (depths if f is not None or collapse is not None else [None]):
-            view = build_view(graph, findings, collapse=d, fold=f is not None,
-                              min_reps=(f or _LOOSE)[0], min_ops=(f or _LOOSE)[1], module_of=module_of,
-                              cache=cache)
-            key = (frozenset(view.owner.items()), d)
-            if key in seen:
-                continue
+    for f, d, chains in stages:
+        view = build_view(graph, findings, collapse=d, fold=f is not None, min_reps=(f or _LOOSE)[0],
+                          min_ops=(f or _LOOSE)[1], module_of=module_of, cache=cache, chains=chains)
+        key = (frozenset(view.owner.items()), d)
+        if key not in seen:
             seen.add(key)
             yield view
 
