@@ -180,6 +180,8 @@ class _Builder:
         else:
             cluster = truncate(grp.module, depth(grp.module) - 1)
             named = grp.title if self.compact or self.clusters is False else _short(grp.title, cluster)
+            if named.split(".")[0].isdigit():       # "layers.1", not "1", inside the cluster "layers"
+                named = ".".join(grp.title.split(".")[-2 - named.count("."):])
             call = gid.rpartition("#")[2] if "#" in gid else None
             lines = [f"{named}  (collapsed{', call ' + call if call else ''})"]
         lines.append(f"{_count(grp.n_ops, 'op')}, {human_bytes(grp.saved_bytes)} saved")

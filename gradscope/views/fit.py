@@ -72,8 +72,9 @@ def candidates(graph, findings, *, fold, collapse, limit, module_of, cache):
     else:
         deepest = max((depth(m) for m in module_of.values()), default=0)
         depths = [None] + list(range(deepest - 1, -1, -1))
-        folds = {None: [None, (MIN_REPS, MIN_OPS), _LOOSE], True: [(MIN_REPS, MIN_OPS), _LOOSE]}.get(fold, [None])
-        stages = [(f, d, None) for f in folds for d in (depths if f is not None else [None])]
+        folds = {None: [(MIN_REPS, MIN_OPS), _LOOSE], True: [(MIN_REPS, MIN_OPS), _LOOSE]}.get(fold, [None])
+        stages = [(None, None, None)] if fold is None else []
+        stages += [(f, d, None) for f in folds for d in depths]
         stages += [(folds[-1], d, CHAIN) for d in depths]
     seen = set()
     for f, d, chains in stages:
@@ -95,7 +96,7 @@ def choose(report, *, pipe, fold=None, collapse=None, rankdir=None, limit=1000, 
     module_of = infer_modules(graph) if module_of is None else module_of
     cache: dict = {}
     directions = [rankdir] if rankdir else ["TB", "LR"]
-    fixed = collapse is not None or fold is False
+    fixed = collapse is not None
     budget = min(limit, PAGE_ELEMENTS)
     best = None                     # (area, drawing) of the smallest layout seen
     tried = []
