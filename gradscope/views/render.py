@@ -348,7 +348,7 @@ def render(report, path, *, format: str | None = None, collapse=None, show_saved
         buf = "\n".join(nx.generate_graphml(graphml_ready(report.graph))) + "\n"
         _write(path, buf.encode("utf-8"))
     elif fmt == "dot":
-        _write(path, _drawing(report, **kw, layout=False).dot.source.encode("utf-8"))
+        _write(path, _drawing(report, **kw).dot.source.encode("utf-8"))
     elif fmt == "html":
         from gradscope.views.html_page import page
 
