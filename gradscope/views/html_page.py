@@ -99,7 +99,7 @@ def widget(report, all_scenes, *, height: str = "100%", page: bool = False) -> s
              + (' data-auto-height="1"' if auto else "") + (' data-page="1"' if page else "")
              + f' style="height:{"560px" if auto else height}"')
     return (f'<div {attrs}><style>{_asset("viewer.css")}</style>{panel}<div class="gs-main">{bar}'
-            f'<div class="gs-canvas">{views}<div class="gs-note"></div>{mini}</div></div>'
+            f'<div class="gs-note"></div><div class="gs-canvas">{views}{mini}</div></div>'
             f'<script type="application/json" class="gs-data">{script_json(data)}</script>'
             f'<script>{_asset("viewer.js").replace("__ROOT__", root)}</script></div>')
 
