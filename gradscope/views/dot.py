@@ -121,6 +121,10 @@ class _Builder:
         for u, v in g.edges():
             if g.nodes[u]["kind"] == "op" or u in view.owner:
                 self.edge(self.out.element_of[u], self.out.element_of[v])
+        for n, d in g.nodes(data=True):                  # weight.t(): on its consumer's rank too
+            if d["kind"] == "op" and n not in view.owner and g.in_degree(n) and g.out_degree(n) == 1 and all(
+                    g.nodes[p]["kind"] != "op" for p in g.predecessors(n)):
+                self.beside[n] = self.out.element_of[next(iter(g.successors(n)))]
         self.unused_and_cuts()
         for f in self.findings:
             tg = [self.out.element_of[n] for n in _finding_nodes(g, f) if n in self.out.element_of]
@@ -163,6 +167,7 @@ class _Builder:
         params = [self.g.nodes[p]["name"] for p in self.g.predecessors(n) if self.g.nodes[p]["kind"] == "param"]
         info = {"kind": "op", "name": d["name"], "op": d["name"], "node": n, "module": self.view.module_of.get(n),
                 "params": params, "bytes": human_bytes(own), "held": own, "by_reference": self.by_ref.get(n, 0),
+                "context": n in self.context,
                 "saved": _saved_lines(d["saved"]) if d["saved"] else []}
         self.add(n, self.cluster_of_node(n), _label(lines), classes, info, **attrs)
         self.out.element_of[n] = n

@@ -175,6 +175,8 @@ def _box_part(report, box, within, collapse, fold):
                                                          and any(s in first for s in graph.successors(n)))]
         fold = False if fold is None else fold
     inside = set(members)
+    inside |= {p for n in list(inside) if graph.nodes[n]["kind"] == "op" for p in graph.predecessors(n)
+               if graph.nodes[p]["kind"] != "op"}            # the parameters the ops read, even if shared
     context = {v for n in inside if graph.nodes[n]["kind"] == "op"
                for v in list(graph.predecessors(n)) + list(graph.successors(n))
                if v not in inside and graph.nodes[v]["kind"] == "op"}
@@ -218,7 +220,8 @@ def drawing(report, *, box: str | None = None, within=None, collapse=None, fold=
         ids to highlight) and ``elements``: element id -> metadata, the same ids as the SVG's ``<g id>``.
         Every element has ``kind`` ("op", "param", "input", "fold", "module", "unused", "cut"), ``name``,
         ``module``, ``params`` (parameter names), ``bytes`` (human-readable activations held); ops also
-        ``node``, ``op``, ``held`` / ``by_reference`` (bytes), ``saved`` (slot lines); boxes also ``group``
+        ``node``, ``op``, ``held`` / ``by_reference`` (bytes), ``saved`` (slot lines), ``context`` (a stub
+        outside the opened box); boxes also ``group``
         (their id), ``expandable`` (True), ``ops``, ``members``, ``reps``, ``pattern``, ``op_names``,
         ``worst`` (message of the worst finding inside). SVG classes: ``gs-op gs-param gs-input gs-root
         gs-group gs-fold gs-module gs-unused gs-cut gs-stub gs-context gs-finding``.
@@ -372,7 +375,7 @@ def _cap_pixels(out, dpi, max_pixels, path) -> None:
     side = max(out.size) / 72 * dpi
     if side <= max_pixels:
         return
-    new = dpi * max_pixels / side
+    new = dpi * max_pixels / side * 0.98         # dot rounds up and pads a little
     w, h = (round(x / 72 * dpi) for x in out.size)
     warnings.warn(f"{path}: a {w:,} x {h:,} px image would be written; scaled down to {max_pixels:,} px on its "
                   f"longer side (dpi {new:.0f}). Pass max_pixels=None (CLI --max-pixels 0) for full size, or "
