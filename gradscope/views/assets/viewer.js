@@ -124,7 +124,8 @@
     var r=matches[mi],loc=locate(r);open(loc.sid);clear("gs-cur");
     var els=elsFor(cur,loc.eid);els.forEach(function(g){g.classList.add("gs-cur");});
     if(els[0]){centreOn(els[0],true);show(els[0].id);}
-    count.textContent=(mi+1)+" / "+matches.length+": "+names[r[1]];}
+    var box=loc.eid!==r[0]&&(cur.elements||{})[loc.eid];
+    count.textContent=(mi+1)+" / "+matches.length+": "+names[r[1]]+(box?" (inside "+box.name+")":"");}
   input.addEventListener("input",function(){if(timer)clearTimeout(timer);
     timer=setTimeout(function(){timer=null;runSearch();},ix.nodes.length>3000?200:60);});
 
