@@ -101,8 +101,8 @@ _MID = {"gpt2": "transformer.h.{k}.mlp.c_fc", "bert": "bert.encoder.layer.{k}.in
         "t5": "encoder.block.{k}.layer.1.DenseReluDense.wi", "vit": "vit.layers.{k}.mlp.fc1"}
 
 
-def hf_model(kind: str, layers: int = 2, planted: bool = False, d: int = 32, heads: int = 2):
-    model, kind = _hf(kind, layers, d, heads)
+def hf_model(kind: str, layers: int = 2, planted: bool = False, d: int = 32, heads: int = 2, model=None):
+    model, kind = _hf(kind, layers, d, heads) if model is None else (model, kind)
     model.train()
     handle = _plant(model, _MID[kind].format(k=layers // 2)) if planted else None
     ids = torch.randint(0, 97, (2, 12))
@@ -162,9 +162,9 @@ class ResNet18(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
-def resnet18(planted: bool = False):
+def resnet18(planted: bool = False, model=None):
     torch.manual_seed(0)
-    model = ResNet18()
+    model = ResNet18() if model is None else model
     handle = _plant(model, "layer3.0.conv2") if planted else None
     try:
         loss = nn.functional.cross_entropy(model(torch.randn(2, 3, 64, 64)), torch.tensor([1, 2]))
@@ -174,9 +174,9 @@ def resnet18(planted: bool = False):
     return loss, model
 
 
-def lstm_gallery(steps: int = 200, planted: bool = False):
+def lstm_gallery(steps: int = 200, planted: bool = False, model=None):
     torch.manual_seed(0)
-    model = LSTMish()
+    model = LSTMish() if model is None else model
     h = c = torch.zeros(4, 5)
     xs = torch.randn(steps, 4, 3)
     for t in range(steps):
@@ -213,9 +213,9 @@ class DeepTransformer(nn.Module):
         return self.head(x).pow(2).mean()
 
 
-def deep_transformer(layers: int = 96, planted: bool = False):
+def deep_transformer(layers: int = 96, planted: bool = False, model=None):
     torch.manual_seed(0)
-    model = DeepTransformer(layers)
+    model = DeepTransformer(layers) if model is None else model
     handle = _plant(model, f"layers.{layers // 2}.mlp.0") if planted else None
     try:
         loss = model(torch.randn(2, 8, 32))
@@ -231,8 +231,8 @@ class Chain(nn.Module):
         self.w = nn.Parameter(torch.ones(8))
 
 
-def chain(n: int = 10_000, planted: bool = False):
-    model = Chain()
+def chain(n: int = 10_000, planted: bool = False, model=None):
+    model = Chain() if model is None else model
     y = model.w * 1.0
     for i in range(n):
         y = y.sin() if i % 2 else y * 1.5
@@ -242,15 +242,15 @@ def chain(n: int = 10_000, planted: bool = False):
     return y.sum(), model
 
 
-#: name -> builder(planted) -> (loss, model); "default" marks the subset of the default test run.
+#: name -> builder(planted, model=None) -> (loss, model); pass ``model`` to run the forward again on it.
 GALLERY = {
-    "gpt2": lambda planted: hf_model("gpt2", 2, planted),
-    "gpt2-small-12": lambda planted: hf_model("gpt2", 12, planted, d=768, heads=12),
-    "bert": lambda planted: hf_model("bert", 2, planted),
-    "t5": lambda planted: hf_model("t5", 2, planted),
-    "vit": lambda planted: hf_model("vit", 2, planted),
-    "resnet18": lambda planted: resnet18(planted),
-    "lstm-200": lambda planted: lstm_gallery(200, planted),
-    "transformer-96": lambda planted: deep_transformer(96, planted),
-    "chain-10k": lambda planted: chain(10_000, planted),
+    "gpt2": lambda planted, model=None: hf_model("gpt2", 2, planted, model=model),
+    "gpt2-small-12": lambda planted, model=None: hf_model("gpt2", 12, planted, d=768, heads=12, model=model),
+    "bert": lambda planted, model=None: hf_model("bert", 2, planted, model=model),
+    "t5": lambda planted, model=None: hf_model("t5", 2, planted, model=model),
+    "vit": lambda planted, model=None: hf_model("vit", 2, planted, model=model),
+    "resnet18": lambda planted, model=None: resnet18(planted, model),
+    "lstm-200": lambda planted, model=None: lstm_gallery(200, planted, model),
+    "transformer-96": lambda planted, model=None: deep_transformer(96, planted, model),
+    "chain-10k": lambda planted, model=None: chain(10_000, planted, model),
 }
