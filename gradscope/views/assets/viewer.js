@@ -26,7 +26,8 @@
   function fitK(s){var c=size();return Math.min(c.w/s.home.w,c.h/s.home.h)*0.98;}
   function apply(){var s=cur,c=size(),w=c.w/s.k,h=c.h/s.k,x=s.cx-w/2,y=s.cy-h/2;
     s.svg.setAttribute("viewBox",x+" "+y+" "+w+" "+h);s.svg.setAttribute("data-gs-scale",s.k.toFixed(4));
-    vp.setAttribute("x",x);vp.setAttribute("y",y);vp.setAttribute("width",w);vp.setAttribute("height",h);}
+    vp.setAttribute("x",x);vp.setAttribute("y",y);vp.setAttribute("width",w);vp.setAttribute("height",h);
+    if(!mapSet){var f=fitK(s);mini.hidden=s.k<=f*1.05&&f>=0.6;}}   // the map when it tells something
   function fit(){var s=cur;s.k=fitK(s);s.cx=s.home.x+s.home.w/2;s.cy=s.home.y+s.home.h/2;apply();}
   function zoomBy(f,px,py){var s=cur,c=size();if(px===undefined){px=c.w/2;py=c.h/2;}
     var ux=s.cx+(px-c.w/2)/s.k,uy=s.cy+(py-c.h/2)/s.k,k=Math.max(fitK(s)/4,Math.min(s.k*f,40));
@@ -52,7 +53,7 @@
     mini.style.width=Math.max(24,s.home.w*k)+"px";mini.style.height=Math.max(24,s.home.h*k)+"px";
     miniSvg.setAttribute("viewBox",[s.home.x,s.home.y,s.home.w,s.home.h].join(" "));
     miniUse.setAttribute("href","#"+s.gref);}
-  var miniDrag=false;
+  var miniDrag=false,mapSet=false;   // the map shows itself when the drawing is bigger than the pane
   function miniMove(e){var r=miniSvg.getBoundingClientRect();
     cur.cx=cur.home.x+(e.clientX-r.left)/r.width*cur.home.w;cur.cy=cur.home.y+(e.clientY-r.top)/r.height*cur.home.h;apply();}
   mini.addEventListener("mousedown",function(e){e.stopPropagation();e.preventDefault();miniDrag=true;miniMove(e);});
@@ -108,18 +109,19 @@
     highlight([g]);show(g.id);});
 
   // -- search ---------------------------------------------------------------------------------------------
-  var matches=[],mi=-1,timer=null;
+  var matches=[],mi=-1,timer=null,searched="";
   function markMatches(){clear("gs-match");clear("gs-cur");var n=0;
     for(var i=0;i<matches.length&&n<5000;i++){inScene(matches[i],cur.div.dataset.scene).forEach(function(g){
       g.classList.add("gs-match");n++;});}}
-  function runSearch(){var text=input.value.trim().toLowerCase();matches=[];mi=-1;
+  function runSearch(){var text=input.value.trim().toLowerCase();matches=[];mi=-1;searched=text;
     if(text){var hit=names.map(function(x){return x.toLowerCase().indexOf(text)>=0;}),byName=[],byModule=[];
       ix.nodes.forEach(function(r){if(hit[r[1]]||r[0].toLowerCase()===text)byName.push(r);else if(hit[r[2]])byModule.push(r);});
       matches=byName.concat(byModule);}
     markMatches();
     count.textContent=text?(matches.length?matches.length+" match"+(matches.length>1?"es":"")+" (Enter)":"no match"):"";
     root.dataset.matches=matches.length;}
-  function step(d){if(timer){clearTimeout(timer);timer=null;runSearch();}
+  function step(d){if(timer){clearTimeout(timer);timer=null;}
+    if(input.value.trim().toLowerCase()!==searched)runSearch();
     if(!matches.length)return;mi=(mi+d+matches.length)%matches.length;
     var r=matches[mi],loc=locate(r);open(loc.sid);clear("gs-cur");
     var els=elsFor(cur,loc.eid);els.forEach(function(g){g.classList.add("gs-cur");});
@@ -155,7 +157,7 @@
     else if(k==="/"||k==="f"){input.focus();input.select();}
     else if(k==="n"||k==="N")step(k==="N"?-1:1);
     else if(k==="Escape"||k==="Backspace"){if(cur.parent)open(cur.parent);}
-    else if(k==="m")mini.hidden=!mini.hidden;
+    else if(k==="m"){mini.hidden=!mini.hidden;mapSet=true;}
     else done=false;
     if(done){e.preventDefault();e.stopPropagation();}}
   root.addEventListener("keydown",onKey);
@@ -163,11 +165,12 @@
     var a=document.activeElement;if(!a||a===document.body||a===document.documentElement)onKey(e);});
   root.querySelectorAll(".gs-bar button").forEach(function(b){b.addEventListener("click",function(){
     var a=b.dataset.act;if(a==="in")zoomBy(1.4);else if(a==="out")zoomBy(1/1.4);else if(a==="fit")fit();
-    else if(a==="next"||a==="prev")step(a==="next"?1:-1);else if(a==="map")mini.hidden=!mini.hidden;});});
+    else if(a==="next"||a==="prev")step(a==="next"?1:-1);else if(a==="map"){mini.hidden=!mini.hidden;mapSet=true;}});});
 
   // -- start: the notebook pane takes the drawing's height (text at its natural size when it fits) ---------
   if(root.dataset.autoHeight){var top=scenes.top,cw=canvas.clientWidth||800,bar=q(".gs-bar").offsetHeight||30;
-    var k=Math.min(cw/top.home.w,4/3),h=top.home.h*k+bar+4,most=Math.max(420,0.85*(window.innerHeight||900));
+    var k=Math.min(cw/top.home.w,4/3),side=q(".gs-side").scrollHeight||0,
+        h=Math.max(top.home.h*k+bar+4,side+2),most=Math.max(420,0.85*(window.innerHeight||900));
     root.style.height=Math.round(Math.max(320,Math.min(h,most)))+"px";}
   open("top");
   if(root.dataset.page)root.focus({preventScroll:true});
