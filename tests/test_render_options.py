@@ -129,3 +129,31 @@ def test_drawing_of_a_module_opened():
     assert "AddmmBackward0" in ops
     names = {e["name"] for e in inner.elements.values() if e["kind"] == "param"}
     assert names == {"2.weight", "2.bias"}
+
+
+def test_parameters_without_gradient_are_a_compact_grid_grouped_by_module(tmp_path):
+    """20 frozen-out layers (a detached encoder): one box per module, in rows, not one long row."""
+    class Detached(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(20))
+            self.head = torch.nn.Linear(4, 1)
+
+        def forward(self, x):
+            for layer in self.encoder:
+                x = layer(x)
+            return self.head(x.detach()).sum()
+
+    model = Detached()
+    loss = model(torch.randn(2, 4))
+    report = gradscope.inspect(loss, model=model)
+    loss.backward()                                       # torch: no encoder parameter gets a gradient
+    assert all(p.grad is None for p in model.encoder.parameters()) and model.head.weight.grad is not None
+    root = ET.parse(report.render(tmp_path / "d.svg")).getroot()
+    boxes = [g for g in root.iter(f"{SVG}g") if "gs-unused" in g.get("class", "")]
+    assert len(boxes) == 20                                # one per module: encoder.0 ... encoder.19
+    assert any("encoder.7" in "".join(g.itertext()) and "weight, bias" in "".join(g.itertext()) for g in boxes)
+    tops = [min(float(t.get("y")) for t in g.iter(f"{SVG}text")) for g in boxes]
+    rows = {round(y) for y in tops}
+    assert 3 <= len(rows) <= 6                             # a grid: a few rows of a few boxes each
+    assert max(sum(1 for y in tops if round(y) == r) for r in rows) <= 8

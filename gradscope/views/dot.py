@@ -260,8 +260,9 @@ class _Builder:
                 p = params[key]
                 lines = [key, f"{shape_str(p.get('shape'))} {p.get('dtype') or ''}", "no gradient"]
             else:
-                lines = [key or "(top level)", f"{len(names)} parameters, no gradient"] + names[:3] + (
-                    ["..."] if len(names) > 3 else [])
+                rest = [_short(x, key) for x in names]
+                lines = [key or "(top level)", f"{len(names)} parameters, no gradient",
+                         ", ".join(rest[:3]) + (", ..." if len(rest) > 3 else "")]
             info = {"kind": "unused", "name": key, "params": names, "module": key.rpartition(".")[0] or None,
                     "bytes": "0 B", "saved": []}
             self.add(eid, "\0unused", _label(lines), ["gs-param", "gs-unused"], info,
