@@ -70,6 +70,7 @@ class _Builder:
         self.items: dict = {}          # element id -> (cluster, attrs)
         self.edges: dict = {}          # (a, b) -> attrs
         self.beside: dict = {}         # leaf element -> the one element it feeds: drawn on the same rank
+        self.calls = None              # op -> call count per module level (see call_key)
         self.names: dict = {}          # element id -> DOT node name
         self.out = Drawing(graphviz.Digraph("gradscope"), view=view)
         self.flagged: dict = {}        # node id -> [Finding]
@@ -82,12 +83,25 @@ class _Builder:
         m = self.view.module_of.get(n)
         if n in self.context:
             return None
-        if self.view.depth is None:
+        if self.view.depth is not None:
+            k = self.view.depth
+            while k < depth(m) and truncate(m, k + 1) in self.view.keep_open:
+                k += 1
+            m = truncate(m, k)
+        return self.call_key(m, n)
+
+    def call_key(self, m, n) -> str | None:
+        """``m`` with the call of each level that op ``n`` ran in: ``enc.drop#3`` (NOTE [one cluster per
+        call]: a module called at several places, like T5's shared dropout, would otherwise be one
+        cluster stretched over the whole drawing)."""
+        if not m:
             return m
-        k = self.view.depth
-        while k < depth(m) and truncate(m, k + 1) in self.view.keep_open:
-            k += 1
-        return truncate(m, k)
+        if self.calls is None:
+            self.calls = _calls(self.g, self.view.module_of)
+        counts = self.calls.get(n, ())
+        parts = m.split(".")
+        return ".".join(p + (f"#{counts[i]}" if i < len(counts) and counts[i] > 1 else "")
+                        for i, p in enumerate(parts))
 
     def cluster_of(self, eid) -> str | None:
         return self.items[eid][0]
@@ -136,6 +150,10 @@ class _Builder:
         self.emit()
         return self.out
 
+    def _first_op(self, grp):
+        ops = [m for m in grp.members if self.g.nodes[m]["kind"] == "op"]
+        return min(ops, key=lambda m: (self.g.nodes[m].get("seq") or -1, m)) if ops else None
+
     def mark(self, eid, finding):
         attrs = self.items[eid][1]
         if "gs-finding" not in attrs["class"]:
@@ -177,13 +195,13 @@ class _Builder:
             head = f"{grp.title}  repeated block ({len(grp.pattern)} ops each)"
             pat = ", ".join(grp.pattern[:3]) + (", ..." if len(grp.pattern) > 3 else "")
             lines = [head, pat] + ([f"{grp.span[0]} ... {grp.span[1]}"] if grp.span else [])
-            cluster = grp.module
+            cluster = self.call_key(grp.module, self._first_op(grp))
         elif grp.kind == "chain":
             lines = [f"{grp.title}: " + ", ".join(x.replace("Backward0", "") for x in grp.pattern[:4])
                      + (", ..." if len(grp.pattern) > 4 else "")]
-            cluster = grp.module
+            cluster = self.call_key(grp.module, self._first_op(grp))
         else:
-            cluster = truncate(grp.module, depth(grp.module) - 1)
+            cluster = self.call_key(truncate(grp.module, depth(grp.module) - 1), self._first_op(grp))
             named = grp.title if self.compact or self.clusters is False else _short(grp.title, cluster)
             if named.split(".")[0].isdigit():       # "layers.1", not "1", inside the cluster "layers"
                 named = ".".join(grp.title.split(".")[-2 - named.count("."):])
@@ -356,7 +374,8 @@ class _Builder:
                 stack.append((children[m][0], level, False))
                 continue
             body.append(f"{indent}subgraph {_q('cluster_' + m)} {{\n{indent}\t" + _attrs(dict(
-                label=esc(m), style="rounded", color="#cbd5e1", fontcolor="#475569", id=f"cluster:{m}"),
+                label=esc(_call_label(m)), style="rounded", color="#cbd5e1", fontcolor="#475569",
+                id=f"cluster:{m}"),
                 sep=f"\n{indent}\t", bracket=False) + "\n")
             nodes(tree.get(m, ()), indent + "\t")
             stack.append((m, level, True))
@@ -376,8 +395,12 @@ class _Builder:
     def _caption(self) -> list[str]:
         g = self.g
         n_err = sum(1 for f in self.findings if f.severity == "error")
-        lines = [f"gradscope: {_count(g.number_of_nodes(), 'node')}, {human_bytes(self.saved_bytes)} saved for "
-                 f"backward, {_count(len(self.findings), 'finding')} ({_count(n_err, 'error')})"]
+        acts = sum(self.own.values())
+        held = (f"{human_bytes(acts)} of activations saved for backward"
+                + (f" (+ {human_bytes(self.saved_bytes - acts)} of parameters saved by reference)"
+                   if self.saved_bytes > acts else ""))
+        lines = [f"gradscope: {_count(g.number_of_nodes(), 'node')}, {held}, "
+                 f"{_count(len(self.findings), 'finding')} ({_count(n_err, 'error')})"]
         kinds = list(dict.fromkeys(f.kind for f in self.findings))
         if kinds:
             lines.append("findings (red): " + ", ".join(kinds))
@@ -387,6 +410,36 @@ class _Builder:
             lines.append(f"Large drawing: labels shortened and module clusters left out to keep the layout fast "
                          f"(more than {self.limit} elements); see the .html view for saved tensors.")
         return [part for line in lines for part in textwrap.wrap(line, 110)]
+
+
+def _calls(graph, module_of) -> dict:
+    """Op -> [call number of its module at depth 1, 2, ...]; a call is a run of consecutive ops (in
+    forward order) inside that module."""
+    order = sorted((d.get("seq") if d.get("seq") is not None else -1, i, n)
+                   for i, (n, d) in enumerate(graph.nodes(data=True)) if d["kind"] == "op")
+    counts: dict = {}
+    prev: list = []
+    out = {}
+    for _, _, n in order:
+        m = module_of.get(n)
+        parts = m.split(".") if m else []
+        prefixes = [".".join(parts[:i + 1]) for i in range(len(parts))]
+        row = []
+        for i, p in enumerate(prefixes):
+            if i >= len(prev) or prev[i] != p:
+                counts[p] = counts.get(p, 0) + 1
+            row.append(counts[p])
+        prev = prefixes
+        out[n] = row
+    return out
+
+
+def _call_label(key: str) -> str:
+    """``enc.drop#3`` -> ``enc.drop (call 3)``."""
+    if "#" not in key:
+        return key
+    calls = [p.partition("#")[2] for p in key.split(".") if "#" in p]
+    return ".".join(p.partition("#")[0] for p in key.split(".")) + f" (call {calls[-1]})"
 
 
 def _count(n: int, word: str) -> str:
