@@ -1,32 +1,42 @@
 """Graph views of a report: SVG/PNG/PDF (through Graphviz ``dot``), HTML, DOT, JSON and GraphML.
 
-Legend (the same in every view; see also the README section "Rendering"):
+Legend (the same in every view; docs/pictures.md shows it with pictures):
 
 =====================  ============================================================================
 element                drawing
 =====================  ============================================================================
-parameter              light-blue rounded box, blue border: qualified name, shape, dtype
+parameter              light-blue rounded box, blue border: name, shape, dtype; drawn beside the op
+                       that reads it
 input                  light-green box: a leaf that requires grad but is not a named parameter
 op                     rounded box: backward node name, output shape, saved tensors
-                       (``slot: shape dtype bytes``, toggle with ``show_saved``); the fill goes from
-                       white to orange with its saved bytes (log scale): memory hot spots stand out
+                       (``slot: shape dtype bytes``, toggle with ``show_saved``) and ``holds X``: the
+                       activation bytes it keeps alive (each storage counted once, at its first saver;
+                       parameters saved by reference cost nothing extra and are left out). The fill goes
+                       from white to orange with those bytes: memory hot spots stand out
 root                   an op with a double border, labelled ``root -> shape``
-module                 grey rounded cluster around the ops of one module (from ``trace()``, or
-                       inferred from the parameters the ops consume)
-collapsed module       violet 3-D box: ``NAME (collapsed)``, op count, saved bytes, worst finding
-repetition             violet 3-D box ``x200  repeated block``: an unrolled loop folded into one box
+module                 grey rounded cluster around the ops of one module call (``NAME (call 2)`` for
+                       a module run again later); from ``trace()``, or inferred from parameters
+collapsed module       violet 3-D box: ``NAME (collapsed)``, op count, activation bytes
+repetition             violet 3-D box ``x12  repeated block``: unrolled steps or repeated layers folded
+                       into one box, with the ops of one repetition and the modules it runs over
+chain                  violet 3-D box ``5 ops: Pow, Mean, ...``: a run of ops one after the other
+                       (only when nothing else makes the drawing fit a page)
 shared leaf            small dashed box, ``shared xK``: one stub per use of a leaf used K times
-finding                red thick border and a ``!! kind`` line: the hazard node (``inplace-hazard``)
-unused parameters      red dashed cluster "no gradient": parameters no path from the root reaches
+finding                red thick border, larger text and a ``!! kind`` line: never folded or boxed;
+                       the modules around it stay open down to it
+unused parameters      red dashed cluster "no gradient": parameters no path from the root reaches, one
+                       box per parameter (or per module when there are many), in a grid
 cut                    red octagon ``CUT: detach`` with its ``file:line`` (needs ``trace()``), linked
                        to the parameters it cut off
+outside stub           small dashed box ``from nK ...`` in the drawing of one opened box
+                       (:func:`drawing` with ``box=``): the ops just outside it
 =====================  ============================================================================
 
-Edges point in data-flow direction (inputs at the top, the root at the bottom).
+Edges point in data-flow direction (inputs at the top, the root at the bottom; ``rankdir="LR"``: left
+to right).
 
-Large graphs (more than ``limit`` nodes, 1000 by default) are collapsed automatically: unrolled
-repetition is folded into ``xN`` boxes and modules below some depth into one box each; the caption says
-so and how to expand (``collapse=False``, or ``collapse=N`` to keep modules down to depth ``N``).
+The default drawing is the most detailed one that fits a page (:mod:`gradscope.views.fit`, NOTE [fitting
+a page]); the caption says what was folded or boxed and how to see everything (``collapse=False``).
 """
 
 from __future__ import annotations
