@@ -248,6 +248,41 @@ def test_click_a_finding_highlights_and_zooms_to_its_node(browser, tmp_path):
     assert hl == ["unused:unused.bias", "unused:unused.weight"]
 
 
+class _Block(torch.nn.Module):
+    def __init__(self, bug: bool):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.bug = bug
+
+    def forward(self, x):
+        h = torch.sigmoid(self.lin(x))
+        out = h * 2
+        if self.bug:
+            h.mul_(2)                      # SigmoidBackward0 saved h
+        return out + x
+
+
+def test_a_finding_in_a_tall_drawing_is_zoomed_to_readable_text(browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    model = torch.nn.Sequential(*[_Block(bug=i == 29) for i in range(40)])
+    loss = model(torch.randn(2, 8)).sum()
+    report = gradscope.inspect(loss, model=model)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    (finding,) = report.findings
+    path = report.render(tmp_path / "all.html", collapse=False)           # 40 blocks, one tall column
+    browser.get(f"file://{path}")
+    node = browser.find_element(By.ID, finding.node)
+    assert _on_screen(browser, node)["text"] < READABLE_PX                # unreadable at fit
+    fit = _scale(browser)
+    browser.find_element(By.ID, "gs-finding-0").click()
+    assert _wait(lambda: node.get_attribute("data-gs-highlight") == "1")
+    seen = _on_screen(browser, node)
+    assert _scale(browser) > fit and seen["inside"] and seen["text"] >= READABLE_PX, seen
+    assert not _js(browser, "return document.querySelector('.gs-mini').hidden")   # the map shows where
+
+
 def test_hovering_a_node_shows_its_saved_tensors_and_module(browser, tmp_path):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
