@@ -2,15 +2,16 @@
 
 Pure functions over ``report.graph``. :func:`build_view` decides, for every node, whether it is drawn on
 its own or inside a group box (a collapsed module or a folded run of repetition), and which module
-cluster it sits in. See NOTE [inferring modules] and NOTE [folding repetition].
+cluster it sits in. See NOTE [inferring modules] and, in :mod:`gradscope.views.folds`, NOTE [folding
+repetition].
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from gradscope._format import lcp
+from gradscope.views.folds import MIN_OPS, MIN_REPS, chains as _chains, find_folds, runs as _runs, tokens as _tokens
 from gradscope.findings import SEVERITIES
 
 __all__ = ["Group", "View", "infer_modules", "find_folds", "build_view", "finding_nodes", "lcp", "depth"]
@@ -23,16 +24,6 @@ __all__ = ["Group", "View", "infer_modules", "find_folds", "build_view", "findin
 # `blocks.0.attn.qkv` and `blocks.0.attn.proj` land in `blocks.0.attn`, the loss after the last module in
 # no module. This mimics the trace's sequence-range attribution (TORCH-FACTS section 5) without hooks.
 
-# NOTE [folding repetition]
-# Ops sorted by `seq` form a token string (op name + module with indices replaced by '#'). A run where the
-# string repeats with period p at least MIN_REPS times (and covers at least MIN_OPS ops) is contracted into
-# one box labelled "xN". Contracting a contiguous `seq` interval cannot create a cycle: data flows from
-# lower to higher `seq`, so a path that leaves the interval never comes back into it.
-
-MIN_REPS = 4
-MIN_OPS = 24
-MAX_PERIOD = 160
-_DIGITS = re.compile(r"\d+")
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
 
 
@@ -119,45 +110,6 @@ def infer_modules(graph, order=None) -> dict:
     return out
 
 
-def _tokens(graph, order, module_of) -> list[int]:
-    ids: dict = {}
-    out = []
-    for n in order:
-        d = graph.nodes[n]
-        key = (d["name"], _DIGITS.sub("#", module_of.get(n) or ""), bool(d.get("root")))
-        out.append(ids.setdefault(key, len(ids)))
-    return out
-
-
-def find_folds(tokens: list[int], min_reps: int = MIN_REPS, min_ops: int = MIN_OPS,
-               max_period: int = MAX_PERIOD) -> list[tuple[int, int, int]]:
-    """Runs of repetition in ``tokens``: ``(start, period, reps)``, non-overlapping, left to right."""
-    n = len(tokens)
-    periods = range(1, min(max_period, n // max(min_reps, 1)) + 1)
-    match = {}
-    for p in periods:                       # match[p][i]: how far t[j] == t[j+p] holds from i on
-        m = [0] * (n + 1)
-        for i in range(n - p - 1, -1, -1):
-            if tokens[i] == tokens[i + p]:
-                m[i] = m[i + 1] + 1
-        match[p] = m
-    runs = []
-    i = 0
-    while i < n:
-        best = None
-        for p in periods:
-            reps = 1 + match[p][i] // p
-            cover = reps * p
-            if reps >= min_reps and cover >= min_ops and (best is None or cover > best[0]):
-                best = (cover, p, reps)
-        if best is None:
-            i += 1
-            continue
-        runs.append((i, best[1], best[2]))
-        i += best[0]
-    return runs
-
-
 def _worst(findings):
     best = None
     for f in findings:
@@ -195,18 +147,6 @@ def finding_nodes(graph, finding) -> list:
 
         return stale_savers(graph, finding.node)
     return [finding.node]
-
-
-def _runs(toks, order, protected, min_reps, min_ops):
-    """Fold runs ``(start, period, reps)``; a run holding a finding is split around that repetition."""
-    for start, period, reps in find_folds(toks, min_reps, min_ops):
-        hit = sorted({(i - start) // period for i in range(start, start + period * reps)
-                      if order[i] in protected})
-        lo = 0
-        for k in hit + [reps]:
-            if k - lo >= 2:
-                yield start + lo * period, period, k - lo
-            lo = k + 1
 
 
 def build_view(graph, findings=(), *, collapse=None, fold=True, min_reps: int = MIN_REPS,
@@ -298,42 +238,6 @@ def build_view(graph, findings=(), *, collapse=None, fold=True, min_reps: int = 
         if g.kind in ("fold", "chain") and depth_kept is not None:
             g.module = _open_ancestor(g.module, depth_kept, keep_open)
     return View(module_of, owner, groups, depth_kept, keep_open=keep_open)
-
-
-def _chains(graph, order, module_of, owner, groups, fixed, min_len) -> None:
-    """Box chains of loose ops (NOTE [chains]): no path can enter or leave a chain in its middle, so
-    contracting one cannot create a cycle."""
-    nodes = graph.nodes
-
-    def op_preds(n):
-        return [p for p in graph.predecessors(n) if nodes[p]["kind"] == "op"]
-
-    def op_succs(n):
-        return [c for c in graph.successors(n) if nodes[c]["kind"] == "op"]
-
-    loose = [n for n in order if n not in owner and n not in fixed]
-    free = set(loose)
-    done: set = set()
-    for n in loose:
-        if n in done:
-            continue
-        run = [n]
-        while True:
-            succ = op_succs(run[-1])
-            if len(succ) != 1 or succ[0] not in free or succ[0] in done:
-                break
-            nxt = succ[0]
-            if op_preds(nxt) != [run[-1]] or module_of.get(nxt) != module_of.get(n):
-                break
-            run.append(nxt)
-        done.update(run)
-        if len(run) >= min_len:
-            gid = f"chain:{run[0]}"
-            g = Group(gid, "chain", f"{len(run)} ops", module_of.get(n), list(run),
-                      pattern=tuple(nodes[m]["name"] for m in run))
-            groups[gid] = g
-            for m in run:
-                owner[m] = gid
 
 
 def _open_ancestor(module, depth_kept, keep_open):

@@ -7,7 +7,6 @@ Every drawn element gets a stable SVG ``id`` (the node id, ``fold:nK``, ``module
 
 from __future__ import annotations
 
-import math
 import textwrap
 from dataclasses import dataclass, field
 
@@ -25,11 +24,10 @@ from gradscope.views.style import legend as _legend
 from gradscope.views.style import saved_lines as _saved_lines
 from gradscope.views.style import shade as _shade
 from gradscope.views.style import short as _short
+from gradscope.views.clusters import calls, emit_clusters, unused_and_cuts
 
 __all__ = ["Drawing", "draw", "COLORS"]
 
-_MAX_UNUSED_NODES = 12
-_MAX_UNUSED_BOXES = 24
 
 
 @dataclass(slots=True)
@@ -97,7 +95,7 @@ class _Builder:
         if not m:
             return m
         if self.calls is None:
-            self.calls = _calls(self.g, self.view.module_of)
+            self.calls = calls(self.g, self.view.module_of)
         counts = self.calls.get(n, ())
         parts = m.split(".")
         return ".".join(p + (f"#{counts[i]}" if i < len(counts) and counts[i] > 1 else "")
@@ -257,57 +255,7 @@ class _Builder:
             self.edges.setdefault((a, b), None)
 
     def unused_and_cuts(self):
-        params = self.g.graph.get("params", {})
-        unused = [name for name, p in params.items() if p.get("requires_grad") and p.get("node") is None]
-        if not unused:
-            return
-        per_param = len(unused) <= _MAX_UNUSED_NODES
-        groups: dict = {}
-        level = max(depth(n) for n in unused) - 1
-        while True:                            # by module, at the deepest level giving few enough boxes
-            groups = {}
-            for name in unused:
-                groups.setdefault(name if per_param else (truncate(name, max(level, 1)) if depth(name) > 1
-                                                          else name), []).append(name)
-            if per_param or len(groups) <= _MAX_UNUSED_BOXES or level <= 1:
-                break
-            level -= 1
-        for key, names in groups.items():
-            eid = f"unused:{key}"
-            if per_param:
-                p = params[key]
-                lines = [key, f"{shape_str(p.get('shape'))} {p.get('dtype') or ''}", "no gradient"]
-            else:
-                rest = [_short(x, key) for x in names]
-                lines = [key or "(top level)", f"{len(names)} parameters, no gradient",
-                         ", ".join(rest[:3]) + (", ..." if len(rest) > 3 else "")]
-            info = {"kind": "unused", "name": key, "params": names, "module": key.rpartition(".")[0] or None,
-                    "bytes": "0 B", "saved": []}
-            self.add(eid, "\0unused", _label(lines), ["gs-param", "gs-unused"], info,
-                     fillcolor=COLORS["finding_fill"], color=COLORS["finding"], style="rounded,filled,dashed")
-            for name in names:
-                self.out.element_of[name] = eid
-        events = [e for e in self.g.graph.get("events", ()) if e.get("kind") != "inplace"]
-        for f in self.findings:
-            if f.kind != "detached-branch":
-                continue
-            ev = next((e for e in events if set(f.params) & set(e.get("params", ()))), None)
-            loc = f.location or (ev or {}).get("location") or "?"
-            eid = f"cut:{loc}"
-            if eid not in self.items:
-                op = (ev or {}).get("op") or "cut"
-                self.add(eid, None, _label([f"CUT: {op}", loc]), ["gs-cut"],
-                         {"kind": "cut", "name": op, "location": loc, "bytes": "0 B", "saved": []},
-                         shape="octagon", style="filled", fillcolor=COLORS["finding_fill"],
-                         color=COLORS["finding"])
-                consumer = (ev or {}).get("node")
-                if consumer in self.out.element_of:
-                    self.edges[(eid, self.out.element_of[consumer])] = {"style": "dashed",
-                                                                        "color": COLORS["finding"]}
-            for p in f.params:
-                if p in self.out.element_of:
-                    self.edges[(self.out.element_of[p], eid)] = {"style": "dashed", "color": COLORS["finding"]}
-            self.cut_of[f.params] = [eid]
+        unused_and_cuts(self)
 
     # -- output ----------------------------------------------------------------------------------
     def emit(self):
@@ -339,47 +287,7 @@ class _Builder:
             _legend(dot)
 
     def _emit_clusters(self, body: list, tree: dict) -> None:
-        # Written as DOT lines directly: graphviz's per-attribute quoting was most of to_dot's time.
-        def nodes(eids, indent):
-            body.extend(f"{indent}{_q(self.names[e])}{_attrs(self.items[e][1])}\n" for e in eids)
-            here = set(eids)
-            body.extend(f"{indent}{{rank=same; {_q(self.names[e])}; {_q(self.names[self.beside[e]])}}}\n"
-                        for e in eids if self.beside.get(e) in here)
-
-        nodes(tree.get(None, ()), "\t")
-        if "\0unused" in tree:
-            body.append("\tsubgraph cluster_unused {\n\t\t" + _attrs(dict(
-                label="no gradient: unreachable from the root", style="dashed,rounded", color=COLORS["finding"],
-                fontcolor=COLORS["finding"], id="cluster_unused"), sep="\n\t\t", bracket=False) + "\n")
-            nodes(tree["\0unused"], "\t\t")
-            cells = tree["\0unused"]              # a compact grid: invisible edges stack the rows
-            cols = max(1, math.ceil(math.sqrt(len(cells) * 1.5)))
-            body.extend(f"\t\t{_q(self.names[cells[i]])} -> {_q(self.names[cells[i + cols]])} [style=invis]\n"
-                        for i in range(len(cells) - cols))
-            body.append("\t}\n")
-        modules = sorted({m for m in tree if m and m != "\0unused"} |
-                         {".".join(m.split(".")[:k]) for m in tree if m and m != "\0unused"
-                          for k in range(1, depth(m))})
-        children: dict = {}
-        for m in modules:
-            children.setdefault(truncate(m, depth(m) - 1) if depth(m) > 1 else None, []).append(m)
-        stack = [(m, 1, False) for m in reversed(children.get(None, []))]
-        while stack:                                       # explicit stack: no recursion
-            m, level, done = stack.pop()
-            indent = "\t" * level
-            if done:
-                body.append(f"{indent}}}\n")
-                continue
-            if not tree.get(m) and len(children.get(m, ())) == 1:     # a cluster around one cluster only
-                stack.append((children[m][0], level, False))
-                continue
-            body.append(f"{indent}subgraph {_q('cluster_' + m)} {{\n{indent}\t" + _attrs(dict(
-                label=esc(_call_label(m)), style="rounded", color="#cbd5e1", fontcolor="#475569",
-                id=f"cluster:{m}"),
-                sep=f"\n{indent}\t", bracket=False) + "\n")
-            nodes(tree.get(m, ()), indent + "\t")
-            stack.append((m, level, True))
-            stack.extend((c, level + 1, False) for c in reversed(children.get(m, [])))
+        emit_clusters(self, body, tree)
 
     def _spine(self) -> list:
         """The edges of the longest path: heavy weight keeps them short and straight (NOTE [no staircase]).
@@ -410,36 +318,6 @@ class _Builder:
             lines.append(f"Large drawing: labels shortened and module clusters left out to keep the layout fast "
                          f"(more than {self.limit} elements); see the .html view for saved tensors.")
         return [part for line in lines for part in textwrap.wrap(line, 110)]
-
-
-def _calls(graph, module_of) -> dict:
-    """Op -> [call number of its module at depth 1, 2, ...]; a call is a run of consecutive ops (in
-    forward order) inside that module."""
-    order = sorted((d.get("seq") if d.get("seq") is not None else -1, i, n)
-                   for i, (n, d) in enumerate(graph.nodes(data=True)) if d["kind"] == "op")
-    counts: dict = {}
-    prev: list = []
-    out = {}
-    for _, _, n in order:
-        m = module_of.get(n)
-        parts = m.split(".") if m else []
-        prefixes = [".".join(parts[:i + 1]) for i in range(len(parts))]
-        row = []
-        for i, p in enumerate(prefixes):
-            if i >= len(prev) or prev[i] != p:
-                counts[p] = counts.get(p, 0) + 1
-            row.append(counts[p])
-        prev = prefixes
-        out[n] = row
-    return out
-
-
-def _call_label(key: str) -> str:
-    """``enc.drop#3`` -> ``enc.drop (call 3)``."""
-    if "#" not in key:
-        return key
-    calls = [p.partition("#")[2] for p in key.split(".") if "#" in p]
-    return ".".join(p.partition("#")[0] for p in key.split(".")) + f" (call {calls[-1]})"
 
 
 def _count(n: int, word: str) -> str:
