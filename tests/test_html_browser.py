@@ -192,6 +192,19 @@ def test_open_a_folded_block_see_its_ops_and_go_back(browser, gpt2):
     assert _wait(lambda: _scene(browser) == "top")
     assert _current(browser, f'g[id="{fid}"]')
 
+    # a dashed stub for an op outside the block leads to that op, where it is drawn
+    _current(browser, f'g[id="{fid}"]')[0].click()
+    from gradscope.views.render import drawing
+
+    inside = {n for n, e in drawing(report).element_of.items() if e == fid}
+    stubs = _current(browser, "g.gs-context")
+    assert stubs                                         # the ops just outside the drawn repetition
+    stub = next(g for g in stubs if g.get_attribute("id") not in inside)
+    sid = stub.get_attribute("id")
+    stub.click()
+    assert _wait(lambda: _scene(browser) != fid)
+    assert [g.get_attribute("id") for g in _current(browser, "g.gs-hl")] == [sid]
+
 
 def test_keyboard_zoom(browser, gpt2):
     from selenium.webdriver.common.action_chains import ActionChains

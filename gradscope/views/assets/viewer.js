@@ -10,6 +10,7 @@
       count=q(".gs-count"),note=q(".gs-note"),mini=q(".gs-mini"),miniSvg=mini.querySelector("svg"),
       miniUse=mini.querySelector("use"),vp=mini.querySelector(".gs-vp");
   var scenes=data.scenes,cur=null,ix=data.index,names=ix.names,rowOf={},READABLE=12;
+  var lower=names.map(function(x){return x.toLowerCase();});
   ix.nodes.forEach(function(r){if(!(r[0] in rowOf))rowOf[r[0]]=r;});
   root.querySelectorAll(".gs-scene").forEach(function(div,i){
     var s=scenes[div.dataset.scene],svg=div.querySelector("svg");if(!s||!svg)return;
@@ -106,6 +107,7 @@
   canvas.addEventListener("click",function(e){if(moved)return;var g=e.target.closest&&e.target.closest("g.node");
     if(!g||!cur.svg.contains(g))return;
     if(scenes[g.id]&&scenes[g.id].svg){show(g.id);open(g.id);return;}
+    if(g.classList.contains("gs-context")&&rowOf[g.id]){goTo(rowOf[g.id],"gs-hl");return;}   // a stub: go there
     highlight([g]);show(g.id);});
 
   // -- search ---------------------------------------------------------------------------------------------
@@ -114,18 +116,19 @@
     for(var i=0;i<matches.length&&n<5000;i++){inScene(matches[i],cur.div.dataset.scene).forEach(function(g){
       g.classList.add("gs-match");n++;});}}
   function runSearch(){var text=input.value.trim().toLowerCase();matches=[];mi=-1;searched=text;
-    if(text){var hit=names.map(function(x){return x.toLowerCase().indexOf(text)>=0;}),byName=[],byModule=[];
+    if(text){var hit=lower.map(function(x){return x.indexOf(text)>=0;}),byName=[],byModule=[];
       ix.nodes.forEach(function(r){if(hit[r[1]]||r[0].toLowerCase()===text)byName.push(r);else if(hit[r[2]])byModule.push(r);});
       matches=byName.concat(byModule);}
     markMatches();
     count.textContent=text?(matches.length?matches.length+" match"+(matches.length>1?"es":"")+" (Enter)":"no match"):"";
     root.dataset.matches=matches.length;}
+  function goTo(r,cls){var loc=locate(r);open(loc.sid);var els=elsFor(cur,loc.eid);
+    if(cls==="gs-hl")highlight(els);else{clear(cls);els.forEach(function(g){g.classList.add(cls);});}
+    if(els[0]){centreOn(els[0],true);show(els[0].id);}return loc;}
   function step(d){if(timer){clearTimeout(timer);timer=null;}
     if(input.value.trim().toLowerCase()!==searched)runSearch();
     if(!matches.length)return;mi=(mi+d+matches.length)%matches.length;
-    var r=matches[mi],loc=locate(r);open(loc.sid);clear("gs-cur");
-    var els=elsFor(cur,loc.eid);els.forEach(function(g){g.classList.add("gs-cur");});
-    if(els[0]){centreOn(els[0],true);show(els[0].id);}
+    var r=matches[mi],loc=goTo(r,"gs-cur");
     var box=loc.eid!==r[0]&&(cur.elements||{})[loc.eid];
     count.textContent=(mi+1)+" / "+matches.length+": "+names[r[1]]+(box?" (inside "+box.name+")":"");}
   input.addEventListener("input",function(){if(timer)clearTimeout(timer);
