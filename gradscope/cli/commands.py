@@ -109,7 +109,7 @@ def _render_kwargs(collapse, expand, show_saved, legend, layout=None) -> dict:
     if rankdir:
         kwargs["rankdir"] = rankdir.upper()
     if size:
-        from gradscope.views.render import _size_attr
+        from gradscope.views.options import size_attr as _size_attr
 
         try:
             kwargs["size"] = _size_attr(size)

@@ -44,67 +44,23 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import warnings
-from types import SimpleNamespace
 
 import graphviz
 import networkx as nx
 
-from gradscope.views.collapse import build_view
-from gradscope.views.dot import draw
 from gradscope.errors import InputTypeError, InputValueError, RenderError
-from gradscope.report import held_bytes
+from gradscope.views.boxes import box_part, unmeasured
+from gradscope.views.options import MAX_PIXELS, RANKDIRS, RenderWarning, cap_pixels, check, scale
 
 __all__ = ["render", "to_dot", "drawing", "FORMATS", "RANKDIRS", "AUTO_LIMIT", "MAX_PIXELS", "RenderWarning"]
 
-#: Layout directions: top to bottom, left to right.
-RANKDIRS = ("TB", "LR")
-#: Raster images (.png) larger than this many pixels on a side are scaled down, with a warning.
-MAX_PIXELS = 8000
-
-
-class RenderWarning(UserWarning):
-    """A picture was changed to stay usable (a raster image scaled down to ``max_pixels``)."""
-
 #: Suffixes :func:`render` understands.
 FORMATS = ("svg", "png", "pdf", "html", "dot", "json", "graphml")
-#: Above this many nodes, the default view collapses.
+#: The most elements the default drawing has (beyond it: short labels, no clusters).
 AUTO_LIMIT = 1000
 _DOT_INSTALL = ("the Graphviz 'dot' program is not installed or not on PATH; install it with "
                 "'apt-get install graphviz' (Debian/Ubuntu), 'brew install graphviz' (macOS) or "
                 "'conda install graphviz', or write a .dot/.json/.graphml file, which needs no Graphviz.")
-
-
-def _check(collapse, rankdir, size, dpi, max_pixels):
-    if collapse is not None and collapse is not False and (
-            isinstance(collapse, bool) or not isinstance(collapse, int) or collapse < 0):
-        raise InputValueError(f"collapse must be None (automatic), False (expand all) or a module depth "
-                              f">= 0, got {collapse!r}.")
-    if rankdir is not None and (not isinstance(rankdir, str) or rankdir.upper() not in RANKDIRS):
-        raise InputValueError(f"rankdir must be one of {', '.join(RANKDIRS)} (TB: top to bottom, LR: left to "
-                              f"right), got {rankdir!r}.")
-    if size is not None:
-        _size_attr(size)
-    for name, v in (("dpi", dpi), ("max_pixels", max_pixels)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
-            raise InputValueError(f"{name} must be a positive number or None, got {v!r}.")
-
-
-def _size_attr(size) -> str:
-    """Graphviz's ``size`` (inches, "W,H"): from ``(w, h)``, ``"W,H"`` or one number (a square)."""
-    try:
-        if isinstance(size, str):
-            parts = [float(x) for x in size.rstrip("!").split(",")]
-        elif isinstance(size, (int, float)) and not isinstance(size, bool):
-            parts = [float(size)] * 2
-        else:
-            parts = [float(x) for x in size]
-        if len(parts) != 2 or min(parts) <= 0:
-            raise ValueError
-    except (TypeError, ValueError):
-        raise InputValueError(f"size must be (width, height) in inches, 'W,H' or one number, got {size!r}; "
-                              f"for example size=(8, 10).") from None
-    return f"{parts[0]:g},{parts[1]:g}"
 
 
 def _drawing(report, *, collapse=None, show_saved=None, fold=None, clusters=None, legend=False,
@@ -112,93 +68,25 @@ def _drawing(report, *, collapse=None, show_saved=None, fold=None, clusters=None
     """The :class:`~gradscope.views.dot.Drawing` to show (laid out when ``layout`` and dot is installed)."""
     from gradscope.views.fit import choose
 
-    _check(collapse, rankdir, size, dpi, None)
+    check(collapse, rankdir, size, dpi, None)
     rankdir = rankdir.upper() if rankdir else None
     module_of = None
     if box is not None:
         if within is None:
             within = _drawing(report, limit=limit, legend=False, layout=layout)
-        report, module_of, collapse, fold = _box_part(report, box, within, collapse, fold)
+        report, module_of, collapse, fold = box_part(report, box, within, collapse, fold)
     kw = dict(show_saved=show_saved, clusters=clusters, legend=legend)
     if not layout or shutil.which("dot") is None:
-        return _unmeasured(report, collapse, fold, limit, rankdir or "TB", module_of, size, dpi, kw)
+        return unmeasured(report, collapse, fold, limit, rankdir or "TB", module_of, size, dpi, kw)
     out = choose(report, pipe=pipe, fold=fold, collapse=collapse, rankdir=rankdir, limit=limit,
                  module_of=module_of, **kw)
     if size is not None or dpi is not None:
-        _scale(out, size, dpi)
+        scale(out, size, dpi)
         out.svg = pipe(out.dot, "svg").decode("utf-8")
         from gradscope.views.fit import svg_size
 
         out.size = svg_size(out.svg)
     return out
-
-
-def _scale(drawing, size, dpi):
-    if size is not None:
-        drawing.dot.attr("graph", size=_size_attr(size))
-    if dpi is not None:
-        drawing.dot.attr("graph", dpi=f"{dpi:g}")
-
-
-def _unmeasured(report, collapse, fold, limit, rankdir, module_of, size, dpi, kw):
-    """Without dot to measure layouts: the first candidate of at most PAGE_ELEMENTS boxes."""
-    from gradscope.views.collapse import infer_modules
-    from gradscope.views.fit import PAGE_ELEMENTS, candidates
-
-    graph = report.graph
-    module_of = infer_modules(graph) if module_of is None else module_of
-    view = None
-    for view in candidates(graph, report.findings, fold=fold, collapse=collapse, limit=limit,
-                           module_of=module_of, cache={}):
-        if collapse is not None or graph.number_of_nodes() - len(view.owner) + len(view.groups) <= PAGE_ELEMENTS:
-            break
-    out = draw(report, view, rankdir=rankdir, limit=limit, **kw)
-    _scale(out, size, dpi)
-    return out
-
-
-def _box_part(report, box, within, collapse, fold):
-    """The part of ``report`` inside the box ``box`` ("fold:nK", "module:NAME"), with context stubs."""
-    from gradscope.views.collapse import infer_modules
-
-    graph = report.graph
-    view = within.view
-    grp = view.groups.get(box) if view is not None else None
-    if grp is None and box.startswith("module:"):
-        name = box[len("module:"):]
-        mods = infer_modules(graph)
-        members = [n for n, m in mods.items() if m == name or (m or "").startswith(name + ".")]
-        members += [n for n in graph if graph.nodes[n]["kind"] != "op"
-                    and any(s in set(members) for s in graph.successors(n))]
-        kind, reps = "module", 1
-    elif grp is None:
-        raise InputValueError(f"no box {box!r} in the drawing; its boxes are "
-                              f"{', '.join(view.groups) if view and view.groups else '(none)'}.")
-    else:
-        members, kind, reps = list(grp.members), grp.kind, grp.reps
-    mods = view.module_of if view is not None else infer_modules(graph)
-    if kind == "fold":                       # one repetition: the others run the same ops
-        ops = [n for n in members if graph.nodes[n]["kind"] == "op"]
-        ops.sort(key=lambda n: (graph.nodes[n].get("seq") or 0, n))
-        first = set(ops[:max(1, len(ops) // max(reps, 1))])
-        members = [n for n in members if n in first or (graph.nodes[n]["kind"] != "op"
-                                                         and any(s in first for s in graph.successors(n)))]
-        fold = False if fold is None else fold
-    inside = set(members)
-    inside |= {p for n in list(inside) if graph.nodes[n]["kind"] == "op" for p in graph.predecessors(n)
-               if graph.nodes[p]["kind"] != "op"}            # the parameters the ops read, even if shared
-    context = {v for n in inside if graph.nodes[n]["kind"] == "op"
-               for v in list(graph.predecessors(n)) + list(graph.successors(n))
-               if v not in inside and graph.nodes[v]["kind"] == "op"}
-    sub = graph.subgraph(inside | context).copy()
-    sub.graph = {k: v for k, v in graph.graph.items() if k == "called_modules"}
-    sub.graph["context"] = sorted(context)
-    for n in context:
-        sub.nodes[n]["root"] = False
-    module_of = {n: (None if n in context else mods.get(n)) for n in sub}
-    findings = [f for f in report.findings if f.node in inside]
-    part = SimpleNamespace(graph=sub, findings=findings, saved_bytes=held_bytes(graph, members))
-    return part, module_of, collapse, fold
 
 
 def drawing(report, *, box: str | None = None, within=None, collapse=None, fold=None, show_saved=None,
@@ -350,7 +238,7 @@ def render(report, path, *, format: str | None = None, collapse=None, show_saved
                                            else "no suffix")
         raise InputValueError(f"cannot render {path!r}: unknown format {got}. Supported: "
                               f"{', '.join('.' + f for f in FORMATS)} (or pass format='svg').")
-    _check(collapse, rankdir, size, dpi, max_pixels)
+    check(collapse, rankdir, size, dpi, max_pixels)
     kw = dict(collapse=collapse, show_saved=show_saved, fold=fold, clusters=clusters, legend=legend, limit=limit,
               rankdir=rankdir, size=size, dpi=dpi)
     if fmt == "json":
@@ -372,25 +260,9 @@ def render(report, path, *, format: str | None = None, collapse=None, show_saved
             _write(path, out.svg.encode("utf-8"))
         else:
             if fmt == "png":
-                _cap_pixels(out, dpi, max_pixels, path)
+                cap_pixels(out, dpi, max_pixels, path)
             _write(path, pipe(out.dot, fmt))
     return path
-
-
-def _cap_pixels(out, dpi, max_pixels, path) -> None:
-    """Scale a raster image down to ``max_pixels`` on its longer side, saying so (RenderWarning)."""
-    if out.size is None or max_pixels is None:
-        return
-    dpi = dpi or 96.0
-    side = max(out.size) / 72 * dpi
-    if side <= max_pixels:
-        return
-    new = dpi * max_pixels / side * 0.98         # dot rounds up and pads a little
-    w, h = (round(x / 72 * dpi) for x in out.size)
-    warnings.warn(f"{path}: a {w:,} x {h:,} px image would be written; scaled down to {max_pixels:,} px on its "
-                  f"longer side (dpi {new:.0f}). Pass max_pixels=None (CLI --max-pixels 0) for full size, or "
-                  f"write .svg/.pdf, which scale without loss.", RenderWarning, stacklevel=3)
-    out.dot.attr("graph", dpi=f"{new:.2f}")
 
 
 def _write(path: str, data: bytes) -> None:
