@@ -118,3 +118,37 @@ def test_notebook_display_without_dot_falls_back_to_the_list(report, tmp_path, m
     assert "inplace-hazard" in out and "<svg" not in out and "apt-get install graphviz" in out
     bundle = repr_mimebundle(report)
     assert "image/svg+xml" not in bundle and "<ol" in bundle["text/html"]
+
+
+@needs_dot
+def test_every_box_opens_or_says_why_not():
+    """Each box of the default drawing has its own pre-rendered drawing, until the page's budget is spent."""
+    from gradscope.views.render import drawing, pipe
+    from gradscope.views.scenes import scenes, search_index
+    from tests._render_models import lstm
+
+    loss, model = lstm(200)
+    report = gradscope.inspect(loss, model=model)
+    top = drawing(report)
+    boxes = [e for e, info in top.elements.items() if info["kind"] in ("fold", "module")]
+    assert boxes                                         # 200 unrolled steps: folded
+    opened = scenes(report, top, lambda box, within: drawing(report, box=box, within=within), pipe)
+    assert {s.sid for s in opened} >= set(boxes)
+    for s in opened[1:]:
+        ET.fromstring(s.svg)
+        assert s.parent == "top" or s.parent in {x.sid for x in opened}
+    index = search_index(report, opened)
+    rows = {r[0]: r for r in index["nodes"]}
+    assert set(rows) >= set(report.graph)                # every node is searchable
+    # the cell parameters used by every step are in the names the search box searches
+    assert "cell.weight_ih" in index["names"]
+
+    closed = scenes(report, top, lambda box, within: drawing(report, box=box, within=within), pipe,
+                    budget=(1, 10**9, 60.0))
+    assert [s.sid for s in closed] == ["top"]
+    assert all("budget" in top.elements[b]["closed"] for b in boxes)
+    inside = [n for n, e in top.element_of.items() if e in boxes]
+    index = search_index(report, closed)
+    rows = {r[0]: r for r in index["nodes"]}
+    # nodes inside an unopened box: their path ends at the box, and they are not drawn themselves
+    assert inside and all(index["paths"][rows[n][3]][-1] in boxes and rows[n][4] == 0 for n in inside)
