@@ -86,7 +86,7 @@
   // -- details, highlight ---------------------------------------------------------------------------------
   function show(id){var d=(cur.elements||{})[id];if(!d){details.textContent="";return;}
     var t=[(d.kind||"")+": "+(d.name||"")];
-    if(d.module)t.push("module: "+d.module);
+    if(d.module&&d.module!==d.name)t.push("module: "+d.module);
     if(d.shape)t.push("shape: "+d.shape+" "+(d.dtype||""));
     if(d.ops!==undefined)t.push(d.ops+" ops, "+d.members+" nodes");
     if(d.pattern&&d.pattern.length)t.push("pattern: "+d.pattern.join(", "));
