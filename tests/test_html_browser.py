@@ -361,3 +361,22 @@ def test_hostile_names_do_not_break_the_viewer(browser, tmp_path):
     assert _js(browser, "return document.querySelector('.gs-view').dataset.gsReady") == "1"   # the script ran
     assert not _js(browser, "return document.querySelectorAll('body > b, .gs-view b:not(.gs-crumbs b)').length")
     assert _search(browser, "<!--<script>").startswith("1 / 1")
+
+
+def test_the_same_output_shown_twice_works_in_both_views(browser, tmp_path):
+    """Jupyter can show one output in two places (a second view of the notebook): same HTML, same ids."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    loss, model = planted()
+    out = repr_html(gradscope.inspect(loss, model=model))
+    page = tmp_path / "twice.html"
+    page.write_text(f"<!DOCTYPE html><html><body>{out}{out}</body></html>", encoding="utf-8")
+    browser.get(f"file://{page}")
+    views = browser.find_elements(By.CSS_SELECTOR, ".gs-view")
+    assert [v.get_attribute("data-gs-ready") for v in views] == ["1", "1"]
+    scale = lambda v: float(v.find_element(By.CSS_SELECTOR, ".gs-scene svg").get_attribute("data-gs-scale"))  # noqa: E731
+    before = [scale(v) for v in views]
+    views[1].find_element(By.CSS_SELECTOR, ".gs-side h4").click()
+    ActionChains(browser).send_keys("+").perform()
+    assert scale(views[1]) == pytest.approx(before[1] * 1.25, rel=1e-3) and scale(views[0]) == before[0]

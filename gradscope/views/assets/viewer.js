@@ -177,4 +177,5 @@
     root.style.height=Math.round(Math.max(320,Math.min(h,most)))+"px";}
   open("top");
   if(root.dataset.page)root.focus({preventScroll:true});
-})(document.getElementById("__ROOT__"));
+})(function(){var s=document.currentScript,p=s&&s.parentElement;   // the view this script sits in
+  return p&&p.classList.contains("gs-view")?p:document.getElementById("__ROOT__");}());
