@@ -16,6 +16,7 @@ import json
 from importlib import resources
 
 from gradscope._format import human_bytes
+from gradscope.views.collapse import finding_nodes
 from gradscope.views.scenes import scenes as _scenes
 from gradscope.views.scenes import search_index, svg_text
 
@@ -43,11 +44,9 @@ def script_json(data) -> str:
 
 
 def _findings_data(report, top) -> list[dict]:
-    from gradscope.views.dot import _finding_nodes
-
     return [{"kind": f.kind, "severity": f.severity, "message": f.message, "location": f.location,
              "params": list(f.params), "node": f.node, "targets": targets,
-             "nodes": _finding_nodes(report.graph, f)}
+             "nodes": finding_nodes(report.graph, f)}
             for f, targets in zip(report.findings, top.targets)]
 
 
