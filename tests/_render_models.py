@@ -89,7 +89,8 @@ def _hf(kind: str, layers: int, d: int = 32, heads: int = 2, vocab: int = 97):
                             intermediate_size=2 * d, vocab_size=vocab, max_position_embeddings=64)
         return tf.BertForMaskedLM(cfg), "bert"
     if kind == "t5":
-        cfg = tf.T5Config(num_layers=layers, num_decoder_layers=layers, d_model=d, d_kv=d // heads, decoder_start_token_id=0, pad_token_id=0,
+        cfg = tf.T5Config(num_layers=layers, num_decoder_layers=layers, d_model=d, d_kv=d // heads,
+                          decoder_start_token_id=0, pad_token_id=0,
                           num_heads=heads, d_ff=2 * d, vocab_size=vocab)
         return tf.T5ForConditionalGeneration(cfg), "t5"
     cfg = tf.ViTConfig(num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads,

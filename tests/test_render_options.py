@@ -157,3 +157,14 @@ def test_parameters_without_gradient_are_a_compact_grid_grouped_by_module(tmp_pa
     rows = {round(y) for y in tops}
     assert 3 <= len(rows) <= 6                             # a grid: a few rows of a few boxes each
     assert max(sum(1 for y in tops if round(y) == r) for r in rows) <= 8
+
+
+def test_without_graphviz_the_dot_file_is_still_a_compact_drawing(tmp_path, monkeypatch):
+    """No dot to measure layouts: the drawing is chosen by its element count instead."""
+    loss, model = lstm_gallery(200, planted=True)
+    report = gradscope.inspect(loss, model=model)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    src = open(report.render(tmp_path / "g.dot"), encoding="utf-8").read()
+    assert len(re.findall(r"^\t+\S+ \[label=", src, flags=re.M)) < 60 < report.graph.number_of_nodes()
+    hazard = next(f for f in report.findings if f.kind == "inplace-hazard")
+    assert re.search(rf'\b{hazard.node} \[label="[^"]*!! inplace-hazard', src)

@@ -1,6 +1,7 @@
 """The visual language: turn a :class:`~gradscope.views.collapse.View` of a report into a ``graphviz.Digraph``.
 
-The legend lives in :mod:`gradscope.views.render`'s docstring and the README; colours are in :mod:`gradscope.views.style`.
+The legend lives in :mod:`gradscope.views.render`'s docstring and docs/pictures.md; colours are in
+:mod:`gradscope.views.style`.
 Every drawn element gets a stable SVG ``id`` (the node id, ``fold:nK``, ``module:NAME``, ``unused:NAME``,
 ``cut:LOCATION``, ``nK~i`` for the i-th stub of a shared leaf) and ``gs-*`` classes for the HTML view.
 """
@@ -217,7 +218,7 @@ class _Builder:
         shade = _shade(grp.saved_bytes, top)
         fill = COLORS["group"] if shade == COLORS["shades"][0] else shade
         self.add(gid, cluster, _label(lines), ["gs-group", f"gs-{grp.kind}"], info, shape="box3d",
-                 style="filled", fillcolor=fill, color=COLORS["group_line"])
+                 margin="0.14,0.05", style="filled", fillcolor=fill, color=COLORS["group_line"])
 
     def leaf(self, n, d):
         kind = d["kind"]
