@@ -67,8 +67,8 @@ def unmeasured(report, collapse, fold, limit, rankdir, module_of, size, dpi, kw)
     graph = report.graph
     module_of = infer_modules(graph) if module_of is None else module_of
     view = None
-    for view in candidates(graph, report.findings, fold=fold, collapse=collapse, limit=limit,
-                           module_of=module_of, cache={}):
+    for view in candidates(graph, report.findings, fold=fold, collapse=collapse, module_of=module_of,
+                           cache={}):
         if collapse is not None or graph.number_of_nodes() - len(view.owner) + len(view.groups) <= PAGE_ELEMENTS:
             break
     out = draw(report, view, rankdir=rankdir, limit=limit, **kw)

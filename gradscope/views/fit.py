@@ -65,7 +65,7 @@ def _elements(graph, view) -> int:
     return graph.number_of_nodes() - len(view.owner) + len(view.groups)
 
 
-def candidates(graph, findings, *, fold, collapse, limit, module_of, cache):
+def candidates(graph, findings, *, fold, collapse, module_of, cache):
     """Views to try, most detailed first (see NOTE [fitting a page])."""
     if collapse is not None:
         stages = [((MIN_REPS, MIN_OPS) if fold else None, None if collapse is False else collapse, None)]
@@ -98,10 +98,10 @@ def choose(report, *, pipe, fold=None, collapse=None, rankdir=None, limit=1000, 
     directions = [rankdir] if rankdir else ["TB", "LR"]
     fixed = collapse is not None
     budget = min(limit, PAGE_ELEMENTS)
-    best = None                     # (area, drawing) of the smallest layout seen
+    best = None                     # (longer side, view, direction, drawing) of the smallest layout seen
     tried = []
-    for view in candidates(graph, report.findings, fold=fold, collapse=collapse, limit=limit,
-                           module_of=module_of, cache=cache):
+    for view in candidates(graph, report.findings, fold=fold, collapse=collapse, module_of=module_of,
+                           cache=cache):
         if not fixed and _elements(graph, view) > budget:
             tried.append(view)
             continue
@@ -116,7 +116,7 @@ def choose(report, *, pipe, fold=None, collapse=None, rankdir=None, limit=1000, 
                 return drawing
             if best is None or max(w, h) < best[0]:
                 best = (max(w, h), view, direction, drawing)
-            if h >= w:              # LR would only be taller
+            if h >= w:              # LR swaps the sides: a drawing too tall in TB is too wide in LR
                 break
     if best is None:                # every candidate was over budget: draw the smallest one
         view = min(tried, key=lambda v: _elements(graph, v))
