@@ -14,18 +14,21 @@ _MARK = {"error": "x", "warning": "!", "info": "i"}
 
 def top_nodes(graph, top: int) -> list[tuple[str, dict]]:
     """The ``top`` op nodes holding the most saved bytes, largest first (ties by node id)."""
-    ops = [(n, d) for n, d in graph.nodes(data=True) if d["saved_bytes"] > 0]
-    ops.sort(key=lambda nd: (-nd[1]["saved_bytes"], int(nd[0][1:]) if nd[0][1:].isdigit() else 0))
-    return ops[:top]
+    ops = [(n, b) for n, b in graph.nodes(data="saved_bytes") if b > 0]
+    ops.sort(key=lambda nb: (-nb[1], int(nb[0][1:]) if nb[0][1:].isdigit() else 0))
+    nodes = graph.nodes
+    return [(n, nodes[n]) for n, _ in ops[:top]]
 
 
 def summary(report, top: int = 5) -> str:
-    g = report.graph
+    g = report._view()   # the compact graph until report.graph is read: same answers, no DiGraph built
     kinds = {"op": 0, "param": 0, "input": 0}
-    saved_count = 0
-    for _, d in g.nodes(data=True):
-        kinds[d["kind"]] = kinds.get(d["kind"], 0) + 1
-        saved_count += len(d["saved"])
+    kind_of = dict(g.nodes(data="kind"))
+    for k in kind_of.values():
+        kinds[k] = kinds.get(k, 0) + 1
+    compact = getattr(g, "compact", None)
+    saved_count = compact.n_slots_total() if compact is not None else sum(
+        len(d["saved"]) for _, d in g.nodes(data=True))
     lines = [
         f"gradscope: {g.number_of_nodes()} nodes ({kinds['op']} ops, {kinds['param']} parameters, "
         f"{kinds['input']} inputs), {human_bytes(report.saved_bytes)} held by {saved_count} saved tensors",
@@ -59,13 +62,13 @@ def summary(report, top: int = 5) -> str:
     hot = top_nodes(g, top)
     if hot:
         lines.append("")
-        lines.append(f"Top saved memory ({len(hot)} of {sum(1 for _ in g.nodes)} nodes):")
+        lines.append(f"Top saved memory ({len(hot)} of {len(kind_of)} nodes):")
         for nid, d in hot:
             where = f" in {d['module']}" if d.get("module") else ""
             slots = ", ".join(f"{e['slot']} {shape_str(e['shape'])}" for e in d["saved"]
                               if e["status"] in HELD)
             lines.append(f"  {human_bytes(d['saved_bytes']):>10}  {nid:<6} {d['name']}{where}: {slots}")
-    if any(d.get("module") for _, d in g.nodes(data=True) if d["kind"] == "op"):
+    if any(m for n, m in g.nodes(data="module") if kind_of[n] == "op"):
         from gradscope.memory.attribution import module_bytes
 
         mods = [(m, n) for m, n in module_bytes(g, params=False).items() if n > 0][:top]

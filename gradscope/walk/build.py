@@ -17,6 +17,7 @@ import torch
 from gradscope.walk.release import keep_until_dead
 from gradscope.errors import InputTypeError, InputValueError, NoGradRootError
 from gradscope.walk.loop import walk
+from gradscope.walk.records import Records, node_id
 from gradscope.walk.saved import _DTYPES, StorageIds, dtype_str
 
 __all__ = ["build", "build_graph", "flatten_roots", "param_names"]
@@ -161,11 +162,15 @@ def _root_node(t: torch.Tensor, index: int):
 
 def build_graph(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]]) -> nx.DiGraph:
     """Walk from ``roots`` and return the metadata graph (see the module docstring)."""
-    return build(roots, names)[0]
+    return build(roots, names).digraph()
 
 
-def build(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]]) -> tuple[nx.DiGraph, dict]:
-    """:func:`build_graph`, and the walk's index for the checks and the report (see ``_walk.walk``)."""
+def build(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]], fast: bool = True) -> Records:
+    """Walk from ``roots`` into compact :class:`~gradscope.walk.records.Records` (NOTE [compact records]).
+
+    ``records.digraph()`` is :func:`build_graph`'s DiGraph; ``fast=False`` reads every node with the
+    general saved-slot reader (for tests).
+    """
     root_info = []
     no_grad_roots = []
     for i, t in enumerate(roots):
@@ -181,37 +186,26 @@ def build(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]])
         raise NoGradRootError(
             f"none of the {len(roots)} roots has a grad_fn or requires grad: there is no graph to inspect.")
     gc_was_enabled = gc.isenabled()
-    gc.disable()  # the walk allocates many small dicts; generational GC passes would dominate its time
+    gc.disable()  # generational GC passes over the walk's allocations would dominate its time
     try:
         storages = StorageIds()
-        ids, attrs, succ, pred, index = walk([node for _, node, _ in root_info], names, storages)
+        records, ids = walk([node for _, node, _ in root_info], names, storages, fast)
+        roots_idx = [ids[node] for _, node, _ in root_info]
+        records.roots = roots_idx
+        records.graph.update({
+            "roots": [node_id(i) for i in roots_idx],
+            "root_shapes": [shape for _, _, shape in root_info],
+            "no_grad_roots": no_grad_roots,
+            "storage_bytes": list(storages.sizes),
+            "params": _params_info(records.param_nodes, names, storages),
+        })
+        if len(ids) >= _DEEP:
+            keep_until_dead([t for i, t in enumerate(roots) if i not in no_grad_roots], list(ids))
+        del ids
     finally:
         if gc_was_enabled:
             gc.enable()
-    g = nx.DiGraph()
-    # NOTE [building the DiGraph]: nodes and edges are inserted through networkx's own dicts (the
-    # documented data structure of DiGraph: _node, _succ/_adj, _pred, one attr dict shared by succ and
-    # pred) because add_node/add_edge cost more than the whole walk. tests/test_inspect_graph.py
-    # checks that the result behaves as a normal DiGraph.
-    g._node.update(attrs)
-    g._succ.update(succ)
-    g._pred.update(pred)
-    roots_ids = []
-    for i, node, shape in root_info:
-        rid = ids[node]
-        attrs[rid]["root"] = True
-        roots_ids.append(rid)
-    g.graph.update({
-        "roots": roots_ids,
-        "root_shapes": [shape for _, _, shape in root_info],
-        "no_grad_roots": no_grad_roots,
-        "storage_bytes": list(storages.sizes),
-        "params": _params_info(index["param_nodes"], names, storages),
-    })
-    if len(attrs) >= _DEEP:
-        del ids[None]  # the walk's sentinel; the other keys are the nodes, root-first
-        keep_until_dead([t for i, t in enumerate(roots) if i not in no_grad_roots], list(ids))
-    return g, index
+    return records
 
 
 def _params_info(where: dict, names, storages: StorageIds) -> dict:
@@ -223,6 +217,10 @@ def _params_info(where: dict, names, storages: StorageIds) -> dict:
         except (RuntimeError, NotImplementedError):
             sid = None
         dtype = p.dtype
-        out[name] = {"requires_grad": bool(p.requires_grad), "shape": list(p.shape),
+        try:
+            shape = list(p.shape)
+        except RuntimeError:  # a nested tensor
+            shape = None
+        out[name] = {"requires_grad": bool(p.requires_grad), "shape": shape,
                      "dtype": _DTYPES.get(dtype) or dtype_str(dtype), "node": where.get(name), "storage": sid}
     return out
