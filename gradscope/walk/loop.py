@@ -18,11 +18,13 @@ parameter, and the saved bytes of the whole graph, each storage counted once.
 
 from __future__ import annotations
 
+from itertools import accumulate
+from operator import attrgetter
+
 import torch
 
 from gradscope.walk.records import Records, node_id
 from gradscope.walk.saved import HELD, _DEVICES, _DTYPES, StorageIds, device_str, dtype_str, node_type, plain_value, read_saved
-from gradscope.walk.values import _I64_MAX, _U64
 
 __all__ = ["walk"]
 
@@ -42,8 +44,27 @@ _MAX_SHAPES = 1 << 16
 def _spec(node) -> tuple:
     info = node_type(node)
     code = _LEAF if info.leaf else (_OTHER if info.custom else _OP)
-    spec = _SPECS[type(node)] = (code, info.name, info.tensor_slots, info.value_slots, info)
+    attrs = [attr for _, attr in info.value_slots]
+    # all value slots in one C call, always as a tuple
+    vget = None if not attrs else (attrgetter(*attrs) if len(attrs) > 1 else _one(attrgetter(attrs[0])))
+    spec = _SPECS[type(node)] = (code, info.name, info.tensor_slots, info.value_slots, info, vget)
     return spec
+
+
+def _one(get):
+    return lambda node: (get(node),)
+
+
+def _value(node, attr):
+    try:
+        return getattr(node, attr)
+    except RuntimeError:
+        return None
+
+
+#: Types of saved values kept as read (NOTE [compact records]): they hold no tensor; the records turn
+#: them into the contract's plain values (negative ints, lists) when a node's dict is built.
+_RAW_OK = frozenset((int, tuple, float, bool, type(None), str))
 
 
 def _out_shapes(meta) -> tuple:
@@ -193,33 +214,18 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
                     node_sids.append(sid)
                     held += sizes[sid]
             if ok:
-                values = []
-                for s, attr in spec[3]:
-                    try:
-                        v = getattr(node, attr)
+                vget = spec[5]
+                if vget is None:
+                    values = ()
+                else:
+                    try:  # raw values: plain Python data (ints, int tuples, floats, bools, None, str)
+                        values = vget(node)
                     except RuntimeError:
-                        values.append(None)
-                        continue
-                    tv = type(v)
-                    if tv is int:
-                        if v >= _I64_MAX:
-                            v -= _U64
-                    elif tv is tuple:
-                        try:  # sizes, strides, dims (kept as a tuple: NOTE [compact records])
-                            if max(v) >= _I64_MAX:
-                                v = plain_value(v)
-                            else:
-                                canon = shape_get(v)
-                                if canon is None:
-                                    canon = shapes[v] = v
-                                v = canon
-                        except (TypeError, ValueError):  # max() raises on None/mixed/empty
-                            v = plain_value(v)
-                    elif not (tv is bool or tv is float or v is None or tv is str):
-                        v = plain_value(v)
-                    values.append(v)
+                        values = tuple(_value(node, attr) for _, attr in spec[3])
+                    if not _RAW_OK.issuperset(map(type, values)):
+                        values = tuple(map(plain_value, values))
                 saved_add(tuple(rec) if rec else ())
-                values_add(tuple(values) if values else ())
+                values_add(values)
         if not ok:
             saved, values = read_saved(node, spec[4], storages)
             held = 0
@@ -243,12 +249,16 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
         except (AttributeError, RuntimeError):
             meta = ()
         if meta:
-            try:
-                dev = meta[0].device
-                dev_add(devices_get(dev) or device_str(dev))
-            except RuntimeError:
-                dev_add(None)
-            key = _out_shapes(meta)
+            m = meta[0]
+            dev = m.device
+            dev_add(devices_get(dev) or device_str(dev))
+            if len(meta) == 1:
+                try:
+                    key = (tuple(m.shape),)
+                except RuntimeError:  # a nested tensor
+                    key = (None,)
+            else:
+                key = _out_shapes(meta)
             canon = shape_get(key)
             if canon is None:
                 canon = shapes[key] = key
@@ -266,12 +276,6 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
 
 def _edges(r: Records, ids: dict, nexts_of: list) -> None:
     """Fill the edge columns (child index or -1, output number) in ``next_functions`` order."""
-    off_add = r.kid_off.append
-    kids, outs = r.kids, r.kid_out
-    total = 0
-    for nexts in nexts_of:
-        total += len(nexts)
-        off_add(total)
-        for child, out_nr in nexts:
-            kids.append(ids[child])
-            outs.append(out_nr)
+    r.kid_off.extend(accumulate(map(len, nexts_of)))
+    r.kids.extend([ids[child] for nexts in nexts_of for child, _ in nexts])
+    r.kid_out.extend([out_nr for nexts in nexts_of for _, out_nr in nexts])
