@@ -78,9 +78,11 @@ def hf(kind: str):
     """A HF GPT-2 / BERT with 12 layers of a tiny width (real depth, so real node counts), train mode."""
     import transformers
 
+    transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
     if kind == "gpt2":
-        cfg = transformers.GPT2Config(n_embd=64, n_layer=12, n_head=4, vocab_size=1000, n_positions=128)
+        cfg = transformers.GPT2Config(n_embd=64, n_layer=12, n_head=4, vocab_size=1000, n_positions=128,
+                                      bos_token_id=0, eos_token_id=0)
         model = transformers.GPT2LMHeadModel(cfg)
     else:
         cfg = transformers.BertConfig(hidden_size=64, num_hidden_layers=12, num_attention_heads=4,
@@ -147,8 +149,7 @@ def torchviz_time(loss, model, rounds: int) -> float | None:
 
 def kept_bytes(loss, model) -> tuple[int, float]:
     """Bytes a report keeps until report.graph is touched, and the time to then build the DiGraph."""
-    gradscope.inspect(loss, model=model)     # warm the per-type caches
-    gc.collect()
+    gc.collect()                             # the per-type caches are warm: the timed calls ran first
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     report = gradscope.inspect(loss, model=model)
@@ -164,9 +165,7 @@ def measure(name, build, rounds: int, viz: bool) -> dict:
     torch.manual_seed(0)
     loss, model = build()
     n = bare_walk(loss)                     # also creates every node's Python wrapper
-    report = gradscope.inspect(loss, model=model)
-    assert report.graph.number_of_nodes() == n, (name, n)
-    del report
+    assert f"<gradscope.Report: {n} nodes," in repr(gradscope.inspect(loss, model=model)), name
     bare = lambda: bare_walk(loss)  # noqa: E731
     insp = lambda: gradscope.inspect(loss, model=model)  # noqa: E731
     kb, ki = _per_sample(bare, 0.02), _per_sample(insp, 0.02)

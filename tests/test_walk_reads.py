@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 import gradscope
 from gradscope.cli.commands import main
+from tests.fuzz._vocab import ExpF
 from tests._truth import hooked_unique_bytes, kinds
 
 warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors")
@@ -89,19 +90,6 @@ def test_live_tensor_list_is_not_freed():
     loss.backward()
 
 
-class _SaveOut(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        y = x.exp()
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx, g):
-        (y,) = ctx.saved_tensors
-        return g * y
-
-
 class _SavesNothing(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
@@ -115,13 +103,13 @@ class _SavesNothing(torch.autograd.Function):
 
 def test_custom_function_freed_by_an_earlier_backward():
     p = torch.nn.Parameter(torch.randn(4))
-    y = _SaveOut.apply(p)
+    y = ExpF.apply(p)
     y.sum().backward()
     loss = (y + 1).sum()
     r = gradscope.inspect(loss, params={"p": p})
     assert "freed-graph" in kinds(r)
     f = next(f for f in r.findings if f.kind == "freed-graph")
-    assert r.graph.nodes[f.node]["name"] == "_SaveOutBackward"
+    assert r.graph.nodes[f.node]["name"] == "ExpFBackward"
     with pytest.raises(RuntimeError, match=_SECOND):
         loss.backward()
 
