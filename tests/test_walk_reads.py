@@ -123,3 +123,13 @@ def test_custom_function_that_saved_nothing_is_not_freed():
     assert "freed-graph" not in kinds(r)
     loss.backward()                                 # torch agrees: nothing was freed that it needs
     assert p.grad is not None
+
+
+def test_nested_tensor_root_is_a_non_scalar_root():
+    a = torch.randn(2, 3, requires_grad=True)
+    root = torch.nested.as_nested_tensor([a * 2, a[:1] * 3]).sin()
+    r = gradscope.inspect(root, params={"a": a})
+    assert kinds(r) == ["non-scalar-root"] and "nested tensor" in r.findings[0].message
+    assert r.graph.graph["root_shapes"] == [None]
+    with pytest.raises(RuntimeError, match="only for scalar outputs"):
+        root.backward()

@@ -133,12 +133,25 @@ def _plain_named_parameters(module) -> list | None:
     return out
 
 
+def _shape(t: torch.Tensor) -> list[int] | None:
+    """``list(t.shape)``, or None for a nested tensor (torch gives it no shape)."""
+    try:
+        return list(t.shape)
+    except RuntimeError:
+        return None
+
+
+def _shape_text(t: torch.Tensor) -> str:
+    shape = _shape(t)
+    return "unknown (a nested tensor)" if shape is None else str(tuple(shape))
+
+
 def _root_node(t: torch.Tensor, index: int):
     try:
         grad_fn = t.grad_fn
     except RuntimeError as exc:  # e.g. a no_grad view whose base was later modified in place
         raise InputValueError(
-            f"root {index} (a tensor of shape {tuple(t.shape)}) cannot be differentiated: torch refuses "
+            f"root {index} (a tensor of shape {_shape_text(t)}) cannot be differentiated: torch refuses "
             f"to read its grad_fn ({str(exc).split('. ')[0]}). backward() raises the same; see torch's "
             "message for the fix.") from None
     if grad_fn is not None:
@@ -150,12 +163,12 @@ def _root_node(t: torch.Tensor, index: int):
             # A view of a leaf taken under no_grad reports requires_grad=True without a grad_fn or a
             # gradient accumulator; backward() rejects it as "does not require grad".
             raise NoGradRootError(
-                f"root {index} (a tensor of shape {tuple(t.shape)}) says requires_grad=True but has no "
+                f"root {index} (a tensor of shape {_shape_text(t)}) says requires_grad=True but has no "
                 "grad_fn and is not a leaf torch can accumulate into: it is a view of a parameter taken "
                 "under torch.no_grad(), and backward() rejects it. Take the view with grad enabled."
             ) from None
     raise NoGradRootError(
-        f"root {index} (a tensor of shape {tuple(t.shape)}) has no grad_fn and does not require grad, so "
+        f"root {index} (a tensor of shape {_shape_text(t)}) has no grad_fn and does not require grad, so "
         "backward() has nothing to do: it was computed under torch.no_grad()/inference_mode, detached, "
         "or from inputs that do not require grad. Inspect the loss before any .detach()/.item().")
 
@@ -181,7 +194,7 @@ def build(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]],
                 raise
             no_grad_roots.append(i)
             continue
-        root_info.append((i, node, list(t.shape)))
+        root_info.append((i, node, _shape(t)))
     if not root_info:
         raise NoGradRootError(
             f"none of the {len(roots)} roots has a grad_fn or requires grad: there is no graph to inspect.")

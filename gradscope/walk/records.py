@@ -278,4 +278,6 @@ class CompactGraph:
         return len(self.compact)
 
     def __getattr__(self, name):
+        if name.startswith("__") or name in CompactGraph.__slots__:   # copy/pickle probing: no DiGraph
+            raise AttributeError(name)
         return getattr(self.compact.digraph(), name)

@@ -137,6 +137,9 @@ def _is_wrapped_scalar(t: torch.Tensor) -> bool:
 
 _DTYPES: dict = {}
 _DEVICES: dict = {}
+# Private torch APIs read here (to move into gradscope/_torch.py): the SavedTensor type and its
+# ``data`` / ``unpack_hook``; on nodes ``_raw_saved_*`` / ``_saved_*`` (found by dir()),
+# ``_raw_saved_tensors`` / ``saved_tensors`` / ``_forward_cls`` of custom Functions; ``_cdata`` of storages.
 _SavedTensor = torch._C._autograd.SavedTensor
 
 
