@@ -1,4 +1,5 @@
-"""The one pass that touches live autograd objects: roots to a metadata-only ``networkx.DiGraph``.
+"""The one pass that touches live autograd objects: roots to metadata-only compact records, from which
+the ``networkx.DiGraph`` of the contract is built on demand (NOTE [compact records] in ``records.py``).
 
 Node ids are ``"n0", "n1", ...`` in depth-first discovery order from the roots (input 0 first), so the
 same program always gives the same ids. Edges point in data-flow direction: ``u -> v`` means ``v``

@@ -46,14 +46,10 @@ def _spec(node) -> tuple:
     info = node_type(node)
     code = _LEAF if info.leaf else (_OTHER if info.custom else _OP)
     attrs = [attr for _, attr in info.value_slots]
-    # all value slots in one C call, always as a tuple
-    vget = None if not attrs else (attrgetter(*attrs) if len(attrs) > 1 else _one(attrgetter(attrs[0])))
-    spec = _SPECS[type(node)] = (code, info.name, info.tensor_slots, info.value_slots, info, vget)
+    # all value slots in one C call: a tuple, or the value itself for one slot (NOTE [compact records])
+    vget = attrgetter(*attrs) if attrs else None
+    spec = _SPECS[type(node)] = (code, info.name, info.tensor_slots, info.value_slots, info, vget, len(attrs) == 1)
     return spec
-
-
-def _one(get):
-    return lambda node: (get(node),)
 
 
 def _value(node, attr):
@@ -162,7 +158,7 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
         held = 0
         ok = fast and code == _OP
         if ok:
-            rec = []
+            rec = ()   # () + t is t itself: no copy for the common single slot
             node_sids = None
             for s, raw_attr, attr in spec[2]:
                 try:
@@ -220,6 +216,13 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
                 vget = spec[5]
                 if vget is None:
                     values = ()
+                elif spec[6]:  # one value slot: the value itself
+                    try:
+                        values = vget(node)
+                    except RuntimeError:
+                        values = None
+                    if type(values) not in _RAW_OK:
+                        values = plain_value(values)
                 else:
                     try:  # raw values: plain Python data (ints, int tuples, floats, bools, None, str)
                         values = vget(node)
@@ -227,7 +230,7 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
                         values = tuple(_value(node, attr) for _, attr in spec[3])
                     if not _RAW_OK.issuperset(map(type, values)):
                         values = tuple(map(plain_value, values))
-                saved_add(tuple(rec) if rec else ())
+                saved_add(rec)
                 values_add(values)
         if not ok:
             saved, values = read_saved(node, spec[4], storages)

@@ -11,9 +11,9 @@ and building hundreds of thousands of them is most of the walk's time and all of
     saved[i]    a fast-path op: a flat tuple, 5 entries per slot ``(slot, shape, dtype, device, sid)``,
                 status "live", ``nbytes = sizes[sid]``, ``sid < 0`` marks a wrapped scalar (``~sid``);
                 any other node: the list of slot dicts that ``saved.read_saved`` returned
-    values[i]   a fast-path op: the raw saved values, a tuple aligned with ``types[i].value_slots`` (plain
-                Python data; ``values.plain_value`` makes the contract's values of them); any other op:
-                the dict ``read_saved`` returned
+    values[i]   a fast-path op: the raw saved values, a tuple aligned with ``types[i].value_slots`` (the
+                value itself when there is one slot; plain Python data that ``values.plain_value`` turns
+                into the contract's values); any other op: the dict ``read_saved`` returned
     leaves      ``i -> (kind, name, module, shape, dtype, requires_grad, device)`` for AccumulateGrad nodes
     kid_off / kids / kid_out   the edges: node ``i`` consumed ``kids[k]`` (index, -1 for None) output
                 ``kid_out[k]`` for ``k`` in ``kid_off[i]:kid_off[i+1]``, in ``next_functions`` order
@@ -134,7 +134,10 @@ class Records:
         vals = self.values[i]
         if type(vals) is dict:
             return vals
-        return {s: plain_value(v) for (s, _), v in zip(self.types[i].value_slots, vals)}
+        slots = self.types[i].value_slots
+        if len(slots) == 1:   # one value slot: the value itself
+            return {slots[0][0]: plain_value(vals)}
+        return {s: plain_value(v) for (s, _), v in zip(slots, vals)}
 
     def n_slots(self, i: int) -> int:
         d = self._dicts.get(i)
