@@ -230,6 +230,9 @@ def report(rows: list[dict]) -> int:
         spread = max(per) / min(per)
         print(f"\nchain per-node cost {min(per) * 1e6:.2f}-{max(per) * 1e6:.2f} us: spread {spread:.2f}x "
               f"(target <= {TARGET_FLAT})")
+        rel = [r["inspect"] / r["bare"] for r in chains]
+        print(f"(load-robust view: x bare walk {min(rel):.2f}-{max(rel):.2f}, spread {max(rel) / min(rel):.2f}x; "
+              "absolute per-node times drift with the machine's load between models)")
         if spread > TARGET_FLAT:
             missed.append(f"chain per-node cost spread {spread:.2f}x (target <= {TARGET_FLAT})")
     print(f"torch {torch.__version__}, Python {sys.version.split()[0]}, "
