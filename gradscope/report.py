@@ -22,10 +22,29 @@ class Report:
     """
 
     def __init__(self, graph: nx.DiGraph, findings: list[Finding], saved_bytes: int | None = None):
-        self.graph = graph
+        # inspect() passes a CompactGraph (NOTE [compact records] in walk/records.py): the DiGraph is
+        # built from it the first time ``graph`` is read, and the compact form is dropped then.
+        self._compact = graph if hasattr(graph, "compact") else None
+        self._graph = None if self._compact is not None else graph
         self.findings = list(findings)
         # inspect() passes the total its walk already summed (the same rule as held_bytes)
         self.saved_bytes = held_bytes(graph) if saved_bytes is None else saved_bytes
+
+    @property
+    def graph(self) -> nx.DiGraph:
+        """``networkx.DiGraph`` of metadata (built on first access, then always the same object)."""
+        if self._graph is None:
+            self._graph = self._compact.compact.digraph()
+            self._compact = None
+        return self._graph
+
+    @graph.setter
+    def graph(self, value: nx.DiGraph) -> None:
+        self._graph, self._compact = value, None
+
+    def _view(self):
+        """The DiGraph once built, else the compact graph (same answers; for summary() and repr)."""
+        return self._graph if self._graph is not None else self._compact
 
     # -- reading ---------------------------------------------------------------------------------
     @property
@@ -92,7 +111,7 @@ class Report:
         found = ", ".join(f"{n} {s}{'s' if n > 1 else ''}" for s, n in counts.items()) or "no findings"
         from gradscope._format import human_bytes
 
-        return (f"<gradscope.Report: {self.graph.number_of_nodes()} nodes, "
+        return (f"<gradscope.Report: {self._view().number_of_nodes()} nodes, "
                 f"{human_bytes(self.saved_bytes)} saved, {found}>")
 
     def __str__(self) -> str:

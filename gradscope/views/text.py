@@ -35,12 +35,14 @@ def _activation_slots(graph, nid: str, d: dict, owner: dict) -> str:
 
 
 def summary(report, top: int = 5) -> str:
-    g = report.graph
+    g = report._view()   # the compact graph until report.graph is read: same answers, no DiGraph built
     kinds = {"op": 0, "param": 0, "input": 0}
-    saved_count = 0
-    for _, d in g.nodes(data=True):
-        kinds[d["kind"]] = kinds.get(d["kind"], 0) + 1
-        saved_count += len(d["saved"])
+    kind_of = dict(g.nodes(data="kind"))
+    for k in kind_of.values():
+        kinds[k] = kinds.get(k, 0) + 1
+    compact = getattr(g, "compact", None)
+    saved_count = compact.n_slots_total() if compact is not None else sum(
+        len(d["saved"]) for _, d in g.nodes(data=True))
     lines = [
         f"gradscope: {g.number_of_nodes()} nodes ({kinds['op']} ops, {kinds['param']} parameters, "
         f"{kinds['input']} inputs), {human_bytes(report.saved_bytes)} held by {saved_count} saved tensors",
@@ -82,14 +84,14 @@ def summary(report, top: int = 5) -> str:
         by_ref = sum(u.nbytes for u in uses if u.category == "params")
         lines.append("")
         lines.append(f"Top saved memory (activations, each storage once; {len(hot)} of "
-                     f"{sum(1 for _ in g.nodes)} nodes):")
+                     f"{len(kind_of)} nodes):")
         for nid, d, nbytes in hot:
             where = f" in {d['module']}" if d.get("module") else ""
             slots = _activation_slots(g, nid, d, owner)
             lines.append(f"  {human_bytes(nbytes):>10}  {nid:<6} {d['name']}{where}: {slots}")
         if by_ref:
             lines.append(f"  (plus {human_bytes(by_ref)} of parameters saved by reference: no extra memory)")
-    if any(d.get("module") for _, d in g.nodes(data=True) if d["kind"] == "op"):
+    if any(m for n, m in g.nodes(data="module") if kind_of[n] == "op"):
         from gradscope.memory.attribution import module_bytes
 
         mods = [(m, n) for m, n in module_bytes(g, params=False).items() if n > 0][:top]
