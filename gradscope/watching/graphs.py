@@ -77,6 +77,7 @@ class GraphWatch:
         self._measured_run = False
         self._active = True
         self._enabled = enabled
+        self._carried_seen = False         # a carried graph already explains graphs kept alive
         try:
             self._arg_names = list(_inspect.signature(root.forward).parameters)
         except (TypeError, ValueError):
@@ -159,6 +160,7 @@ class GraphWatch:
                    f"retain_graph=True, so every backward runs through all earlier steps again and memory "
                    f"grows every step.{fix}")
         finding = Finding("carried-graph", "error", msg, params=tuple(sorted(reached)), location=location)
+        self._carried_seen = True
         if freed:
             self._explain_later(fn, finding)
         self._report([finding])
@@ -198,8 +200,8 @@ class GraphWatch:
         old = [r for r in records if r.step < self.step - 1 and r.alive() is not None]
         self._old_alive.append(len(old))
         del self._old_alive[:-3]
-        self._records = [r for r in records if r.alive() is not None]
-        if (len(self._old_alive) == 3 and self._old_alive[0] < self._old_alive[1] < self._old_alive[2]
+        self._records = [r for r in records if r.alive() is not None or not r.used]
+        if (not self._carried_seen and len(self._old_alive) == 3 and self._old_alive[0] < self._old_alive[1] < self._old_alive[2]
                 and len(old) >= 2 * max(self._retained_reported, 1)):
             self._retained_reported = len(old)
             findings.append(self._retained(old))
@@ -217,17 +219,20 @@ class GraphWatch:
         return out
 
     def _without_backward(self, pending_ok) -> list[Finding]:
-        """One ``graph-without-backward`` finding per run of forwards that no backward used."""
+        """One ``graph-without-backward`` finding per run of forwards (same step) that no backward used.
+        With ``pending_ok``, a run from the step that just ended whose graphs are all still alive waits:
+        a later backward may still use them (one loss backwarded after another)."""
         runs: list[list[ForwardRec]] = []
         for r in self._records:
             if r.used:
                 continue
-            if pending_ok and r.step == self.step - 1 and r.alive() is not None:
-                continue                         # made in the step that just ended and still held: wait
             if runs and runs[-1][-1].step == r.step:
                 runs[-1].append(r)
             else:
                 runs.append([r])
+        if pending_ok:
+            runs = [run for run in runs
+                    if not (run[0].step == self.step - 1 and all(r.alive() is not None for r in run))]
         for run in runs:
             for r in run:
                 r.used = True                    # reported once
@@ -239,12 +244,13 @@ class GraphWatch:
         measured = [r for r in run if r.bytes is not None]
         alive = [r for r in run if r.alive() is not None]
         size = (f" Each graph held about {human_bytes(measured[0].bytes)} of saved tensors "
-                f"({measured[0].nodes} nodes) until its output was dropped." if measured else "")
+                f"({measured[0].nodes} nodes) for as long as its output was kept." if measured else "")
         held = ""
         if alive:
-            holders = find_holders([(r.seq0, r.seq1) for r in alive], self._param_ids, self._pstores())
+            holders, _ = find_holders([(r.seq0, r.seq1) for r in alive], self._param_ids, self._pstores())
             if holders:
-                held = f" {len(alive)} of these graphs are still alive, held by {holder_text(holders)}."
+                held = (f" {len(alive)} of these graphs {'is' if len(alive) == 1 else 'are'} still alive, held by "
+                        f"{holder_text(holders)}.")
         return Finding(
             "graph-without-backward", "warning",
             f"{n} forward{'s' if n != 1 else ''} of {self._root_name} {mode}with gradients enabled"
@@ -255,11 +261,10 @@ class GraphWatch:
             location=first.location)
 
     def _retained(self, old) -> Finding:
-        holders = find_holders([(r.seq0, r.seq1) for r in old], self._param_ids, self._pstores())
+        holders, (_, total_nodes, total_bytes) = find_holders([(r.seq0, r.seq1) for r in old],
+                                                              self._param_ids, self._pstores())
         steps = len({r.step for r in old})
         if holders:
-            total_nodes = sum(h.nodes for h in holders)
-            total_bytes = sum(h.bytes for h in holders)
             where = (f" They are held by {holder_text(holders)}: {total_nodes} autograd nodes and "
                      f"{human_bytes(total_bytes)} of saved tensors, growing by about "
                      f"{total_nodes // max(steps, 1)} nodes and {human_bytes(total_bytes // max(steps, 1))} "

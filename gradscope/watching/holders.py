@@ -67,10 +67,11 @@ def _candidates(value, label, out, depth=2):
             _candidates(v, f"{label}[{keys[i]!r}]" if keys is not None else f"{label}[{i}]", out, depth - 1)
 
 
-def find_holders(ranges, param_ids, param_storages=frozenset()) -> list[Holder]:
-    """The user's variables whose graphs reach nodes created in ``ranges`` (``[(seq0, seq1)]``)."""
+def find_holders(ranges, param_ids, param_storages=frozenset()):
+    """The user's variables whose graphs reach nodes created in ``ranges`` (``[(seq0, seq1)]``), and the
+    union of what they hold: ``(holders, (forwards, nodes, bytes))``."""
     ranges = sorted(ranges)
-    frame, found, seen_values = user_frame(2), [], set()
+    frame, found, seen_values, every = user_frame(2), [], set(), []
     for _ in range(_FRAMES):
         if frame is None:
             break
@@ -90,6 +91,7 @@ def find_holders(ranges, param_ids, param_storages=frozenset()) -> list[Holder]:
                     forwards, nodes, held = graph_nodes([t.grad_fn for t in tensors], ranges, param_ids,
                                                         param_storages, _NODES)
                     if forwards:
+                        every.extend(t.grad_fn for t in tensors)
                         text = (f"the {scope} variable {label} of {where}" if not label.startswith("the ")
                                 else f"{label} (a {scope} variable of {where})")
                         found.append(Holder(text, location, forwards, nodes, held))
@@ -98,7 +100,8 @@ def find_holders(ranges, param_ids, param_storages=frozenset()) -> list[Holder]:
             frame = frame.f_back
     del frame
     found.sort(key=lambda h: (-h.forwards, h.name))
-    return found
+    total = graph_nodes(every, ranges, param_ids, param_storages, _NODES) if every else (0, 0, 0)
+    return found, total
 
 
 def holder_text(holders) -> str:

@@ -56,12 +56,13 @@ def _cause(node, grad_inputs, grad_outputs) -> str:
     name = type(node).__name__
     incoming_zero = any(g is not None and bool((g == 0).any()) for g in grad_outputs)
     nan = any(g is not None and g.is_floating_point() and bool(torch.isnan(g).any()) for g in grad_inputs)
-    trap = (" Its incoming gradient is 0 where the result is NaN: 0 x inf = NaN, the torch.where trap "
-            "(torch.where(mask, f(x), y) still sends a zero gradient into f at the masked-out positions, "
-            "where f's derivative is infinite); make the masked-out input safe first: "
-            "torch.where(mask, x, 1.0) inside f." if nan and incoming_zero else "")
-    singular = {"Sqrt": ("result", "sqrt at 0: its derivative 1/(2*sqrt(x)) is infinite there; use "
-                                   "x.clamp_min(eps).sqrt()"),
+    trap = (" Its incoming gradient is 0 where the result is NaN (0 x inf = NaN): a torch.where, clamp or "
+            "mask downstream sent a zero gradient to positions where this op's derivative is infinite (the "
+            "torch.where trap); make those inputs safe before the op, e.g. op(torch.where(mask, x, 1.0))."
+            if nan and incoming_zero else "")
+    singular = {"Sqrt": ("result", "sqrt at 0: its derivative 1/(2*sqrt(x)) is infinite there (so is a "
+                                   "hand-written norm sqrt(sum(x**2)) of a zero vector); use "
+                                   "x.clamp_min(eps).sqrt() or torch.linalg.vector_norm"),
                 "Rsqrt": ("self", "rsqrt at 0; add an eps"),
                 "Log": ("self", "log at 0: its derivative 1/x is infinite there; use torch.log(x + eps) or "
                                 "log_softmax instead of log(softmax)"),
@@ -130,7 +131,8 @@ class Origin:
         self._tracing = _engine.anomaly_state()
         _engine.set_anomaly((True, False))
         names = {id(m): n for n, m in self._root.named_modules()}
-        self._segments = [(_engine.peek_seq(), None)]
+        self._segments = [(_engine.peek_seq(), "")]     # inside the root module's own forward
+        self._stack = [""]
 
         def pre(module, _args):
             name = names.get(id(module))
