@@ -77,6 +77,7 @@ class GraphWatch:
         self._measured_run = False
         self._active = True
         self._enabled = enabled
+        self._wasted_at: set = set()       # forward locations already reported without backward
         self._carried_seen = False         # a carried graph already explains graphs kept alive
         try:
             self._arg_names = list(_inspect.signature(root.forward).parameters)
@@ -233,10 +234,14 @@ class GraphWatch:
         if pending_ok:
             runs = [run for run in runs
                     if not (run[0].step == self.step - 1 and all(r.alive() is not None for r in run))]
+        out = []
         for run in runs:
             for r in run:
                 r.used = True                    # reported once
-        return [self._wasted(run) for run in runs]
+            if run[0].location not in self._wasted_at:    # and once per place in the user's code
+                self._wasted_at.add(run[0].location)
+                out.append(self._wasted(run))
+        return out
 
     def _wasted(self, run) -> Finding:
         n, first = len(run), run[0]

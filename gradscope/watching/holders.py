@@ -75,8 +75,10 @@ def find_holders(ranges, param_ids, param_storages=frozenset()):
     for _ in range(_FRAMES):
         if frame is None:
             break
-        where = f"{frame.f_code.co_name}()" if frame.f_code.co_name != "<module>" else "the script"
         location = frame_location(frame)
+        filename = location.rpartition(":")[0]
+        where = (f"{frame.f_code.co_name}() in {filename}" if frame.f_code.co_name != "<module>"
+                 else f"the script {filename}")
         scopes = [("local", frame.f_locals)]
         if frame.f_globals is not frame.f_locals:
             scopes.append(("global", frame.f_globals))
@@ -105,6 +107,6 @@ def find_holders(ranges, param_ids, param_storages=frozenset()):
 
 
 def holder_text(holders) -> str:
-    parts = [f"{h.name} at {h.location} ({h.forwards} forward{'s' if h.forwards != 1 else ''}, "
+    parts = [f"{h.name} ({h.forwards} forward{'s' if h.forwards != 1 else ''}, "
              f"{human_bytes(h.bytes)})" for h in holders[:3]]
     return "; ".join(parts) + (f"; and {len(holders) - 3} more" if len(holders) > 3 else "")
