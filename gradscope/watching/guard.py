@@ -322,7 +322,8 @@ class Watch:
         scale = None
         if self._scaler is not None and self._scaler.is_enabled():
             scale = float(self._scaler.get_scale())
-        bad = self._flow.measure(got, self.backwards, scale)
+        bad = (self._flow.measure(got, self.backwards, scale) if self._check_nonfinite or self._flow.keep
+               else [])
         if not self._check_nonfinite:
             bad = []
         birth = self._origin.result() if self._origin is not None else None
