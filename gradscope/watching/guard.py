@@ -31,12 +31,6 @@ ours queues itself once more and checks from there, after DDP's: every rank then
 gradients for NaN/Inf, and a NaN on one rank is reported by all of them instead of leaving the others
 waiting in the next collective.
 
-NOTE [replaced parameters]
-``m.weight = nn.Parameter(...)`` after ``watch()`` swaps the tensor in the module's ``_parameters`` dict;
-the new one has none of our hooks. Before each forward of the watched model (and at each check) every
-watched slot is compared by identity with its dict entry, and a replaced parameter is re-hooked and
-watched under the same name from then on; a deleted one is dropped.
-
 The cross-step checks (graphs carried or kept across steps, forwards without backward) live in
 :mod:`gradscope.watching.graphs`, gradient flow in :mod:`gradscope.watching.flow`, the search for where a
 NaN was born in :mod:`gradscope.watching.origin`; every private torch API they use is in
@@ -45,15 +39,14 @@ NaN was born in :mod:`gradscope.watching.origin`; every private torch API they u
 
 from __future__ import annotations
 
-import fnmatch
 
-import torch
-
-from gradscope.errors import InputTypeError, InputValueError
+from gradscope.errors import InputValueError
 from gradscope.findings import sort_findings
 from gradscope.watching import _engine
 from gradscope.watching.flow import Flow, UpdateRatios
 from gradscope.watching.graphs import GraphWatch
+from gradscope.watching.options import select, validate
+from gradscope.watching.params import ParamHooks
 from gradscope.watching.origin import Origin
 from gradscope.watching.quiet import Delivery, options_text
 from gradscope.watching.step import WatchedParam, error_message, none_grad_findings, nonfinite_findings, rank_text
@@ -109,12 +102,7 @@ def watch(model, *, on_error="raise", check_nonfinite=True, ignore=(), every=1, 
                  exploding=exploding, optimizer=optimizer, ratio_every=ratio_every, find_origin=find_origin)
 
 
-def _positive_int(name, value, zero=False):
-    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if zero else 1):
-        raise InputValueError(f"{name} must be a {'non-negative' if zero else 'positive'} int, got {value!r}.")
-
-
-class Watch:
+class Watch(ParamHooks):
     """The guard returned by :func:`watch`; removes every hook it installed on ``.remove()`` / ``with`` exit.
 
     Attributes:
@@ -131,43 +119,8 @@ class Watch:
     def __init__(self, model, *, on_error, check_nonfinite, ignore, every, accumulate, scaler, graphs=True,
                  history=1000, vanishing=1e-7, exploding=1e3, optimizer=None, ratio_every=10,
                  find_origin=True):
-        if not isinstance(model, torch.nn.Module):
-            raise InputTypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}: "
-                                 f"{model!r:.80}.")
-        if not (on_error in ("raise", "warn") or callable(on_error)):
-            raise InputValueError(f"on_error must be 'raise', 'warn' or a callable taking the findings, "
-                                  f"got {on_error!r}.")
-        _positive_int("every", every)
-        _positive_int("accumulate", accumulate)
-        _positive_int("history", history, zero=True)
-        _positive_int("ratio_every", ratio_every)
-        for name, value in (("vanishing", vanishing), ("exploding", exploding)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise InputValueError(f"{name} must be a non-negative number, got {value!r}.")
-        if scaler is not None and not (hasattr(scaler, "is_enabled") and hasattr(scaler, "get_scale")):
-            raise InputTypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}.")
-        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-            raise InputTypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
-        patterns = (ignore,) if isinstance(ignore, str) else tuple(ignore)
-        ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
-        inner = model.module if ddp or isinstance(model, torch.nn.DataParallel) else model
-        named = list(inner.named_parameters())
-        for pat in patterns:
-            if not isinstance(pat, str):
-                raise InputTypeError(f"ignore must hold parameter names or fnmatch patterns, got {pat!r}.")
-            if not any(n == pat or fnmatch.fnmatchcase(n, pat) for n, _ in named):
-                example = named[0][0] if named else "(none)"
-                raise InputValueError(f"ignore pattern {pat!r} matches no parameter of the model; its "
-                                      f"parameters are named like {example!r}.")
-        chosen = [(n, p) for n, p in named if p.requires_grad
-                  and not any(n == pat or fnmatch.fnmatchcase(n, pat) for pat in patterns)]
-        for n, p in chosen:
-            if not p.is_leaf:
-                raise InputValueError(
-                    f"Parameter {n!r} is not a leaf tensor (its grad_fn is {type(p.grad_fn).__name__}): it was "
-                    f"written by an op that requires grad (an in-place write such as `p[0] = x` with x "
-                    f"requiring grad), so torch never stores a .grad in it. Write it under torch.no_grad(), "
-                    f"or pass watch(model, ignore=[{n!r}]).")
+        validate(model, on_error, every, accumulate, history, ratio_every, vanishing, exploding, scaler, optimizer)
+        inner, ddp, chosen, patterns = select(model, ignore)
         self._params = [WatchedParam(n, p, *self._owner(inner, n)) for n, p in chosen]
         if not self._params:
             raise InputValueError(f"{type(inner).__name__} has no parameter with requires_grad=True left to "
@@ -213,54 +166,7 @@ class Watch:
                 f.write(svg)
         return svg
 
-    # -- hooks -----------------------------------------------------------------------------------
-    @staticmethod
-    def _owner(root, name: str) -> tuple[str, str]:
-        module = name.rpartition(".")[0]
-        return module, type(root.get_submodule(module)).__name__
-
-    def _tensors(self) -> list:
-        return [wp.param for wp in self._params]
-
-    def _hooks(self, i: int):
-        stamp, pending, on_end = self._stamp, self._pending, self._on_end
-
-        def arrived(grad) -> None:                  # NOTE [end of backward]
-            if grad is not None:
-                stamp[i] = _engine.task_id()
-
-        def accumulated(_param) -> None:
-            tid = _engine.task_id()
-            if tid not in pending:
-                pending.add(tid)
-                _engine.queue_callback(on_end)
-        return arrived, accumulated
-
-    def _hook_one(self, i: int) -> list:
-        arrived, accumulated = self._hooks(i)
-        p = self._params[i].param
-        return [p.register_hook(arrived), p.register_post_accumulate_grad_hook(accumulated)]
-
-    def _install(self) -> list:
-        return [self._hook_one(i) for i in range(len(self._params))]
-
-    def _refresh(self) -> None:
-        """NOTE [replaced parameters]."""
-        params, slots = self._params, self._slots
-        for i in [i for i, (d, key) in enumerate(slots) if d.get(key) is not params[i].param]:
-            new = slots[i][0].get(slots[i][1])
-            for h in self._handles[i]:
-                h.remove()
-            self._param_ids.pop(id(params[i].param), None)
-            if isinstance(new, torch.Tensor) and new.is_leaf:
-                params[i] = params[i]._replace(param=new)
-                self._param_ids[id(new)] = params[i].name
-                self._handles[i] = self._hook_one(i)
-            else:                                   # deleted, or no longer a leaf: stop watching it
-                self._handles[i] = []
-                params[i] = params[i]._replace(param=torch.empty(0, requires_grad=False))
-            self._stamp[i] = -1
-
+    # -- the end of a backward -----------------------------------------------------------------------------------
     def _before_forward(self) -> None:
         self._refresh()
         if self._origin is not None:
