@@ -77,6 +77,7 @@ class GraphWatch:
         self._measured_run = False
         self._active = True
         self._enabled = enabled
+        self.on_outputs = None             # FSDP2: the guard's hook on each forward's outputs
         self._wasted_at: set = set()       # forward locations already reported without backward
         self._carried_seen = False         # a carried graph already explains graphs kept alive
         try:
@@ -112,10 +113,14 @@ class GraphWatch:
         return None
 
     def _post(self, module, args, output):
-        if not self._enabled or not torch.is_grad_enabled():
+        if not torch.is_grad_enabled() or not (self._enabled or self.on_outputs):
             return None
         outs = [t.grad_fn for t in _tensors(output) if t.grad_fn is not None]
         if not outs:
+            return None
+        if self.on_outputs is not None:
+            self.on_outputs(outs)
+        if not self._enabled:
             return None
         frame = user_frame()
         rec = ForwardRec(self.step, self._seq0, peek_seq(), module.training, frame_location(frame))

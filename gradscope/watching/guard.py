@@ -39,11 +39,11 @@ NaN was born in :mod:`gradscope.watching.origin`; every private torch API they u
 
 from __future__ import annotations
 
-
 from gradscope.errors import InputValueError
 from gradscope.findings import sort_findings
 from gradscope.watching import _engine
 from gradscope.watching.flow import Flow, UpdateRatios
+from gradscope.watching.fsdp import FsdpStamps, is_fsdp2
 from gradscope.watching.graphs import GraphWatch
 from gradscope.watching.options import select, validate
 from gradscope.watching.params import ParamHooks
@@ -148,6 +148,9 @@ class Watch(ParamHooks):
         self._graphs = GraphWatch(inner, self._model_name, self._param_ids, self._tensors, self._deliver,
                                   self._before_forward, enabled=graphs)
         self._ratios = UpdateRatios(optimizer, self._params, self._flow, ratio_every) if optimizer else None
+        self._fsdp = FsdpStamps(self) if is_fsdp2(inner) else None
+        if self._fsdp is not None:
+            self._graphs.on_outputs = self._fsdp.forward
 
     # -- public state ----------------------------------------------------------------------------
     findings = property(lambda self: self._delivery.last)
@@ -199,6 +202,8 @@ class Watch(ParamHooks):
             return
         self._pending.clear()                        # ids of earlier backwards that raised half-way
         tid = _engine.task_id()
+        if self._fsdp is not None:
+            self._fsdp.stamp(tid)                    # NOTE [FSDP2]
         if max(self._stamp) < tid and self._window_start is None:
             return                                   # this backward wrote no watched gradient at all
         self._end_of_backward(tid)
