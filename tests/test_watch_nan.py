@@ -107,7 +107,7 @@ def test_origin_inside_a_submodule_and_healthy_step_disarms():
         for _ in range(2):
             model.zero_grad()
             model(torch.randn(2, 4)).sum().backward()
-        assert "module '1'" in seen[1][0].message
+        assert "in module '1'" in seen[1][0].message
         model[1].forward = lambda x: x                 # fixed: the next step is healthy
         model.zero_grad()
         model(torch.randn(2, 4)).sum().backward()        # armed after step 2: runs instrumented, healthy

@@ -56,9 +56,14 @@ def _cause(node, grad_inputs, grad_outputs) -> str:
     name = type(node).__name__
     incoming_zero = any(g is not None and bool((g == 0).any()) for g in grad_outputs)
     nan = any(g is not None and g.is_floating_point() and bool(torch.isnan(g).any()) for g in grad_inputs)
-    trap = (" Its incoming gradient is 0 where the result is NaN (0 x inf = NaN): a torch.where, clamp or "
-            "mask downstream sent a zero gradient to positions where this op's derivative is infinite (the "
-            "torch.where trap); make those inputs safe before the op, e.g. op(torch.where(mask, x, 1.0))."
+    saved_nan = any(t is not None and t.is_floating_point() and bool(torch.isnan(t).any())
+                    for t in (_saved(node, "self"), _saved(node, "result")))
+    trap = (" This op's incoming gradient is 0 where its result is NaN (0 x inf = NaN): a torch.where, clamp "
+            "or mask downstream sent a zero gradient to positions where its derivative is infinite or "
+            "undefined (the torch.where trap)"
+            + ("; its forward value there is already NaN (sqrt or log of a negative number), hidden by the "
+               "branch that was not selected" if saved_nan else "")
+            + ". Make those inputs safe before the op, e.g. op(torch.where(mask, x, 1.0))."
             if nan and incoming_zero else "")
     singular = {"Sqrt": ("result", "sqrt at 0: its derivative 1/(2*sqrt(x)) is infinite there (so is a "
                                    "hand-written norm sqrt(sum(x**2)) of a zero vector); use "
@@ -85,7 +90,7 @@ def _cause(node, grad_inputs, grad_outputs) -> str:
                     f"{_HALF_MAX[g.dtype]:g}): scale the loss with torch.amp.GradScaler, compute this op in "
                     f"float32, or clip the gradients.")
     if trap:
-        return "Likely cause:" + trap
+        return "Likely cause: the torch.where trap." + trap
     return ("Likely cause: this op's derivative is infinite or undefined at the values it saw, or an "
             "overflow of large gradients; look at its inputs at the line above.")
 

@@ -76,10 +76,9 @@ def birth_text(birth) -> str:
     """Where the first non-finite value was born (an :class:`~gradscope.watching.origin.Birth`)."""
     if birth.op == "the forward":
         return f"The non-finite value was born in the forward, before backward. {birth.cause}"
-    module = (f"module {birth.module!r}" if birth.module else "the watched model's own forward"
+    module = (f"in module {birth.module!r}" if birth.module else "in the watched model's own forward"
               if birth.module == "" else None)
-    where = ", ".join(x for x in (module,
-                                  (f"forward at {birth.location}" if birth.location else None)) if x)
+    where = ", ".join(x for x in (module, (f"at {birth.location}" if birth.location else None)) if x)
     nan = (f"; it first became NaN in {birth.nan_op}, the op torch.autograd.detect_anomaly() names"
            if birth.nan_op and birth.nan_op != birth.op else "")
     return (f"The first non-finite value was born in the backward op {birth.op}"
