@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 
@@ -11,6 +10,7 @@ import torch.distributed as dist
 from torch import nn
 
 import gradscope
+from tests._watch_ddp import init
 
 
 class Net(nn.Module):
@@ -27,9 +27,7 @@ class Net(nn.Module):
 def worker(rank: int, port: int, out_dir: str) -> None:
     """A sharded model with a never-called submodule, then a NaN made on rank 0 only; writes JSON."""
     from torch.distributed.fsdp import fully_shard
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=60))
-    torch.set_num_threads(1)
+    init(rank, port)
     out: dict = {}
     try:
         torch.manual_seed(0)
