@@ -310,3 +310,26 @@ def test_graphs_false_turns_the_cross_step_checks_off():
         out, h = model(torch.randn(2, 3), h)
         out.sum().backward(retain_graph=True)
     assert seen == [] and "graphs=False" in repr(guard)
+
+
+def test_graph_findings_go_out_with_the_check_of_the_same_backward():
+    class Heads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 1), nn.Linear(4, 1)
+
+        def forward(self, x):
+            return self.a(x)                       # b never used
+
+    model = Heads()
+    with gradscope.watch(model) as guard:
+        model.eval()
+        for _ in range(3):
+            model(torch.randn(2, 4))               # no no_grad
+        model.train()
+        with pytest.raises(gradscope.GradientError) as exc:
+            model(torch.randn(2, 4)).sum().backward()
+    kinds = [f.kind for f in exc.value.findings]
+    assert kinds == ["none-grad", "none-grad", "graph-without-backward"]     # errors first
+    assert "graph-without-backward (warning)" in str(exc.value)
+    assert guard.counts == {"none-grad": 2, "graph-without-backward": 1}

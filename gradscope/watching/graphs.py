@@ -192,12 +192,12 @@ class GraphWatch:
         return ""
 
     # -- boundaries -----------------------------------------------------------------------------
-    def backward_ended(self) -> None:
-        """Called at the end of every watched backward (a step boundary)."""
+    def backward_ended(self) -> list[Finding]:
+        """Called at the end of every watched backward (a step boundary); returns what to report."""
         self.step += 1
         self._mark = peek_seq()
         if not self._enabled:
-            return
+            return []
         self._measured_run = False
         records = self._records
         if any(not r.training and r.used for r in records):
@@ -211,8 +211,7 @@ class GraphWatch:
                 and len(old) >= 2 * max(self._retained_reported, 1)):
             self._retained_reported = len(old)
             findings.append(self._retained(old))
-        if findings:
-            self._report(findings)
+        return findings
 
     def close(self) -> list[Finding]:
         """At ``remove()``: forwards that no backward used since the last boundary."""

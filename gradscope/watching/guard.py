@@ -210,21 +210,23 @@ class Watch(ParamHooks):
 
     def _end_of_backward(self, tid: int) -> None:
         self.backwards += 1
-        self._graphs.backward_ended()
+        late = self._graphs.backward_ended()        # graph findings go out with this check's, if any
         if self._window_start is None:
             self._window_start = tid
         self._in_window += 1
-        if self._in_window < self._accumulate:
-            return
-        start, n = self._window_start, self._in_window
-        self._window_start, self._in_window = None, 0
-        self._windows += 1
-        if (self._windows - 1) % self._every:
+        checked = self._in_window >= self._accumulate
+        if checked:
+            start, n = self._window_start, self._in_window
+            self._window_start, self._in_window = None, 0
+            self._windows += 1
+            checked = not (self._windows - 1) % self._every
+        if not checked:
+            self._deliver(late)
             return
         self.checks += 1
-        self._check(start, n)
+        self._check(start, n, late)
 
-    def _check(self, start: int, n: int) -> None:
+    def _check(self, start: int, n: int, late=()) -> None:
         self._refresh()
         got, missing = [], []
         for wp, s in zip(self._params, self._stamp):
@@ -250,6 +252,7 @@ class Watch(ParamHooks):
             else:
                 self._origin.disarm()
         if not missing and not bad:
+            self._deliver(late)
             return
         rank = rank_text()
         where = (f"in this backward (backward {self.backwards}" if n == 1 else
@@ -258,14 +261,16 @@ class Watch(ParamHooks):
         context = where + (f", {rank})" if rank else ")")
         armed = self._origin is not None and birth is None
         findings = sort_findings(none_grad_findings(missing, context, self._ddp_strict)
-                                 + nonfinite_findings(bad, context, scale, birth, armed))
-        message = error_message(missing, bad, context, self._ddp_strict, scale, birth, armed)
+                                 + nonfinite_findings(bad, context, scale, birth, armed) + list(late))
+        extra = "".join(f"\n- {f.kind} ({f.severity}): {f.message}" for f in late)
+        message = error_message(missing, bad, context, self._ddp_strict, scale, birth, armed) + extra
         quiet = error_message(missing, bad, stable + (f" ({rank})" if rank else ""), self._ddp_strict, scale,
-                              birth, armed)
+                              birth, armed) + extra
         self._delivery.deliver(findings, message, quiet)
 
     def _deliver(self, findings) -> None:
-        self._delivery.deliver(sort_findings(findings))
+        if findings:
+            self._delivery.deliver(sort_findings(findings))
 
     def remove(self) -> None:
         """Remove every hook this guard installed and drop its references to the model. Forwards that no
