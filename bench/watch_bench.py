@@ -117,8 +117,8 @@ def bench(case, repeats, steps, clock):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--clock", choices=("process", "wall"), default="process",
                     help="process: CPU time of this process (default); wall: perf_counter")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
