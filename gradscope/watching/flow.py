@@ -105,17 +105,18 @@ class UpdateRatios:
             return
         with torch.no_grad():
             tensors = [_local(wp.param.detach()) for wp in self._params]
-            self._before = (tensors, torch._foreach_mul(tensors, 1.0))
+            wn = torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32)).double().square().tolist()
+            self._before = (tensors, torch._foreach_mul(tensors, 1.0), wn)
 
     def _post(self, _opt, _args, _kwargs):
         if self._before is None:
             return
-        tensors, before = self._before
+        tensors, before, wn = self._before
         self._before = None
         with torch.no_grad():
-            delta = torch._foreach_sub(tensors, before)
-            dn = torch.stack(torch._foreach_norm(delta, 2, dtype=torch.float32)).double().square().tolist()
-            wn = torch.stack(torch._foreach_norm(before, 2, dtype=torch.float32)).double().square().tolist()
+            torch._foreach_sub_(before, tensors)              # in place: -(update), same norm
+            dn = torch.stack(torch._foreach_norm(before, 2, dtype=torch.float32)).double().square().tolist()
+        del before
         num: dict = {}
         den: dict = {}
         for wp, d, w in zip(self._params, dn, wn):
