@@ -122,6 +122,7 @@ def main(argv=None) -> int:
     ap.add_argument("--clock", choices=("process", "wall"), default="process",
                     help="process: CPU time of this process (default); wall: perf_counter")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
+    ap.add_argument("--models", default="gpt,resnet,tiny", help="comma-separated subset of gpt,resnet,tiny")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -133,7 +134,8 @@ def main(argv=None) -> int:
     print(header)
     print("-" * len(header))
     worst = 0.0
-    for case in (gpt_case, resnet_case, tiny_case):
+    cases = {"gpt": gpt_case, "resnet": resnet_case, "tiny": tiny_case}
+    for case in [cases[m] for m in args.models.split(",")]:
         name, n, base, r, extra = bench(case, args.repeats if case is not tiny_case else args.repeats * 2,
                                         args.steps if case is not tiny_case else args.steps * 10, clock)
         if case is not tiny_case:
