@@ -4,12 +4,12 @@ For each model, one training step is forward + backward + ``AdamW.step()``. Mode
 every repeat so drift on a shared machine hits them alike:
   base     no hooks;
   watch    ``gradscope.watch(model, optimizer=opt)``: everything on (missing and non-finite gradients,
-           the cross-step graph checks, gradient-flow history, update/weight ratios every 10 steps, NaN
+           the cross-step graph checks, gradient-flow history, update/weight ratios every 100 steps, NaN
            origin armed only after a non-finite step);
   naive    a per-parameter post-accumulate hook running ``torch.isnan(p.grad).any()`` / ``isinf`` (one
            check, and on a GPU one sync, per tensor): what ``watch`` batches instead;
   anomaly  ``torch.autograd.set_detect_anomaly(True)``.
-Each repeat times ``--steps`` consecutive steps per mode (their total, so a cost paid on one step in ten
+Each repeat times ``--steps`` consecutive steps per mode (their total, so a cost paid on one step in many
 counts); each ratio is the median over repeats of (mode / base) from the same repeat. Target: watch at
 most 1.05x on the two models (exit status 1 when missed). The tiny MLP line shows watch's fixed cost per
 step (hooks, callbacks, the three-call norm pass), which dominates sub-millisecond steps; it is reported,

@@ -56,7 +56,7 @@ __all__ = ["watch", "Watch"]
 
 def watch(model, *, on_error="raise", check_nonfinite=True, ignore=(), every=1, accumulate=1,
           scaler=None, graphs=True, history=1000, vanishing=1e-7, exploding=1e3, optimizer=None,
-          ratio_every=10, find_origin=True) -> "Watch":
+          ratio_every=100, find_origin=True) -> "Watch":
     """Check every backward through ``model``: missing and non-finite gradients, graphs across steps.
 
     At the end of each backward that wrote a gradient into the model, every watched parameter
@@ -117,7 +117,7 @@ class Watch(ParamHooks):
     """
 
     def __init__(self, model, *, on_error, check_nonfinite, ignore, every, accumulate, scaler, graphs=True,
-                 history=1000, vanishing=1e-7, exploding=1e3, optimizer=None, ratio_every=10,
+                 history=1000, vanishing=1e-7, exploding=1e3, optimizer=None, ratio_every=100,
                  find_origin=True):
         validate(model, on_error, every, accumulate, history, ratio_every, vanishing, exploding, scaler, optimizer)
         inner, ddp, chosen, patterns = select(model, ignore)
