@@ -85,7 +85,7 @@ def test_update_weight_ratios_with_the_optimizer():
             model(torch.randn(6, 4)).pow(2).mean().backward()
             before = {n: p.detach().clone() for n, p in model.named_parameters()}
             opt.step()
-            if step % 2 == 0:
+            if step % 2 == 1:                             # optimizer steps 2 and 4
                 r = {}
                 for name, module in model.named_modules():
                     own = [n for n, _ in module.named_parameters(prefix=name, recurse=False)]

@@ -100,7 +100,7 @@ class UpdateRatios:
 
     def _pre(self, _opt, _args, _kwargs):
         self._calls += 1
-        if (self._calls - 1) % self._every:
+        if self._calls % self._every:                   # steps every, 2*every, ...
             self._before = None
             return
         with torch.no_grad():
