@@ -103,14 +103,19 @@ class GraphWatch:
         if not self._enabled or not torch.is_grad_enabled():
             return None
         mark = self._mark
-        for i, value in enumerate(list(args) + list(kwargs.values())):
-            for t in _tensors(value):
-                fn = t.grad_fn
-                if fn is not None and fn._sequence_nr() < mark:
-                    name = (self._arg_names[i] if i < len(args) and i < len(self._arg_names)
-                            else list(kwargs)[i - len(args)] if i >= len(args) else f"#{i}")
-                    self._carried(t, fn, name)
+        for i, value in enumerate(args):
+            fn = value.grad_fn if type(value) is torch.Tensor or isinstance(value, torch.Tensor) else None
+            if fn is not None or isinstance(value, (tuple, list, dict)):
+                self._scan(value, mark, self._arg_names[i] if i < len(self._arg_names) else f"#{i}")
+        for name, value in kwargs.items():
+            self._scan(value, mark, name)
         return None
+
+    def _scan(self, value, mark, name) -> None:
+        for t in _tensors(value):
+            fn = t.grad_fn
+            if fn is not None and fn._sequence_nr() < mark:
+                self._carried(t, fn, name)
 
     def _post(self, module, args, output):
         if not torch.is_grad_enabled() or not (self._enabled or self.on_outputs):

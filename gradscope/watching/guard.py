@@ -137,6 +137,7 @@ class Watch(ParamHooks):
         self._window_start: int | None = None
         self._in_window = self._windows = 0
         self._node_hooks: list = []
+        self._forwards = 0                          # forwards of the root since the last check
         self._removed = False
         self.backwards = self.checks = self.skipped_by_scaler = 0
         self._flow = Flow(self._params, history=history, vanishing=vanishing, exploding=exploding)
@@ -171,6 +172,7 @@ class Watch(ParamHooks):
 
     # -- the end of a backward -----------------------------------------------------------------------------------
     def _before_forward(self) -> None:
+        self._forwards += 1
         self._refresh()
         if self._origin is not None:
             self._origin.before_forward()
@@ -227,7 +229,9 @@ class Watch(ParamHooks):
         self._check(start, n, late)
 
     def _check(self, start: int, n: int, late=()) -> None:
-        self._refresh()
+        if not self._forwards:                      # no forward of the root seen: refresh here instead
+            self._refresh()
+        self._forwards = 0
         got, missing = [], []
         for wp, s in zip(self._params, self._stamp):
             if wp.param.requires_grad:
