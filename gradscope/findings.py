@@ -18,6 +18,9 @@ KINDS = (
     "non-scalar-root",
     "no-grad-root",
     "freed-graph",
+    "carried-graph",
+    "retained-graph",
+    "graph-without-backward",
 )
 
 

@@ -32,11 +32,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def worker(rank: int, port: int, out_dir: str) -> None:
-    """Healthy DDP steps, then a model whose head is never used; writes what happened to JSON."""
+def init(rank: int, port: int) -> None:
+    """Join the two-process gloo group on 127.0.0.1, one torch thread per process."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=60))
     torch.set_num_threads(1)
+
+
+def worker(rank: int, port: int, out_dir: str) -> None:
+    """Healthy DDP steps, then a model whose head is never used; writes what happened to JSON."""
+    init(rank, port)
     out: dict = {}
     try:
         torch.manual_seed(0)

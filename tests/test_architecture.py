@@ -20,8 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "gradscope"
 
 #: Modules outside gradscope/walk/ allowed to import the walk: inspect() runs it; trace()'s torch-function
-#: mode keeps the nodes it touched until the tensor dies (the deep-graph release, TORCH-FACTS section 11).
-WALK_USERS = {"gradscope.inspection", "gradscope.tracing.modes"}
+#: mode keeps the nodes it touched until the tensor dies (the deep-graph release, TORCH-FACTS section 11);
+#: watch()'s cross-step checks walk the live graph of each step with the walk's node classifier.
+WALK_USERS = {"gradscope.inspection", "gradscope.tracing.modes", "gradscope.watching.walks"}
 
 
 def _modules() -> dict[str, Path]:

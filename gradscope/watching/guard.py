@@ -30,71 +30,66 @@ when its last bucket is ready, after our first hook. The engine runs callbacks q
 ours queues itself once more and checks from there, after DDP's: every rank then tests the same averaged
 gradients for NaN/Inf, and a NaN on one rank is reported by all of them instead of leaving the others
 waiting in the next collective.
+
+The cross-step checks (graphs carried or kept across steps, forwards without backward) live in
+:mod:`gradscope.watching.graphs`, gradient flow in :mod:`gradscope.watching.flow`, the search for where a
+NaN was born in :mod:`gradscope.watching.origin`; every private torch API they use is in
+:mod:`gradscope.watching._engine`.
 """
 
 from __future__ import annotations
 
-import fnmatch
-import os
-import sys
-import warnings
-from types import FrameType
-from typing import Any
-
-import torch
-
-from gradscope._torch import current_autograd_node, current_graph_task_id, queue_engine_callback
-from gradscope.errors import GradientError, InputTypeError, InputValueError
+from gradscope.errors import InputValueError
 from gradscope.findings import sort_findings
-from gradscope.watching.step import (
-    WatchedParam,
-    error_message,
-    none_grad_findings,
-    nonfinite,
-    nonfinite_findings,
-    rank_text,
-)
+from gradscope.watching import _engine
+from gradscope.watching.flow import Flow, UpdateRatios
+from gradscope.watching.fsdp import FsdpStamps, is_fsdp2
+from gradscope.watching.graphs import GraphWatch
+from gradscope.watching.options import select, validate
+from gradscope.watching.params import ParamHooks
+from gradscope.watching.origin import Origin
+from gradscope.watching.quiet import Delivery, options_text
+from gradscope.watching.step import WatchedParam, error_message, none_grad_findings, nonfinite_findings, rank_text
 
 __all__ = ["watch", "Watch"]
 
-_INTERNAL = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
-_task_id = current_graph_task_id
-_current_node = current_autograd_node
-_queue = queue_engine_callback
-
 
 def watch(model, *, on_error="raise", check_nonfinite=True, ignore=(), every=1, accumulate=1,
-          scaler=None) -> Watch:
-    """Check every backward through ``model`` for parameters that got no gradient and for NaN/Inf.
+          scaler=None, graphs=True, history=1000, vanishing=1e-7, exploding=1e3, optimizer=None,
+          ratio_every=100, find_origin=True) -> "Watch":
+    """Check every backward through ``model``: missing and non-finite gradients, graphs across steps.
 
-    At the end of each backward that reached the model, every watched parameter (``requires_grad=True``,
-    not ignored) must have received a gradient *in that backward*; a stale ``.grad`` left by
-    ``zero_grad(set_to_none=False)`` does not count. With ``check_nonfinite`` the new gradients are also
-    tested for NaN/Inf in one batched pass (one sync per device, not one per tensor).
+    At the end of each backward that wrote a gradient into the model, every watched parameter
+    (``requires_grad=True``, not ignored) must have received a gradient *in that backward*; a stale
+    ``.grad`` left by ``zero_grad(set_to_none=False)`` does not count. The new gradients are tested for
+    NaN/Inf and their per-module norms recorded in one batched pass (one sync per device).
 
     Args:
         model: the ``nn.Module`` to watch; ``DistributedDataParallel``/``DataParallel`` are unwrapped, so
             names carry no ``module.`` prefix, and errors say which rank found them.
-        on_error: ``"raise"`` (a :class:`~gradscope.GradientError` propagates out of ``backward()``),
-            ``"warn"`` (a ``RuntimeWarning``), or a callable taking the list of findings.
+        on_error: ``"raise"`` (a :class:`~gradscope.GradientError`), ``"warn"`` (a ``RuntimeWarning``,
+            once per distinct problem, and a summary at ``remove()``), or a callable taking the findings.
         check_nonfinite: also check the new gradients for NaN and Inf.
-        ignore: parameter names or ``fnmatch`` patterns (``"experts.*"``) never checked: parameters that
-            are legitimately unused on some steps (mixture-of-experts, multi-task heads).
+        ignore: parameter names or ``fnmatch`` patterns (``"experts.*"``) never checked.
         every: check one backward (or one accumulation window) in ``every``.
-        accumulate: check once per window of this many backwards (gradient accumulation): a parameter
-            counts as used if it received a gradient in any backward of the window, and the NaN/Inf check
-            runs on the accumulated gradients at the window's end. With 1, each backward is checked alone.
-        scaler: a ``torch.amp.GradScaler``. While it is enabled and its scale is at least 1, NaN/Inf
-            gradients are left to it (it skips that optimizer step and lowers the scale); once the scale
-            is below 1 they cannot come from loss scaling and are reported.
+        accumulate: check once per window of this many backwards (gradient accumulation).
+        scaler: a ``torch.amp.GradScaler``: NaN/Inf are left to it while its scale is at least 1.
+        graphs: the cross-step checks: ``carried-graph``, ``retained-graph``, ``graph-without-backward``.
+        history: how many checked steps ``guard.history`` keeps (0: none).
+        vanishing, exploding: a module whose gradient norm (unscaled by ``scaler``) is below / above
+            these is flagged in ``guard.flags`` and in the gradient-flow picture.
+        optimizer: when given, ``guard.update_ratios`` records ``||update|| / ||weight||`` per module on
+            one ``optimizer.step()`` in ``ratio_every``.
+        find_origin: after a non-finite step, instrument the next backward to name the op where the
+            NaN/Inf was born (see NOTE [armed backward] in :mod:`gradscope.watching.origin`).
 
     Returns:
         A :class:`Watch` guard: call ``.remove()`` when done, or use it as a context manager.
 
     Raises:
         InputTypeError: ``model`` is not an ``nn.Module``, or an option has the wrong type.
-        InputValueError: an option has a bad value, an ``ignore`` pattern matches no parameter, or the
-            model has no parameter to watch.
+        InputValueError: an option has a bad value, an ``ignore`` pattern matches no parameter, the model
+            has no parameter to watch, or a parameter is not a leaf tensor.
 
     Example:
         >>> import torch, gradscope
@@ -103,198 +98,222 @@ def watch(model, *, on_error="raise", check_nonfinite=True, ignore=(), every=1, 
         ...     model(torch.randn(2, 4)).sum().backward()      # healthy: nothing raised
     """
     return Watch(model, on_error=on_error, check_nonfinite=check_nonfinite, ignore=ignore, every=every,
-                 accumulate=accumulate, scaler=scaler)
+                 accumulate=accumulate, scaler=scaler, graphs=graphs, history=history, vanishing=vanishing,
+                 exploding=exploding, optimizer=optimizer, ratio_every=ratio_every, find_origin=find_origin)
 
 
-def _user_stacklevel() -> int:
-    """The ``stacklevel`` that points a warning at the user's ``backward()`` call, past torch and us."""
-    frame: FrameType | None = sys._getframe(1)
-    level = 1
-    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL):
-        frame, level = frame.f_back, level + 1
-    return level
-
-
-class Watch:
+class Watch(ParamHooks):
     """The guard returned by :func:`watch`; removes every hook it installed on ``.remove()`` / ``with`` exit.
 
     Attributes:
         backwards: backwards through the model seen so far (nested reentrant backwards count once).
         checks: checks run (one per ``every`` backwards or accumulation windows).
         findings: the findings of the last check that found a problem (empty tuple if none yet).
+        counts: ``{kind: number of findings}`` since ``watch()``.
         skipped_by_scaler: checks whose NaN/Inf gradients were left to the GradScaler.
+        history: per checked step, ``{qualified module name: L2 norm of its own parameters' gradients}``.
+        flags: ``(backward, module, "vanishing" | "exploding", norm)`` for modules past the thresholds.
+        update_ratios: per measured optimizer step, ``{module: ||update|| / ||weight||}``.
     """
 
-    def __init__(self, model, *, on_error, check_nonfinite, ignore, every, accumulate, scaler):
-        if not isinstance(model, torch.nn.Module):
-            raise InputTypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}: "
-                                 f"{model!r:.80}.")
-        if not (on_error in ("raise", "warn") or callable(on_error)):
-            raise InputValueError(f"on_error must be 'raise', 'warn' or a callable taking the findings, "
-                                  f"got {on_error!r}.")
-        for opt, value in (("every", every), ("accumulate", accumulate)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InputValueError(f"{opt} must be a positive int, got {value!r}.")
-        if scaler is not None and not (hasattr(scaler, "is_enabled") and hasattr(scaler, "get_scale")):
-            raise InputTypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}.")
-        patterns = (ignore,) if isinstance(ignore, str) else tuple(ignore)
-        ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
-        inner: Any = model.module if ddp or isinstance(model, torch.nn.DataParallel) else model
-        named = list(inner.named_parameters())
-        for pat in patterns:
-            if not isinstance(pat, str):
-                raise InputTypeError(f"ignore must hold parameter names or fnmatch patterns, got {pat!r}.")
-            if not any(n == pat or fnmatch.fnmatchcase(n, pat) for n, _ in named):
-                example = named[0][0] if named else "(none)"
-                raise InputValueError(f"ignore pattern {pat!r} matches no parameter of the model; its "
-                                      f"parameters are named like {example!r}.")
-        self._params = [WatchedParam(n, p, *self._owner(inner, n)) for n, p in named
-                        if p.requires_grad and not any(n == pat or fnmatch.fnmatchcase(n, pat)
-                                                       for pat in patterns)]
+    def __init__(self, model, *, on_error, check_nonfinite, ignore, every, accumulate, scaler, graphs=True,
+                 history=1000, vanishing=1e-7, exploding=1e3, optimizer=None, ratio_every=100,
+                 find_origin=True):
+        validate(model, on_error, every, accumulate, history, ratio_every, vanishing, exploding, scaler, optimizer)
+        inner, ddp, chosen, patterns = select(model, ignore)
+        self._params = [WatchedParam(n, p, *self._owner(inner, n)) for n, p in chosen]
         if not self._params:
             raise InputValueError(f"{type(inner).__name__} has no parameter with requires_grad=True left to "
                                   f"watch (ignore={patterns!r}).")
+        self._slots = [(inner.get_submodule(wp.module)._parameters, wp.name.rpartition(".")[2])
+                       for wp in self._params]
+        self._param_ids = {id(wp.param): wp.name for wp in self._params}
         self._model_name = type(inner).__name__
         self._ddp_strict = ddp and not getattr(model, "find_unused_parameters", False)
-        self._on_error, self._check_nonfinite, self._scaler = on_error, check_nonfinite, scaler
+        self._check_nonfinite, self._scaler = check_nonfinite, scaler
         self._every, self._accumulate, self._ignore = every, accumulate, patterns
         self._stamp = [-1] * len(self._params)      # graph task id of each parameter's last gradient
         self._pending: set[int] = set()             # graph tasks with our callback queued
         self._window_start: int | None = None
-        self._in_window = 0
-        self._windows = 0
+        self._in_window = self._windows = 0
         self._node_hooks: list = []
+        self._forwards = 0                          # forwards of the root since the last check
         self._removed = False
         self.backwards = self.checks = self.skipped_by_scaler = 0
-        self.findings: tuple = ()
+        self._flow = Flow(self._params, history=history, vanishing=vanishing, exploding=exploding)
+        self._delivery = Delivery(on_error, self._model_name)
+        self._origin = Origin(inner) if find_origin and check_nonfinite else None
+        self._options = options_text(on_error, check_nonfinite, every, accumulate, patterns, scaler, graphs,
+                                     optimizer)
         self._handles = self._install()
+        self._graphs = GraphWatch(inner, self._model_name, self._param_ids, self._tensors, self._deliver,
+                                  self._before_forward, enabled=graphs)
+        self._ratios = UpdateRatios(optimizer, self._params, self._flow, ratio_every) if optimizer else None
+        self._fsdp = FsdpStamps(self) if is_fsdp2(inner) else None
+        if self._fsdp is not None:
+            self._graphs.on_outputs = self._fsdp.forward
 
-    @staticmethod
-    def _owner(root, name: str) -> tuple[str, str]:
-        module = name.rpartition(".")[0]
-        return module, type(root.get_submodule(module)).__name__
+    # -- public state ----------------------------------------------------------------------------
+    findings = property(lambda self: self._delivery.last)
+    counts = property(lambda self: dict(self._delivery.counts))
+    history = property(lambda self: list(self._flow.history))
+    flags = property(lambda self: list(self._flow.flags))
+    update_ratios = property(lambda self: list(self._flow.ratios))
 
-    def _hooks(self, i: int):
-        stamp, pending, on_end = self._stamp, self._pending, self._on_end
+    def flow_svg(self, path=None, *, log=True) -> str:
+        """The gradient-flow picture: one row per module, one column per checked step (see ``history``)."""
+        from gradscope.watching.flowchart import flow_chart
+        svg = flow_chart(list(self._flow.steps), list(self._flow.history), self._flow.modules,
+                         list(self._flow.flags), title=f"gradient flow: {self._model_name}", log=log)
+        if path is not None:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(svg)
+        return svg
 
-        def arrived(grad) -> None:                  # NOTE [end of backward]
-            if grad is not None:
-                stamp[i] = _task_id()
-
-        def accumulated(_param) -> None:
-            tid = _task_id()
-            if tid not in pending:
-                pending.add(tid)
-                _queue(on_end)
-        return arrived, accumulated
-
-    def _install(self) -> list:
-        handles = []
-        for i, wp in enumerate(self._params):
-            arrived, accumulated = self._hooks(i)
-            handles.append(wp.param.register_hook(arrived))
-            handles.append(wp.param.register_post_accumulate_grad_hook(accumulated))
-        return handles
+    # -- the end of a backward -----------------------------------------------------------------------------------
+    def _before_forward(self) -> None:
+        self._forwards += 1
+        self._refresh()
+        if self._origin is not None:
+            self._origin.before_forward()
 
     def _on_end(self) -> None:
-        tid = _task_id()
+        tid = _engine.task_id()
         self._pending.discard(tid)
         if self._removed:
             return
-        node = _current_node()
+        node = _engine.current_node()
         if node is not None:                         # NOTE [nested backward]: hand over to the outer task
-            handle: Any = None
+            handle = None
 
             def requeue(_grad_inputs, _grad_outputs):
                 handle.remove()
                 if handle in self._node_hooks:
                     self._node_hooks.remove(handle)
-                outer = _task_id()
+                outer = _engine.task_id()
                 if not self._removed and outer not in self._pending:
                     self._pending.add(outer)
-                    _queue(self._on_end)
+                    _engine.queue_callback(self._on_end)
             handle = node.register_hook(requeue)
             self._node_hooks.append(handle)
             return
-        _queue(self._on_last)                        # NOTE [last callback]
+        _engine.queue_callback(self._on_last)        # NOTE [last callback]
 
     def _on_last(self) -> None:
         if self._removed:
             return
         self._pending.clear()                        # ids of earlier backwards that raised half-way
-        self._end_of_backward(_task_id())
+        tid = _engine.task_id()
+        if self._fsdp is not None:
+            self._fsdp.stamp(tid)                    # NOTE [FSDP2]
+        if max(self._stamp) < tid and self._window_start is None:
+            return                                   # this backward wrote no watched gradient at all
+        self._end_of_backward(tid)
 
     def _end_of_backward(self, tid: int) -> None:
         self.backwards += 1
+        late = self._graphs.backward_ended()        # graph findings go out with this check's, if any
         if self._window_start is None:
             self._window_start = tid
         self._in_window += 1
-        if self._in_window < self._accumulate:
-            return
-        start, n = self._window_start, self._in_window
-        self._window_start, self._in_window = None, 0
-        self._windows += 1
-        if (self._windows - 1) % self._every:
+        checked = self._in_window >= self._accumulate
+        if checked:
+            start, n = self._window_start, self._in_window
+            self._window_start, self._in_window = None, 0
+            self._windows += 1
+            checked = not (self._windows - 1) % self._every
+        if not checked:
+            self._deliver(late)
             return
         self.checks += 1
-        self._check(start, n)
+        self._check(start, n, late)
 
-    def _check(self, start: int, n: int) -> None:
-        got: list = []
-        missing: list = []
+    def _check(self, start: int, n: int, late=()) -> None:
+        if not self._forwards:                      # no forward of the root seen: refresh here instead
+            self._refresh()
+        self._forwards = 0
+        got, missing = [], []
         for wp, s in zip(self._params, self._stamp):
             if wp.param.requires_grad:
                 (got if s >= start else missing).append(wp)
-        bad = nonfinite(got) if self._check_nonfinite else []
         scale = None
-        if bad and self._scaler is not None and self._scaler.is_enabled():
+        if self._scaler is not None and self._scaler.is_enabled():
             scale = float(self._scaler.get_scale())
+        bad = (self._flow.measure(got, self.backwards, scale) if self._check_nonfinite or self._flow.keep
+               else [])
+        if not self._check_nonfinite:
+            bad = []
+        birth = self._origin.result() if self._origin is not None else None
+        if bad and scale is not None:
             if scale >= 1.0:
                 self.skipped_by_scaler += 1
                 bad = []
+        else:
+            scale = None
+        if self._origin is not None:
+            if bad:
+                self._origin.arm()
+            else:
+                self._origin.disarm()
         if not missing and not bad:
+            self._deliver(late)
             return
         rank = rank_text()
         where = (f"in this backward (backward {self.backwards}" if n == 1 else
                  f"in the accumulation window of {n} backwards ending at backward {self.backwards}")
+        stable = "in a backward" if n == 1 else f"in an accumulation window of {n} backwards"
         context = where + (f", {rank})" if rank else ")")
+        armed = self._origin is not None and birth is None
         findings = sort_findings(none_grad_findings(missing, context, self._ddp_strict)
-                                 + nonfinite_findings(bad, context, scale))
-        self.findings = tuple(findings)
-        if callable(self._on_error):
-            self._on_error(findings)
-            return
-        message = error_message(missing, bad, context, self._ddp_strict, scale)
-        if self._on_error == "warn":
-            warnings.warn(message, RuntimeWarning, stacklevel=_user_stacklevel())
-        else:
-            raise GradientError(message, findings)
+                                 + nonfinite_findings(bad, context, scale, birth, armed) + list(late))
+        extra = "".join(f"\n- {f.kind} ({f.severity}): {f.message}" for f in late)
+        message = error_message(missing, bad, context, self._ddp_strict, scale, birth, armed) + extra
+        quiet = error_message(missing, bad, stable + (f" ({rank})" if rank else ""), self._ddp_strict, scale,
+                              birth, armed) + extra
+        self._delivery.deliver(findings, message, quiet)
+
+    def _deliver(self, findings) -> None:
+        if findings:
+            self._delivery.deliver(sort_findings(findings))
 
     def remove(self) -> None:
-        """Remove every hook this guard installed; a callback already queued does nothing. Idempotent."""
+        """Remove every hook this guard installed and drop its references to the model. Forwards that no
+        backward used are reported now (``graph-without-backward``); with ``on_error="warn"`` a summary of
+        everything found is warned. Idempotent."""
+        if self._removed:
+            return
         self._removed = True
-        for handle in self._handles + self._node_hooks:
+        for handles in self._handles:
+            for handle in handles:
+                handle.remove()
+        for handle in self._node_hooks:
             handle.remove()
         self._handles, self._node_hooks = [], []
+        if self._origin is not None:
+            self._origin.disarm()
+            self._origin = None
+        if self._ratios is not None:
+            self._ratios.remove()
+            self._ratios = None
+        late = self._graphs.close()
+        self._watched = len(self._params)
+        self._params, self._slots, self._param_ids = [], [], {}
+        try:
+            if late:
+                self._deliver(late)
+        finally:
+            self._delivery.summary(self.backwards)
 
-    def __enter__(self) -> Watch:
+    def __enter__(self) -> "Watch":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None:
+            self._delivery.hold = True               # do not hide the exception in flight
         self.remove()
 
     def __repr__(self) -> str:
-        opts = [f"on_error={self._on_error!r}" if isinstance(self._on_error, str) else "on_error=<callable>"]
-        if not self._check_nonfinite:
-            opts.append("check_nonfinite=False")
-        for name, value, default in (("every", self._every, 1), ("accumulate", self._accumulate, 1)):
-            if value != default:
-                opts.append(f"{name}={value}")
-        if self._ignore:
-            opts.append(f"ignore={list(self._ignore)!r}")
-        if self._scaler is not None:
-            opts.append("scaler=GradScaler")
         state = "removed" if self._removed else "active"
-        last = f"{len(self.findings)} findings at the last problem" if self.findings else "no problem yet"
-        return (f"<gradscope.watch {self._model_name}: {len(self._params)} parameters, {', '.join(opts)}; "
-                f"{self.backwards} backwards, {self.checks} checks, {last}; {state}>")
+        n = self._watched if self._removed else len(self._params)
+        return (f"<gradscope.watch {self._model_name}: {n} parameters, {self._options}; "
+                f"{self.backwards} backwards, {self.checks} checks, {self._delivery.counts_text()}; {state}>")

@@ -1,0 +1,295 @@
+"""Autograd graphs across training steps: ``carried-graph``, ``retained-graph``, ``graph-without-backward``.
+
+NOTE [step boundary]
+A *step* ends with each watched backward; its end-of-backward callback notes the next autograd sequence
+number (``_get_sequence_nr``, per thread: on CPU the callback runs on the thread that called backward).
+Every node created before that mark belongs to an earlier step. Two forward hooks on the watched root
+module do the rest, at a few microseconds per forward:
+- the pre-hook looks at the tensor inputs (one level into tuples, lists and dicts): one with a ``grad_fn``
+  older than the mark whose graph reaches the model's own parameters is a graph carried across steps (an
+  RNN hidden state that was not detached). A tensor from another model (a GAN's ``fake``) does not reach
+  them and is left alone;
+- the post-hook records each forward that built a graph (sequence range, ``model.training``, the caller's
+  line) and puts one pre-hook on each output's ``grad_fn``: it fires when a backward runs that forward's
+  graph (``used``), and since the node owns the hook function, a weak reference to that function tells
+  whether the graph is still alive. No tensor and no node is kept.
+At each boundary, forwards whose graph is still alive from steps before the previous one are graphs the
+user keeps (``total_loss += loss``, ``losses.append(loss)``); forwards that no backward used are graphs
+built for nothing (an eval loop without ``torch.no_grad()``), reported once per run of such forwards.
+"""
+
+from __future__ import annotations
+
+import inspect as _inspect
+import weakref
+
+import torch
+
+from gradscope._format import human_bytes
+from gradscope.findings import Finding
+from gradscope.watching.walks import graph_stats
+from gradscope.watching._engine import peek_seq
+from gradscope.watching.holders import find_holders, holder_text, user_frame, frame_location
+
+__all__ = ["GraphWatch"]
+
+_RECORDS_AT_MOST = 4096
+
+
+class ForwardRec:
+    """One forward of the watched model that built a graph (plain data only)."""
+
+    __slots__ = ("step", "seq0", "seq1", "training", "location", "used", "alive", "bytes", "nodes")
+
+    def __init__(self, step, seq0, seq1, training, location):
+        self.step, self.seq0, self.seq1, self.training, self.location = step, seq0, seq1, training, location
+        self.used = False
+        self.alive = None
+        self.bytes = self.nodes = None
+
+
+def _tensors(value, depth=1):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth and isinstance(value, (tuple, list)):
+        for v in value[:64]:
+            yield from _tensors(v, depth - 1)
+    elif depth and isinstance(value, dict):
+        for v in list(value.values())[:64]:
+            yield from _tensors(v, depth - 1)
+
+
+class GraphWatch:
+    """The cross-step checks of one guard (see NOTE [step boundary]); ``report(findings)`` delivers."""
+
+    def __init__(self, root, model_name, param_ids, params, report, before_forward, enabled=True):
+        self._root_name = model_name
+        self._param_ids = param_ids          # id(param) -> name; shared with the guard
+        self._params = params                # () -> the watched parameters (tensors)
+        self._report, self._before_forward = report, before_forward
+        self._mark = peek_seq()
+        self.step = 0
+        self._seq0 = 0
+        self._records: list[ForwardRec] = []
+        self._old_alive: list[int] = []      # per boundary: graphs alive from before the previous step
+        self._retained_reported = 0
+        self._eval_backwarded = False        # an eval-mode forward was backwarded: eval mode is training
+        self._measured_run = False
+        self._active = True
+        self._enabled = enabled
+        self.on_outputs = None             # FSDP2: the guard's hook on each forward's outputs
+        self._wasted_at: set = set()       # forward locations already reported without backward
+        self._carried_seen = False         # a carried graph already explains graphs kept alive
+        try:
+            self._arg_names = list(_inspect.signature(root.forward).parameters)
+        except (TypeError, ValueError):
+            self._arg_names = []
+        self._handles = [root.register_forward_pre_hook(self._pre, with_kwargs=True),
+                         root.register_forward_hook(self._post)]
+
+    def _pstores(self) -> set[int]:
+        out = set()
+        for p in self._params():
+            try:
+                out.add(p.untyped_storage()._cdata)
+            except (RuntimeError, NotImplementedError, TypeError):
+                pass
+        return out
+
+    # -- forward hooks ---------------------------------------------------------------------------
+    def _pre(self, module, args, kwargs):
+        self._before_forward()
+        self._seq0 = peek_seq()
+        if not self._enabled or not torch.is_grad_enabled():
+            return None
+        mark = self._mark
+        for i, value in enumerate(args):
+            fn = value.grad_fn if type(value) is torch.Tensor or isinstance(value, torch.Tensor) else None
+            if fn is not None or isinstance(value, (tuple, list, dict)):
+                self._scan(value, mark, self._arg_names[i] if i < len(self._arg_names) else f"#{i}")
+        for name, value in kwargs.items():
+            self._scan(value, mark, name)
+        return None
+
+    def _scan(self, value, mark, name) -> None:
+        for t in _tensors(value):
+            fn = t.grad_fn
+            if fn is not None and fn._sequence_nr() < mark:
+                self._carried(t, fn, name)
+
+    def _post(self, module, args, output):
+        if not torch.is_grad_enabled() or not (self._enabled or self.on_outputs):
+            return None
+        outs = [t.grad_fn for t in _tensors(output) if t.grad_fn is not None]
+        if not outs:
+            return None
+        if self.on_outputs is not None:
+            self.on_outputs(outs)
+        if not self._enabled:
+            return None
+        frame = user_frame()
+        rec = ForwardRec(self.step, self._seq0, peek_seq(), module.training, frame_location(frame))
+        del frame
+
+        def used(_grad_outputs, rec=rec):
+            rec.used = True
+        for fn in outs:
+            fn.register_prehook(used)
+        rec.alive = weakref.ref(used)
+        records = self._records
+        suspicious = (not rec.training and not self._eval_backwarded) or any(
+            not r.used and r.step == rec.step for r in records[-4:])
+        if suspicious and not self._measured_run:
+            self._measured_run = True
+            rec.nodes, rec.bytes, _, _ = graph_stats(outs, self._param_ids, self._pstores(), at_least=rec.seq0)
+        records.append(rec)
+        if len(records) > _RECORDS_AT_MOST:
+            del records[:len(records) - _RECORDS_AT_MOST]
+        return None
+
+    # -- carried graph --------------------------------------------------------------------------
+    def _carried(self, t, fn, name):
+        nodes, held, freed, reached = graph_stats([fn], self._param_ids, self._pstores(), below=self._mark)
+        if not reached:
+            return                               # another model's output (a GAN's fake): not ours
+        frame = user_frame()
+        location = frame_location(frame)
+        del frame
+        origin = self._origin(fn._sequence_nr())
+        what = (f"The input {name!r} of {self._root_name}.forward" + (f" at {location}" if location else "")
+                + f" carries an autograd graph built in an earlier step{origin}: it reaches "
+                f"{len(reached)} parameter{'s' if len(reached) != 1 else ''} of the model "
+                f"({', '.join(sorted(reached)[:4])}{', ...' if len(reached) > 4 else ''}) through {nodes} "
+                f"node{'s' if nodes != 1 else ''} from before this step")
+        fix = (f" Fix: cut the graph at the step boundary, `{name} = {name}.detach()` before passing it in "
+               f"(truncated backpropagation through time).")
+        if freed:
+            msg = (f"{what}, whose saved tensors the previous backward already freed, so this step's "
+                   f"backward will fail with \"Trying to backward through the graph a second time\".{fix}")
+        else:
+            msg = (f"{what} and keeps {human_bytes(held)} of saved tensors alive. The graph was kept with "
+                   f"retain_graph=True, so every backward runs through all earlier steps again and memory "
+                   f"grows every step.{fix}")
+        finding = Finding("carried-graph", "error", msg, params=tuple(sorted(reached)), location=location)
+        self._carried_seen = True
+        if freed:
+            self._explain_later(fn, finding)
+        self._report([finding])
+
+    def _explain_later(self, fn, finding):
+        """If the backward reaches the freed graph anyway, raise our explanation instead of torch's."""
+        from gradscope.errors import GradientError
+
+        def explain(_grad_outputs):
+            if self._active:
+                raise GradientError(
+                    "gradscope.watch: this backward reached a graph from an earlier step that was already "
+                    "freed: torch would now raise \"Trying to backward through the graph a second time (or "
+                    "directly access saved tensors after they have already been freed)\".\n- "
+                    + finding.message, [finding])
+        fn.register_prehook(explain)
+
+    def _origin(self, seq) -> str:
+        for rec in reversed(self._records):
+            if rec.seq0 <= seq < rec.seq1:
+                return (f" (returned by {self._root_name}.forward in step {rec.step + 1}"
+                        + (f", called at {rec.location})" if rec.location else ")"))
+        return ""
+
+    # -- boundaries -----------------------------------------------------------------------------
+    def backward_ended(self) -> list[Finding]:
+        """Called at the end of every watched backward (a step boundary); returns what to report."""
+        self.step += 1
+        self._mark = peek_seq()
+        if not self._enabled:
+            return []
+        self._measured_run = False
+        records = self._records
+        if any(not r.training and r.used for r in records):
+            self._eval_backwarded = True
+        findings = self._without_backward(pending_ok=True)
+        old = [r for r in records if r.step < self.step - 1 and r.alive() is not None]
+        self._old_alive.append(len(old))
+        del self._old_alive[:-3]
+        self._records = [r for r in records if r.alive() is not None or not r.used]
+        if (not self._carried_seen and len(self._old_alive) == 3 and self._old_alive[0] < self._old_alive[1] < self._old_alive[2]
+                and len(old) >= 2 * max(self._retained_reported, 1)):
+            self._retained_reported = len(old)
+            findings.append(self._retained(old))
+        return findings
+
+    def close(self) -> list[Finding]:
+        """At ``remove()``: forwards that no backward used since the last boundary."""
+        self._active = False
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        out = self._without_backward(pending_ok=False)
+        self._records = []
+        return out
+
+    def _without_backward(self, pending_ok) -> list[Finding]:
+        """One ``graph-without-backward`` finding per run of forwards (same step) that no backward used.
+        With ``pending_ok``, a run from the step that just ended whose graphs are all still alive waits:
+        a later backward may still use them (one loss backwarded after another)."""
+        runs: list[list[ForwardRec]] = []
+        for r in self._records:
+            if r.used:
+                continue
+            if runs and runs[-1][-1].step == r.step:
+                runs[-1].append(r)
+            else:
+                runs.append([r])
+        if pending_ok:
+            runs = [run for run in runs
+                    if not (run[0].step == self.step - 1 and all(r.alive() is not None for r in run))]
+        out = []
+        for run in runs:
+            for r in run:
+                r.used = True                    # reported once
+            if run[0].location not in self._wasted_at:    # and once per place in the user's code
+                self._wasted_at.add(run[0].location)
+                out.append(self._wasted(run))
+        return out
+
+    def _wasted(self, run) -> Finding:
+        n, first = len(run), run[0]
+        mode = "in model.eval() mode " if not first.training else ""
+        measured = [r for r in run if r.bytes is not None]
+        alive = [r for r in run if r.alive() is not None]
+        size = (f" Each graph held about {human_bytes(measured[0].bytes)} of saved tensors "
+                f"({measured[0].nodes} nodes) for as long as its output was kept." if measured else "")
+        held = ""
+        if alive:
+            holders, _ = find_holders([(r.seq0, r.seq1) for r in alive], self._param_ids, self._pstores())
+            if holders:
+                held = (f" {len(alive)} of these graphs {'is' if len(alive) == 1 else 'are'} still alive, held by "
+                        f"{holder_text(holders)}.")
+        return Finding(
+            "graph-without-backward", "warning",
+            f"{n} forward{'s' if n != 1 else ''} of {self._root_name} {mode}with gradients enabled"
+            + (f" (from {first.location})" if first.location else "")
+            + f" built autograd graph{'s' if n != 1 else ''} with saved tensors that no backward used.{size}"
+            f"{held} Fix: run evaluation and inference under `with torch.no_grad():` (or "
+            f"`torch.inference_mode()`), and call `.item()` on values you keep for logging.",
+            location=first.location)
+
+    def _retained(self, old) -> Finding:
+        holders, (_, total_nodes, total_bytes) = find_holders([(r.seq0, r.seq1) for r in old],
+                                                              self._param_ids, self._pstores())
+        steps = len({r.step for r in old})
+        if holders:
+            where = (f" They are held by {holder_text(holders)}: {total_nodes} autograd nodes and "
+                     f"{human_bytes(total_bytes)} of saved tensors, growing by about "
+                     f"{total_nodes // max(steps, 1)} nodes and {human_bytes(total_bytes // max(steps, 1))} "
+                     f"per step.")
+            location = holders[0].location
+        else:
+            where, location = " gradscope could not find which Python variable holds them.", None
+        return Finding(
+            "retained-graph", "warning",
+            f"The autograd graphs of {len(old)} forwards of {self._root_name} from {steps} earlier steps are "
+            f"still alive, and their number grew at each of the last 3 backwards.{where} A tensor that "
+            f"still has a grad_fn keeps its whole graph alive: keep `loss.item()` (a Python float) or "
+            f"`loss.detach()` in totals, lists and metric dicts, not `loss` itself.",
+            location=location)

@@ -1,0 +1,96 @@
+"""How a guard's findings reach the user: ``on_error`` raise / warn / callable, once per distinct problem.
+
+With ``on_error="warn"`` each distinct problem (its kind, parameters and place; never the step number) is
+warned once, with a message that names no step, so Python's own warning filter can dedupe it too; every
+occurrence is counted (``guard.counts``, shown by ``repr(guard)``), and ``remove()`` warns one summary.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+
+from gradscope.errors import GradientError
+from gradscope.watching.holders import user_frame
+
+__all__ = ["Delivery", "options_text"]
+
+
+def _stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the user's line, past torch and gradscope."""
+    import sys
+    target, frame, level = user_frame(2), sys._getframe(1), 1
+    while frame is not None and frame is not target:
+        frame, level = frame.f_back, level + 1
+    return level if frame is not None else 1
+
+
+def _key(f) -> tuple:
+    return (f.kind, f.params, f.location if f.kind not in ("none-grad", "nonfinite-grad") else None)
+
+
+class Delivery:
+    def __init__(self, on_error, model_name: str):
+        self.on_error, self.model_name = on_error, model_name
+        self.last: tuple = ()
+        self.counts: Counter = Counter()
+        self._params: dict[str, set] = {}
+        self._warned: set = set()
+        self.hold = False          # an exception is in flight: record, do not raise
+
+    def deliver(self, findings, message: str | None = None, quiet: str | None = None) -> None:
+        if not findings:
+            return
+        self.last = tuple(findings)
+        for f in findings:
+            self.counts[f.kind] += 1
+            self._params.setdefault(f.kind, set()).update(f.params)
+        if callable(self.on_error):
+            self.on_error(list(findings))
+            return
+        if message is None:
+            message = "\n".join(f"gradscope.watch: {f.kind} ({f.severity}): {f.message}" for f in findings)
+        if self.on_error == "warn" or self.hold:
+            new = [f for f in findings if _key(f) not in self._warned]
+            if not new:
+                return
+            self._warned.update(_key(f) for f in new)
+            text = quiet if quiet is not None and len(new) == len(findings) else "\n".join(
+                f"gradscope.watch: {f.kind} ({f.severity}): {f.message}" for f in new)
+            warnings.warn(text, RuntimeWarning, stacklevel=_stacklevel())
+            return
+        raise GradientError(message, findings)
+
+    def counts_text(self) -> str:
+        if not self.counts:
+            return "no problem yet"
+        return "found " + ", ".join(f"{k} x{n}" for k, n in sorted(self.counts.items()))
+
+    def summary(self, backwards: int) -> None:
+        if self.on_error != "warn" or not self.counts:
+            return
+        parts = []
+        for kind, n in sorted(self.counts.items()):
+            names = sorted(self._params.get(kind, ()))
+            shown = f" ({', '.join(names[:6])}{', ...' if len(names) > 6 else ''})" if names else ""
+            parts.append(f"{kind} {n} time{'s' if n != 1 else ''}{shown}")
+        warnings.warn(f"gradscope.watch {self.model_name}: summary over {backwards} backwards: "
+                      + "; ".join(parts) + ".", RuntimeWarning, stacklevel=_stacklevel())
+
+
+def options_text(on_error, check_nonfinite, every, accumulate, ignore, scaler, graphs, optimizer) -> str:
+    opts = [f"on_error={on_error!r}" if isinstance(on_error, str) else "on_error=<callable>"]
+    if not check_nonfinite:
+        opts.append("check_nonfinite=False")
+    for name, value in (("every", every), ("accumulate", accumulate)):
+        if value != 1:
+            opts.append(f"{name}={value}")
+    if ignore:
+        opts.append(f"ignore={list(ignore)!r}")
+    if scaler is not None:
+        opts.append("scaler=GradScaler")
+    if not graphs:
+        opts.append("graphs=False")
+    if optimizer is not None:
+        opts.append(f"optimizer={type(optimizer).__name__}")
+    return ", ".join(opts)

@@ -1,0 +1,96 @@
+"""Bounded walks over a live autograd graph for the cross-step checks (read-only; nothing is kept)."""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+
+import torch
+
+from gradscope.walk.saved import node_type
+
+__all__ = ["graph_stats", "graph_nodes"]
+
+_WALK_LIMIT = 50_000
+
+
+def _walk(starts, param_ids, param_storages, select, through, limit=_WALK_LIMIT):
+    """Walk the graph from ``starts`` (nodes). ``select(seq)`` gives a key for a node to count, or None:
+    such a node is walked through when ``through`` and left out otherwise. Returns (nodes counted, live
+    saved bytes in them, parameters excluded; whether a counted node's saved tensors were freed; the
+    watched parameters reached; the keys counted)."""
+    seen, stack = set(), [n for n in starts if n is not None]
+    skip = set(param_storages)
+    nodes = held = 0
+    freed = False
+    reached: set[str] = set()
+    keys: set = set()
+    while stack and len(seen) < limit:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        info = node_type(n)
+        if info.leaf:
+            name = param_ids.get(id(getattr(n, "variable", None)))
+            if name is not None:
+                reached.add(name)
+            continue
+        key = select(n._sequence_nr())
+        if key is None:
+            if through:
+                stack.extend(m for m, _ in n.next_functions if m is not None and m not in seen)
+            continue
+        keys.add(key)
+        nodes += 1
+        if info.custom:
+            try:
+                saved = n.saved_tensors
+            except RuntimeError:
+                freed, saved = True, ()
+            for t in saved:
+                held += _bytes(t, skip)
+        for _slot, raw_attr, attr in info.tensor_slots:
+            raw = getattr(n, raw_attr, None)
+            data = None if raw is None else raw.data
+            if isinstance(data, torch.Tensor):
+                held += _bytes(data, skip)
+            elif data is None and raw is not None:
+                try:
+                    getattr(n, attr)
+                except RuntimeError:
+                    freed = True
+        stack.extend(m for m, _ in n.next_functions if m is not None and m not in seen)
+    return nodes, held, freed, reached, keys
+
+
+def _bytes(t, skip) -> int:
+    try:
+        st = t.untyped_storage()
+        ptr, size = st._cdata, st.nbytes()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return 0
+    if ptr in skip:
+        return 0
+    skip.add(ptr)
+    return size
+
+
+def graph_stats(starts, param_ids, param_storages=(), *, below=None, at_least=None):
+    """Nodes, live saved bytes, freed?, parameters reached, for the nodes older than ``below`` or at least
+    ``at_least`` (sequence numbers) reachable from ``starts``."""
+    def select(seq):
+        return None if (below is not None and seq >= below) or (at_least is not None and seq < at_least) \
+            else 0
+    return _walk(starts, param_ids, param_storages, select, through=False)[:4]
+
+
+def graph_nodes(starts, ranges, param_ids, param_storages, limit):
+    """How many of the forwards ``ranges`` (sorted ``[(seq0, seq1)]``) the graph from ``starts`` reaches,
+    with their node count and saved bytes; nodes outside every range are walked through."""
+    lows = [r[0] for r in ranges]
+
+    def select(seq):
+        i = bisect_right(lows, seq) - 1
+        return i if i >= 0 and seq < ranges[i][1] else None
+    nodes, held, _, _, keys = _walk(starts, param_ids, param_storages, select, through=True, limit=limit)
+    return len(keys), nodes, held
