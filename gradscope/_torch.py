@@ -19,11 +19,34 @@ import torch
 from torch.nn.modules import module as _nn_module
 
 __all__ = [
-    "peek_sequence_nr", "sequence_nr", "NO_SEQUENCE_NR", "ACCUMULATE_GRAD", "SAVED_TENSOR",
-    "SAVED_PREFIX", "RAW_SAVED_PREFIX", "input_metadata", "forward_cls", "storage_key", "version",
-    "TENSOR_DATA", "FUNCTION_APPLY_CODE", "register_module_forward_pre_hook", "register_module_forward_hook",
-    "current_graph_task_id", "current_autograd_node", "queue_engine_callback", "foreach_norm",
-    "is_checkpoint_holder", "sparse_values",
+    "peek_sequence_nr",
+    "sequence_nr",
+    "NO_SEQUENCE_NR",
+    "ACCUMULATE_GRAD",
+    "SAVED_TENSOR",
+    "SAVED_PREFIX",
+    "RAW_SAVED_PREFIX",
+    "input_metadata",
+    "forward_cls",
+    "storage_key",
+    "version",
+    "TENSOR_DATA",
+    "FUNCTION_APPLY_CODE",
+    "register_module_forward_pre_hook",
+    "register_module_forward_hook",
+    "current_graph_task_id",
+    "current_autograd_node",
+    "queue_engine_callback",
+    "foreach_norm",
+    "is_checkpoint_holder",
+    "sparse_values",
+    "storage_key_and_bytes",
+    "foreach_mul",
+    "foreach_sub_",
+    "anomaly_state",
+    "set_anomaly",
+    "on_next_backward",
+    "cancel_next_backward",
 ]
 
 # -- sequence numbers (forward creation order) -----------------------------------------------------
@@ -85,6 +108,13 @@ def storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
 
+def storage_key_and_bytes(t: torch.Tensor) -> tuple[int, int]:
+    """``(storage_key(t), t.untyped_storage().nbytes())`` with one ``untyped_storage()`` call (the bytes
+    a storage holds, counted once per key). TORCH-FACTS section 1 (dedup)."""
+    st = t.untyped_storage()
+    return st._cdata, st.nbytes()
+
+
 def version(t: torch.Tensor) -> int:
     """``t._version``: the tensor's in-place version counter (raises RuntimeError on inference tensors).
     TORCH-FACTS section 2 (versions visible)."""
@@ -122,12 +152,81 @@ def queue_engine_callback(fn: Callable[[], None]) -> None:
 
 
 #: ``torch._foreach_norm(tensors, ord, dtype=)``: one fused norm per tensor (what
-#: ``torch.nn.utils.clip_grad_norm_`` uses). Not covered by TORCH-FACTS; watch() calls it only for
-#: gradients on an accelerator, so the CPU test suite does not run it.
+#: ``torch.nn.utils.clip_grad_norm_`` uses). Not covered by TORCH-FACTS; watch() calls it once per device
+#: on each step's gradients, and tests/test_watch_flow.py checks its norms against ``vector_norm``.
 foreach_norm: Callable[..., Any] = torch._foreach_norm
+
+#: ``torch._foreach_mul(tensors, scalar)`` (new tensors) and ``torch._foreach_sub_(tensors, others)`` (in
+#: place): fused elementwise ops over a list, what the foreach optimizers use; watch() copies the weights
+#: and takes the update with them around ``optimizer.step()``. Not covered by TORCH-FACTS;
+#: tests/test_watch_flow.py checks the update/weight ratios they give against a plain computation.
+foreach_mul: Callable[..., Any] = torch._foreach_mul
+foreach_sub_: Callable[..., Any] = torch._foreach_sub_
 
 
 def sparse_values(t: torch.Tensor) -> torch.Tensor:
     """``t._values()``: the stored values of a sparse COO tensor, coalesced or not (``values()`` refuses
     an uncoalesced one). Not covered by TORCH-FACTS, nor yet by a test (watch() on a sparse gradient)."""
     return t._values()
+
+
+# -- anomaly mode and the next backward (watch()'s armed step) -------------------------------------
+def anomaly_state() -> tuple[bool, bool]:
+    """``(torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())``, to restore later."""
+    return torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()
+
+
+def set_anomaly(state: tuple[bool, bool]) -> None:
+    """``torch.set_anomaly_enabled(enabled, check_nan)``: anomaly mode without the Python context manager
+    (no warning, no stack); in ``torch.__all__`` but undocumented (the binding ``detect_anomaly`` uses).
+    With it on, each new node records its forward traceback in ``node.metadata['traceback_']``; watch()
+    switches it on, with ``check_nan`` off, for one armed forward. TORCH-FACTS section 9 (anomaly mode)
+    and section 1 (``metadata``)."""
+    torch.set_anomaly_enabled(*state)
+
+
+# ``torch.autograd._engine_run_backward(t_outputs, ...)``: the function ``backward()`` and
+# ``torch.autograd.grad`` look up in ``torch.autograd`` to run the engine, its first argument the roots.
+# Wrapped for one call only, then unwrapped before the engine runs (watch()'s armed backward). Not
+# covered by TORCH-FACTS; tests/test_watch_nan.py checks the wrap, the hand-over and the unwrap.
+_waiting: list = []  # callbacks for the next backward's roots
+_installed: list = []  # [(wrapper, the function it replaced)] while wrapped
+
+
+def _make_wrapper(original):
+    def run_backward(t_outputs, *args, **kwargs):
+        _unwrap()
+        for fn in _waiting[:]:
+            _waiting.remove(fn)
+            try:
+                fn(t_outputs)
+            except Exception:  # noqa: BLE001 - diagnostics must never break the user's backward
+                pass
+        return original(t_outputs, *args, **kwargs)
+
+    return run_backward
+
+
+def _unwrap() -> None:
+    while _installed:
+        wrapper, original = _installed.pop()
+        if torch.autograd._engine_run_backward is wrapper:  # else someone wrapped over us: stay a pass-through
+            torch.autograd._engine_run_backward = original
+
+
+def on_next_backward(fn: Callable[[Any], None]) -> None:
+    """Call ``fn(roots)`` at the start of the next ``backward()``/``autograd.grad`` on any thread."""
+    if fn not in _waiting:
+        _waiting.append(fn)
+    if not _installed and getattr(torch.autograd, "_engine_run_backward", None) is not None:
+        wrapper = _make_wrapper(torch.autograd._engine_run_backward)
+        _installed.append((wrapper, torch.autograd._engine_run_backward))
+        torch.autograd._engine_run_backward = wrapper
+
+
+def cancel_next_backward(fn: Callable[[Any], None]) -> None:
+    """Forget ``fn``; unwrap when no callback is left waiting."""
+    if fn in _waiting:
+        _waiting.remove(fn)
+    if not _waiting:
+        _unwrap()

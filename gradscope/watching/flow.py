@@ -15,6 +15,7 @@ from collections import deque
 
 import torch
 
+from gradscope._torch import foreach_mul, foreach_norm, foreach_sub_, sparse_values
 from gradscope.watching.step import BadGrad, WatchedParam
 
 __all__ = ["Flow"]
@@ -49,7 +50,7 @@ class Flow:
             if type(g) is not torch.Tensor:
                 g = _local(g)
             if g.is_sparse:
-                g = g._values()
+                g = sparse_values(g)
             if not g.numel():
                 continue
             group = groups.get(g.device)
@@ -62,7 +63,7 @@ class Flow:
         seen = [False] * len(self.modules)
         bad: list[BadGrad] = []
         for wps, grads, idx in groups.values():
-            norms = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).tolist()   # one sync
+            norms = torch.stack(foreach_norm(grads, 2, dtype=torch.float32)).tolist()   # one sync
             for i, n in zip(idx, norms):
                 sums[i] += n * n
                 seen[i] = True
@@ -105,8 +106,8 @@ class UpdateRatios:
             return
         with torch.no_grad():
             tensors = [_local(wp.param.detach()) for wp in self._params]
-            wn = torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32)).double().square().tolist()
-            self._before = (tensors, torch._foreach_mul(tensors, 1.0), wn)
+            wn = torch.stack(foreach_norm(tensors, 2, dtype=torch.float32)).double().square().tolist()
+            self._before = (tensors, foreach_mul(tensors, 1.0), wn)
 
     def _post(self, _opt, _args, _kwargs):
         if self._before is None:
@@ -114,8 +115,8 @@ class UpdateRatios:
         tensors, before, wn = self._before
         self._before = None
         with torch.no_grad():
-            torch._foreach_sub_(before, tensors)              # in place: -(update), same norm
-            dn = torch.stack(torch._foreach_norm(before, 2, dtype=torch.float32)).double().square().tolist()
+            foreach_sub_(before, tensors)              # in place: -(update), same norm
+            dn = torch.stack(foreach_norm(before, 2, dtype=torch.float32)).double().square().tolist()
         del before
         num: dict = {}
         den: dict = {}

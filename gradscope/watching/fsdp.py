@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from gradscope._torch import current_graph_task_id, queue_engine_callback, version
+
 __all__ = ["is_fsdp2", "FsdpStamps"]
 
 
@@ -30,7 +32,7 @@ def _key(grad):
     if grad is None:
         return None
     local = grad.to_local() if hasattr(grad, "to_local") else grad
-    return id(local), local._version
+    return id(local), version(local)
 
 
 class FsdpStamps:
@@ -45,11 +47,10 @@ class FsdpStamps:
             self._before = [_key(wp.param.grad) for wp in guard._params]
 
         def queue(_grad_outputs):
-            from gradscope.watching import _engine
-            tid = _engine.task_id()
+            tid = current_graph_task_id()
             if tid not in guard._pending and not guard._removed:
                 guard._pending.add(tid)
-                _engine.queue_callback(guard._on_end)
+                queue_engine_callback(guard._on_end)
         for fn in outs:
             fn.register_prehook(queue)
 

@@ -26,10 +26,10 @@ import weakref
 import torch
 
 from gradscope._format import human_bytes
+from gradscope._torch import peek_sequence_nr, sequence_nr, storage_key
 from gradscope.findings import Finding
+from gradscope.watching.holders import find_holders, frame_location, holder_text, user_frame
 from gradscope.watching.walks import graph_stats
-from gradscope.watching._engine import peek_seq
-from gradscope.watching.holders import find_holders, holder_text, user_frame, frame_location
 
 __all__ = ["GraphWatch"]
 
@@ -67,7 +67,7 @@ class GraphWatch:
         self._param_ids = param_ids          # id(param) -> name; shared with the guard
         self._params = params                # () -> the watched parameters (tensors)
         self._report, self._before_forward = report, before_forward
-        self._mark = peek_seq()
+        self._mark = peek_sequence_nr()
         self.step = 0
         self._seq0 = 0
         self._records: list[ForwardRec] = []
@@ -91,7 +91,7 @@ class GraphWatch:
         out = set()
         for p in self._params():
             try:
-                out.add(p.untyped_storage()._cdata)
+                out.add(storage_key(p))
             except (RuntimeError, NotImplementedError, TypeError):
                 pass
         return out
@@ -99,7 +99,7 @@ class GraphWatch:
     # -- forward hooks ---------------------------------------------------------------------------
     def _pre(self, module, args, kwargs):
         self._before_forward()
-        self._seq0 = peek_seq()
+        self._seq0 = peek_sequence_nr()
         if not self._enabled or not torch.is_grad_enabled():
             return None
         mark = self._mark
@@ -114,7 +114,7 @@ class GraphWatch:
     def _scan(self, value, mark, name) -> None:
         for t in _tensors(value):
             fn = t.grad_fn
-            if fn is not None and fn._sequence_nr() < mark:
+            if fn is not None and sequence_nr(fn) < mark:
                 self._carried(t, fn, name)
 
     def _post(self, module, args, output):
@@ -128,7 +128,7 @@ class GraphWatch:
         if not self._enabled:
             return None
         frame = user_frame()
-        rec = ForwardRec(self.step, self._seq0, peek_seq(), module.training, frame_location(frame))
+        rec = ForwardRec(self.step, self._seq0, peek_sequence_nr(), module.training, frame_location(frame))
         del frame
 
         def used(_grad_outputs, rec=rec):
@@ -155,7 +155,7 @@ class GraphWatch:
         frame = user_frame()
         location = frame_location(frame)
         del frame
-        origin = self._origin(fn._sequence_nr())
+        origin = self._origin(sequence_nr(fn))
         what = (f"The input {name!r} of {self._root_name}.forward" + (f" at {location}" if location else "")
                 + f" carries an autograd graph built in an earlier step{origin}: it reaches "
                 f"{len(reached)} parameter{'s' if len(reached) != 1 else ''} of the model "
@@ -200,7 +200,7 @@ class GraphWatch:
     def backward_ended(self) -> list[Finding]:
         """Called at the end of every watched backward (a step boundary); returns what to report."""
         self.step += 1
-        self._mark = peek_seq()
+        self._mark = peek_sequence_nr()
         if not self._enabled:
             return []
         self._measured_run = False

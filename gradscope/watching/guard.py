@@ -34,20 +34,20 @@ waiting in the next collective.
 The cross-step checks (graphs carried or kept across steps, forwards without backward) live in
 :mod:`gradscope.watching.graphs`, gradient flow in :mod:`gradscope.watching.flow`, the search for where a
 NaN was born in :mod:`gradscope.watching.origin`; every private torch API they use is in
-:mod:`gradscope.watching._engine`.
+:mod:`gradscope._torch`.
 """
 
 from __future__ import annotations
 
+from gradscope._torch import current_autograd_node, current_graph_task_id, queue_engine_callback
 from gradscope.errors import InputValueError
 from gradscope.findings import sort_findings
-from gradscope.watching import _engine
 from gradscope.watching.flow import Flow, UpdateRatios
 from gradscope.watching.fsdp import FsdpStamps, is_fsdp2
 from gradscope.watching.graphs import GraphWatch
 from gradscope.watching.options import select, validate
-from gradscope.watching.params import ParamHooks
 from gradscope.watching.origin import Origin
+from gradscope.watching.params import ParamHooks
 from gradscope.watching.quiet import Delivery, options_text
 from gradscope.watching.step import WatchedParam, error_message, none_grad_findings, nonfinite_findings, rank_text
 
@@ -178,11 +178,11 @@ class Watch(ParamHooks):
             self._origin.before_forward()
 
     def _on_end(self) -> None:
-        tid = _engine.task_id()
+        tid = current_graph_task_id()
         self._pending.discard(tid)
         if self._removed:
             return
-        node = _engine.current_node()
+        node = current_autograd_node()
         if node is not None:                         # NOTE [nested backward]: hand over to the outer task
             handle = None
 
@@ -190,20 +190,20 @@ class Watch(ParamHooks):
                 handle.remove()
                 if handle in self._node_hooks:
                     self._node_hooks.remove(handle)
-                outer = _engine.task_id()
+                outer = current_graph_task_id()
                 if not self._removed and outer not in self._pending:
                     self._pending.add(outer)
-                    _engine.queue_callback(self._on_end)
+                    queue_engine_callback(self._on_end)
             handle = node.register_hook(requeue)
             self._node_hooks.append(handle)
             return
-        _engine.queue_callback(self._on_last)        # NOTE [last callback]
+        queue_engine_callback(self._on_last)        # NOTE [last callback]
 
     def _on_last(self) -> None:
         if self._removed:
             return
         self._pending.clear()                        # ids of earlier backwards that raised half-way
-        tid = _engine.task_id()
+        tid = current_graph_task_id()
         if self._fsdp is not None:
             self._fsdp.stamp(tid)                    # NOTE [FSDP2]
         if max(self._stamp) < tid and self._window_start is None:

@@ -18,10 +18,10 @@ import torch
 from gradscope._format import human_bytes
 from gradscope.watching.walks import graph_nodes
 
-__all__ = ["user_frame", "frame_location", "find_holders", "holder_text", "Holder"]
+__all__ = ["INTERNAL_DIRS", "user_frame", "frame_location", "find_holders", "holder_text", "Holder"]
 
-_INTERNAL = (os.path.dirname(torch.__file__) + os.sep,
-             os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+INTERNAL_DIRS = (os.path.dirname(torch.__file__) + os.sep,
+                 os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
 _FRAMES = 3
 _ITEMS = 10_000
 _NODES = 200_000
@@ -30,7 +30,7 @@ _NODES = 200_000
 def user_frame(depth: int = 1):
     """The first caller frame outside torch and gradscope (None if there is none)."""
     f = sys._getframe(depth)
-    while f is not None and f.f_code.co_filename.startswith(_INTERNAL):
+    while f is not None and f.f_code.co_filename.startswith(INTERNAL_DIRS):
         f = f.f_back
     return f
 
@@ -98,7 +98,7 @@ def find_holders(ranges, param_ids, param_storages=frozenset()):
                                 else f"{label} (a {scope} variable of {where})")
                         found.append(Holder(text, location, forwards, nodes, held))
         frame = frame.f_back
-        while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL):
+        while frame is not None and frame.f_code.co_filename.startswith(INTERNAL_DIRS):
             frame = frame.f_back
     del frame
     found.sort(key=lambda h: (-h.forwards, h.name))

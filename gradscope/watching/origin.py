@@ -20,10 +20,9 @@ from bisect import bisect_right
 from typing import NamedTuple
 
 import torch
-from torch.nn.modules import module as _nn_module
 
-from gradscope.watching import _engine
-from gradscope.watching.holders import _INTERNAL
+from gradscope import _torch
+from gradscope.watching.holders import INTERNAL_DIRS
 
 __all__ = ["Origin", "Birth"]
 
@@ -42,7 +41,7 @@ class Birth(NamedTuple):
 
 def _saved(node, name):
     try:
-        v = getattr(node, "_saved_" + name)
+        v = getattr(node, _torch.SAVED_PREFIX + name)
     except (RuntimeError, AttributeError):
         return None
     return v if isinstance(v, torch.Tensor) else None
@@ -80,7 +79,7 @@ def _cause(node, grad_inputs, grad_outputs) -> str:
         if name.startswith(prefix) and _zero(_saved(node, slot)):
             return f"Likely cause: {text}.{trap}"
     if name.startswith("Pow"):
-        base, exponent = _saved(node, "self"), getattr(node, "_saved_exponent", None)
+        base, exponent = _saved(node, "self"), getattr(node, _torch.SAVED_PREFIX + "exponent", None)
         if _zero(base):
             return (f"Likely cause: pow(x, {exponent}) at x = 0, whose derivative is infinite for exponents "
                     f"below 1 (a hand-written norm sqrt(sum(x**2)) does this too); add an eps.{trap}")
@@ -99,7 +98,7 @@ def _traceback_location(node) -> str | None:
     frames = (getattr(node, "metadata", None) or {}).get("traceback_")
     for line in reversed(frames or []):
         m = _TB_RE.search(line)
-        if m and not m.group(1).startswith(_INTERNAL):
+        if m and not m.group(1).startswith(INTERNAL_DIRS):
             return f"{m.group(1).rsplit('/', 1)[-1]}:{m.group(2)}"
     return None
 
@@ -121,11 +120,11 @@ class Origin:
     def arm(self) -> None:
         if not self.armed:
             self.armed = True
-            _engine.on_next_backward(self._on_roots)
+            _torch.on_next_backward(self._on_roots)
 
     def disarm(self) -> None:
         self.armed = False
-        _engine.cancel_next_backward(self._on_roots)
+        _torch.cancel_next_backward(self._on_roots)
         self._stop_tracing()
         self._drop_node_hooks()
 
@@ -133,28 +132,28 @@ class Origin:
     def before_forward(self) -> None:
         if not self.armed or self._tracing is not None:
             return
-        self._tracing = _engine.anomaly_state()
-        _engine.set_anomaly((True, False))
+        self._tracing = _torch.anomaly_state()
+        _torch.set_anomaly((True, False))
         names = {id(m): n for n, m in self._root.named_modules()}
-        self._segments = [(_engine.peek_seq(), "")]     # inside the root module's own forward
+        self._segments = [(_torch.peek_sequence_nr(), "")]     # inside the root module's own forward
         self._stack = [""]
 
         def pre(module, _args):
             name = names.get(id(module))
             if name is not None:
                 self._stack.append(name)
-                self._segments.append((_engine.peek_seq(), name))
+                self._segments.append((_torch.peek_sequence_nr(), name))
 
         def post(module, _args, _out):
             if names.get(id(module)) is not None and self._stack:
                 self._stack.pop()
-                self._segments.append((_engine.peek_seq(), self._stack[-1] if self._stack else None))
-        self._module_hooks = [_nn_module.register_module_forward_pre_hook(pre),
-                              _nn_module.register_module_forward_hook(post, always_call=True)]
+                self._segments.append((_torch.peek_sequence_nr(), self._stack[-1] if self._stack else None))
+        self._module_hooks = [_torch.register_module_forward_pre_hook(pre),
+                              _torch.register_module_forward_hook(post, always_call=True)]
 
     def _stop_tracing(self) -> None:
         if self._tracing is not None:
-            _engine.set_anomaly(self._tracing)
+            _torch.set_anomaly(self._tracing)
             self._tracing = None
         for h in self._module_hooks:
             h.remove()
@@ -194,11 +193,11 @@ class Origin:
                 nan = nan or bool(torch.isnan(g).any())
         if not bad:
             return
-        node = _engine.current_node()
+        node = _torch.current_autograd_node()
         if node is None:
             return
         if self._birth is None:
-            self._birth = (type(node).__name__, node._sequence_nr(), _cause(node, grad_inputs, grad_outputs),
+            self._birth = (type(node).__name__, _torch.sequence_nr(node), _cause(node, grad_inputs, grad_outputs),
                            _traceback_location(node))
         if nan:
             self._nan_op = type(node).__name__

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from gradscope.watching import _engine
+from gradscope._torch import current_graph_task_id, queue_engine_callback
 
 __all__ = ["ParamHooks"]
 
@@ -32,13 +32,13 @@ class ParamHooks:
 
         def arrived(grad) -> None:                  # NOTE [end of backward]
             if grad is not None:
-                stamp[i] = _engine.task_id()
+                stamp[i] = current_graph_task_id()
 
         def accumulated(_param) -> None:
-            tid = _engine.task_id()
+            tid = current_graph_task_id()
             if tid not in pending:
                 pending.add(tid)
-                _engine.queue_callback(on_end)
+                queue_engine_callback(on_end)
         return arrived, accumulated
 
     def _hook_one(self, i: int) -> list:

@@ -6,6 +6,7 @@ from bisect import bisect_right
 
 import torch
 
+from gradscope._torch import sequence_nr, storage_key_and_bytes
 from gradscope.walk.saved import node_type
 
 __all__ = ["graph_stats", "graph_nodes"]
@@ -35,7 +36,7 @@ def _walk(starts, param_ids, param_storages, select, through, limit=_WALK_LIMIT)
             if name is not None:
                 reached.add(name)
             continue
-        key = select(n._sequence_nr())
+        key = select(sequence_nr(n))
         if key is None:
             if through:
                 stack.extend(m for m, _ in n.next_functions if m is not None and m not in seen)
@@ -65,8 +66,7 @@ def _walk(starts, param_ids, param_storages, select, through, limit=_WALK_LIMIT)
 
 def _bytes(t, skip) -> int:
     try:
-        st = t.untyped_storage()
-        ptr, size = st._cdata, st.nbytes()
+        ptr, size = storage_key_and_bytes(t)
     except (RuntimeError, NotImplementedError, TypeError):
         return 0
     if ptr in skip:
