@@ -494,3 +494,22 @@ def test_cut_deep_below_its_parameter_is_found_and_freed_safely():
     proc = subprocess.run([sys.executable, "-c", DEEP], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
     assert proc.stdout.strip().endswith("OK")
+
+
+def test_trace_never_changes_the_program_multi_output_view_of_modified_base():
+    # trace_changes_forward.py: torch refuses grad_fn of an unbind view whose base was written, but
+    # .detach()/.data/.numpy() of it run in plain torch, so they must run inside trace() too.
+    p = nn.Parameter(torch.randn(4, 4))
+    v0, v1, v2, v3 = p.unbind(0)
+    with torch.no_grad():
+        p[:, 1] = 0.5
+    plain = (v1.detach().clone(), v1.data.clone(), v1.detach().numpy().copy())
+    with pytest.raises(RuntimeError):   # torch's own truth: the view's grad_fn is refused
+        v1.grad_fn
+    model = nn.ParameterList([p])
+    with gradscope.trace(model) as tr:
+        traced = (v1.detach().clone(), v1.data.clone(), v1.detach().numpy().copy())
+    assert torch.equal(plain[0], traced[0]) and torch.equal(plain[1], traced[1])
+    assert (plain[2] == traced[2]).all()
+    assert [e["kind"] for e in tr.events][:2] == ["detach", ".data"]
+    assert tr.events[0]["params"] == ["0"]      # the view's parameter, found through its base

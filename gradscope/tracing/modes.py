@@ -8,6 +8,11 @@ inputs; only when an input requires grad (a real cut) or the op writes in place 
 walk (``sys._getframe``) and the walk to the parameters that fed the cut input. Events hold plain data
 (strings, ints, parameter ids); parameters are also kept as weak references so that ``annotate`` can
 check an id still names the same tensor. No tensor or autograd node outlives the event.
+
+NOTE [never change the program]
+The user's call runs exactly as without the mode; everything the mode does afterwards is bookkeeping,
+and an error there (torch refusing to give the ``grad_fn`` of a view whose base was modified, an exotic
+tensor subclass) is swallowed and counted as a dropped event, never raised into the forward pass.
 """
 
 from __future__ import annotations
@@ -142,19 +147,22 @@ class CutMode(TorchFunctionMode):
         except TypeError:
             cat = _PLAIN
         out = func(*args, **kwargs) if kwargs else func(*args)
-        if cat == _PLAIN:                       # NOTE [cheap per-op path]
-            if isinstance(out, _Tensor):
-                if not out.requires_grad:
+        try:
+            if cat == _PLAIN:                       # NOTE [cheap per-op path]
+                if isinstance(out, _Tensor):
+                    if not out.requires_grad:
+                        self._plain_cut(func, args, kwargs or {}, out)
+                elif isinstance(out, (tuple, list)) and _requires_grad(out) is False:
                     self._plain_cut(func, args, kwargs or {}, out)
-            elif isinstance(out, (tuple, list)) and _requires_grad(out) is False:
-                self._plain_cut(func, args, kwargs or {}, out)
-        elif cat == _GETTER:
-            pass
-        elif cat == _INPLACE:
-            if args and isinstance(args[0], _Tensor):
-                self._inplace(func, args[0])
-        elif args and isinstance(args[0], _Tensor):
-            self._special(cat, func, args[0], out)
+            elif cat == _GETTER:
+                pass
+            elif cat == _INPLACE:
+                if args and isinstance(args[0], _Tensor):
+                    self._inplace(func, args[0])
+            elif args and isinstance(args[0], _Tensor):
+                self._special(cat, func, args[0], out)
+        except Exception:  # noqa: BLE001 - NOTE [never change the program]
+            self.rec._dropped += 1
         return out
 
     # -- the rare paths ---------------------------------------------------------------------------
@@ -240,11 +248,15 @@ def _param_ids(inputs, refs: dict) -> tuple[int, ...]:
     found: dict[int, None] = {}
     stack = []
     for t in inputs:
-        node = t.grad_fn
-        if node is None:
-            _leaf(t, found, refs)
-        else:
+        try:
+            node = t.grad_fn
+        except RuntimeError:    # a multi-output view whose base was written in place: torch refuses
+            t = t._base         # its grad_fn; the parameters that feed it feed its base
+            node = None if t is None else t.grad_fn
+        if node is not None:
             stack.append(node)
+        elif t is not None:
+            _leaf(t, found, refs)
     seen = set()
     order = []      # discovery (root-first) order, for keep_until_dead
     while stack and len(order) < WALK_LIMIT:
