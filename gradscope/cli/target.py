@@ -187,7 +187,10 @@ def _unpack(out, target: str):
         return out, None
     if isinstance(out, (tuple, list)) and len(out) == 2 and isinstance(out[1], torch.nn.Module):
         return out[0], out[1]
-    text = repr(out)
+    try:
+        text = " ".join(repr(out).split())    # one line, even for a multi-line repr
+    except Exception:  # noqa: BLE001 - a user object whose __repr__ raises
+        text = "<unprintable>"
     text = text if len(text) <= 60 else text[:57] + "..."
     raise TargetError(f"{target} returned {type(out).__name__} {text}; it must return the loss tensor "
                       "or a (loss, model) tuple.")
@@ -196,7 +199,10 @@ def _unpack(out, target: str):
 # -- one-line messages ---------------------------------------------------------------------------
 def _exc_line(exc: BaseException) -> str:
     """``ValueError: message (at file.py:12)``: the exception's first line and the user's frame."""
-    msg = str(exc).strip().splitlines()
+    try:
+        msg = str(exc).strip().splitlines()
+    except Exception:  # noqa: BLE001 - an exception whose __str__ itself raises
+        msg = ["<its message could not be printed: __str__ raised>"]
     text = f"{type(exc).__name__}: {msg[0]}" if msg else type(exc).__name__
     if len(text) > 300:
         text = text[:297] + "..."

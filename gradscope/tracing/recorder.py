@@ -23,6 +23,7 @@ from torch.nn.modules import module as _nn_module
 
 from gradscope.tracing.modes import CutMode
 from gradscope.errors import InputTypeError, InputValueError
+from gradscope._format import one_line
 
 __all__ = ["Trace", "trace"]
 
@@ -68,7 +69,7 @@ class Trace:
         if model is not None and not isinstance(model, torch.nn.Module):
             raise InputTypeError(
                 f"gradscope.trace(model) takes an nn.Module (or nothing), got {type(model).__name__} "
-                f"{model!r:.60}. Call gradscope.trace() without arguments and pass model= to inspect().")
+                f"{one_line(model)}. Call gradscope.trace() without arguments and pass model= to inspect().")
         self._model = None if model is None else weakref.ref(_unwrap(model))
         self._active = False
         self._handles: list = []
@@ -245,8 +246,9 @@ class Trace:
         if names:
             tensors.update(names)
         if model is not None:
-            for name, p in model.named_parameters():
-                tensors.setdefault(id(p), (name, p))
+            for item in model.named_parameters():
+                if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], torch.Tensor):
+                    tensors.setdefault(id(item[1]), (str(item[0]), item[1]))
         out = {}
         for key, ref in self._leaf_refs.items():
             entry = tensors.get(key)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from gradscope._format import lcp
+from gradscope._format import lcp, one_line
 from gradscope.findings import SEVERITIES
 from gradscope.report import held_bytes
 
@@ -197,6 +197,9 @@ def build_view(graph, findings=(), *, collapse=None, fold=None, limit: int = 100
         fold: fold unrolled repetition into "xN" boxes; ``None`` means: when collapsing automatically.
         limit: the automatic threshold, in drawn nodes.
     """
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        from gradscope.errors import InputValueError
+        raise InputValueError(f"limit must be a positive int (a node count), got {one_line(limit)}.")
     order = _ops_in_order(graph)
     module_of = infer_modules(graph, order)
     by_node: dict = {}

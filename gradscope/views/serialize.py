@@ -12,7 +12,7 @@ import os
 
 import networkx as nx
 
-from gradscope.errors import InputValueError
+from gradscope.errors import InputTypeError, InputValueError
 from gradscope.findings import Finding
 
 __all__ = ["report_to_data", "report_from_data", "load"]
@@ -31,14 +31,13 @@ def report_to_data(report) -> dict:
     return data
 
 
-def report_from_data(data: dict):
-    """Rebuild a :class:`Report` from :func:`report_to_data` output."""
+def report_from_data(data: dict, source: str = "the report"):
+    """Rebuild a :class:`Report` from :func:`report_to_data` output (validated first: ``views.schema``)."""
     from gradscope.report import Report
+    from gradscope.views.schema import validate
 
-    if not isinstance(data, dict) or "nodes" not in data:
-        raise InputValueError("this is not a gradscope report: the JSON has no 'nodes' list. "
-                              "Write one with report.render('graph.json').")
-    graph = nx.node_link_graph(data)
+    edges = validate(data, source)
+    graph = nx.node_link_graph(data, directed=True, multigraph=False, edges=edges)
     attrs = graph.graph
     findings = [Finding.from_dict(f) for f in attrs.pop("findings", [])]
     attrs.pop("format", None)
@@ -50,14 +49,35 @@ def load(path: str | os.PathLike):
     """Read a report written by ``report.render("x.json")``.
 
     Raises:
-        InputValueError: the file is missing, is not JSON, or is not a gradscope report.
+        InputTypeError: ``path`` is not a str or path-like object.
+        InputValueError: the file is missing or unreadable, is not JSON, or is not a gradscope report.
     """
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        raise InputTypeError(f"gradscope.load() takes the path of a report file (str or pathlib.Path), got "
+                             f"{type(path).__name__}.")
     try:
-        with open(path, encoding="utf-8") as f:
+        name = os.fspath(path)
+    except TypeError as exc:
+        raise InputTypeError(f"gradscope.load() got a path-like object whose __fspath__ fails ({exc}).") from None
+    if not isinstance(name, str) or "\0" in name:
+        raise InputValueError(f"{name!r} is not a usable file name (it holds a NUL byte or is not text).")
+    shown = repr(name) if len(name) < 200 else repr(name[:197] + "...")
+    if os.path.isdir(name):
+        raise InputValueError(f"{shown} is a folder; pass the report file written by report.render('x.json').")
+    try:
+        with open(name, encoding="utf-8") as f:
             data = json.load(f)
     except FileNotFoundError:
-        raise InputValueError(f"no such report file: {os.fspath(path)!r}.") from None
+        raise InputValueError(f"no such report file: {shown}.") from None
+    except OSError as exc:
+        raise InputValueError(f"cannot read {shown}: {exc.strerror or exc}.") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputValueError(f"{os.fspath(path)!r} is not JSON ({exc}); pass a file written by "
+        raise InputValueError(f"{shown} is not JSON ({exc}); pass a file written by "
                               "report.render('x.json').") from None
-    return report_from_data(data)
+    except RecursionError:
+        raise InputValueError(f"{shown} is not a gradscope report: its JSON is nested too deeply to be "
+                              "one.") from None
+    except ValueError:   # an integer of more digits than Python converts (4300 by default)
+        raise InputValueError(f"{shown} is not a gradscope report: it holds an integer thousands of digits "
+                              "long.") from None
+    return report_from_data(data, shown)

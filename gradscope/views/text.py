@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 
 from gradscope.walk.saved import HELD
-from gradscope._format import human_bytes, shape_str
+from gradscope._format import human_bytes, one_line, shape_str
 
 __all__ = ["summary", "top_nodes"]
 
@@ -20,6 +20,10 @@ def top_nodes(graph, top: int) -> list[tuple[str, dict]]:
 
 
 def summary(report, top: int = 5) -> str:
+    if isinstance(top, bool) or not isinstance(top, int) or top < 0:
+        from gradscope.errors import InputValueError
+        raise InputValueError(f"summary(top=...) must be a non-negative int (rows of the memory table), got "
+                              f"{one_line(top)}.")
     g = report.graph
     kinds = {"op": 0, "param": 0, "input": 0}
     saved_count = 0

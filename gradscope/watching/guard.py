@@ -45,6 +45,7 @@ from gradscope.watching.step import (WatchedParam, error_message, none_grad_find
                            rank_text)
 from gradscope.errors import GradientError, InputTypeError, InputValueError
 from gradscope.findings import sort_findings
+from gradscope._format import one_line
 
 __all__ = ["watch", "Watch"]
 
@@ -121,15 +122,17 @@ class Watch:
     def __init__(self, model, *, on_error, check_nonfinite, ignore, every, accumulate, scaler):
         if not isinstance(model, torch.nn.Module):
             raise InputTypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}: "
-                                 f"{model!r:.80}.")
+                                 f"{one_line(model, 80)}.")
         if not (on_error in ("raise", "warn") or callable(on_error)):
             raise InputValueError(f"on_error must be 'raise', 'warn' or a callable taking the findings, "
                                   f"got {on_error!r}.")
         for opt, value in (("every", every), ("accumulate", accumulate)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InputValueError(f"{opt} must be a positive int, got {value!r}.")
+                raise InputValueError(f"{opt} must be a positive int, got {one_line(value)}.")
         if scaler is not None and not (hasattr(scaler, "is_enabled") and hasattr(scaler, "get_scale")):
             raise InputTypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}.")
+        if not isinstance(ignore, (str, list, tuple, set, frozenset)):
+            raise InputTypeError(f"ignore must be a name, a pattern or a list of them, got {type(ignore).__name__}.")
         patterns = (ignore,) if isinstance(ignore, str) else tuple(ignore)
         ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
         inner = model.module if ddp or isinstance(model, torch.nn.DataParallel) else model
