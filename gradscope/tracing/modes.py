@@ -39,7 +39,7 @@ _Tensor = torch.Tensor
 _APPLY = torch.autograd.function.Function.apply.__func__.__code__
 
 # Categories (NOTE [cheap per-op path]); small ints compare fastest.
-_PLAIN, _GETTER, _DETACH, _DATA_GET, _TO_PYTHON, _INPLACE = range(6)
+_PLAIN, _GETTER, _DETACH, _DATA_GET, _TO_PYTHON, _INPLACE, _FUNCTIONAL = range(7)
 
 _TO_PYTHON_NAMES = frozenset({"item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__",
                               "__complex__", "__array__"})
@@ -64,6 +64,8 @@ def _classify(func) -> int:
     elif name in _INPLACE_DUNDERS or (name.endswith("_") and not name.startswith("__")
                                       and name not in _NOT_WRITES):
         cat = _INPLACE
+    elif getattr(func, "__module__", None) == "torch.nn.functional":
+        cat = _FUNCTIONAL   # NOTE [in-place writes inside torch functions]
     else:
         cat = _PLAIN
     if not isinstance(getattr(func, "__self__", None), _Tensor):   # never keep a tensor alive in the cache
@@ -138,6 +140,9 @@ class CutMode(TorchFunctionMode):
         super().__init__()
         self.rec = rec
         self._detached = None   # (weakref to the last detach() output, its event index)
+        self._made = {}         # NOTE [in-place inside reentrant checkpoint]: id -> (weakref, op)
+        self._ckpt_seen = False
+        self._views_written = False     # NOTE [in-place on a slice]
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         try:
@@ -146,9 +151,12 @@ class CutMode(TorchFunctionMode):
             cat = _classify(func)
         except TypeError:
             cat = _PLAIN
+        before = _versions(args, kwargs) if cat == _FUNCTIONAL else None
         out = func(*args, **kwargs) if kwargs else func(*args)
         try:
-            if cat == _PLAIN:                       # NOTE [cheap per-op path]
+            if before:
+                self._functional_writes(func, before, kwargs or {})
+            if cat == _PLAIN or cat == _FUNCTIONAL:     # NOTE [cheap per-op path]
                 if isinstance(out, _Tensor):
                     if not out.requires_grad:
                         self._plain_cut(func, args, kwargs or {}, out)
@@ -168,6 +176,8 @@ class CutMode(TorchFunctionMode):
     # -- the rare paths ---------------------------------------------------------------------------
     def _plain_cut(self, func, args, kwargs, out) -> None:
         inputs = _grad_inputs(args, kwargs)
+        if (self._ckpt_seen or inputs) and isinstance(out, _Tensor) and _op_name(func) in _SAVES_OUTPUT:
+            self._note_made(func, out)
         if not inputs:
             if self._detached is not None and args and _op_name(func) in _CARRY:
                 ref, index = self._detached
@@ -212,19 +222,63 @@ class CutMode(TorchFunctionMode):
             version = t._version
         except RuntimeError:  # inference tensors have no version counter; nested tensors no shape
             return
-        self._record("inplace", _op_name(func), (), shape=shape, version=version)
+        extra = {}
+        if self._made:
+            ref, op = self._made.get(id(t), (None, None))
+            if ref is not None and ref() is t and _in_checkpoint():
+                extra["producer"] = op
+        if t._base is not None:     # NOTE [in-place on a slice]: which storage, written through a view
+            try:
+                extra["storage"], extra["view"] = t.untyped_storage()._cdata, True
+            except (RuntimeError, NotImplementedError):
+                pass
+        elif self._views_written:
+            try:
+                extra["storage"] = t.untyped_storage()._cdata
+            except (RuntimeError, NotImplementedError):
+                pass
+        self._views_written = self._views_written or bool(extra.get("view"))
+        self._record("inplace", _op_name(func), (), shape=shape, version=version, extra=extra)
 
-    def _record(self, kind, op, inputs, shape=None, version=None) -> int | None:
+    def _functional_writes(self, func, before, kwargs) -> None:
+        name = _op_name(func)
+        for t, v in before:
+            if t._version != v:
+                how = ("max_norm=..." if name == "embedding" else "inplace=True" if name in _INPLACE_FLAG
+                       else "...")
+                self._record("inplace", f"{name}({how})", (), shape=list(t.shape), version=t._version)
+
+    def _note_made(self, func, out) -> None:
+        if not torch.is_grad_enabled() and _in_checkpoint():
+            self._ckpt_seen = True
+            made = self._made
+            if len(made) > 4096:
+                for k in [k for k, (r, _) in made.items() if r() is None]:
+                    del made[k]
+            made[id(out)] = (weakref.ref(out), _op_name(func))
+
+    def _record(self, kind, op, inputs, shape=None, version=None, extra=None) -> int | None:
         rec = self.rec
         if kind != "inplace" and _inside_function():
+            if _in_checkpoint():    # NOTE [parameters inside reentrant checkpoint]
+                self._ckpt_seen = True
+                seq = _peek_seq()
+                for t in inputs:
+                    if t.grad_fn is None and id(t) not in rec._ckpt_params:
+                        _leaf(t, {}, rec._leaf_refs)
+                        rec._ckpt_params[id(t)] = seq
             return None     # NOTE [cuts inside autograd.Function]
         if len(rec._events) >= MAX_EVENTS:
             rec._dropped += 1
             return None
+        if _in_optimizer():
+            if kind != "inplace":
+                return None     # an optimizer's state or update under no_grad cuts no forward graph
+            extra = {**(extra or {}), "optimizer": True}
         location = user_location(3)
         params = _param_ids(inputs, rec._leaf_refs) if inputs else ()
         call = rec._stack[-1] if rec._stack else -1
-        rec._events.append((kind, op, location, params, call, _peek_seq(), shape, version))
+        rec._events.append((kind, op, location, params, call, _peek_seq(), shape, version, extra))
         return len(rec._events) - 1
 
 
@@ -234,6 +288,80 @@ class CutMode(TorchFunctionMode):
 # parameters get their gradients through the Function's own backward. We drop cut events while a
 # Function.apply frame is on the stack; inspect reports those parameters as possibly hidden in an opaque
 # node instead. In-place writes there are still recorded.
+# NOTE [in-place on a slice]
+# x[:, :2].sigmoid_() makes a CopySlices node that hides the SigmoidBackward inside it, with its saved
+# result; a further in-place write to x (or any view of it) makes that result stale, and no walk can see
+# it. In-place events through a view carry the storage they wrote (and later writes to any tensor do,
+# once a view was written), so checks/inplace.py can pair the two writes.
+
+# NOTE [in-place inside reentrant checkpoint]
+# checkpoint(fn, use_reentrant=True) runs fn under no_grad in forward and again, with grad enabled, during
+# backward; an in-place write there breaks only that second graph, which no walk can see. What the trace
+# can see: inside a CheckpointFunction.forward frame, which op made each tensor. When the tensor written in
+# place was made by an op whose backward needs its own output (sigmoid, tanh, exp, relu, softmax, ...),
+# the recomputation saves that output and the write makes backward() raise: the in-place event carries
+# that op as its ``producer`` and checks/inplace.py reports it. Tracking starts at the first checkpoint
+# body seen (one stack walk per op there), so recordings without reentrant checkpoints pay nothing. A
+# write to a tensor that a *later* op of the region saved as its input is not detected (documented).
+_SAVES_OUTPUT = frozenset({"sigmoid", "tanh", "exp", "exp2", "relu", "softmax", "log_softmax", "sqrt",
+                           "rsqrt", "elu", "selu", "celu", "hardtanh", "relu6", "_softmax", "_log_softmax"})
+_CKPT_FORWARD = None
+
+
+# NOTE [parameters inside reentrant checkpoint]
+# The walk cannot see the parameters a reentrant checkpoint body uses (they are not inputs of
+# CheckpointFunctionBackward); the trace can: every op of the body runs under no_grad with the parameters
+# as direct (leaf) inputs, which is a cut event we drop. We keep their ids instead, and inspect() treats
+# them as reached through the region (they get gradients when backward() re-runs it).
+def _in_checkpoint() -> bool:
+    """Whether a reentrant checkpoint body (CheckpointFunction.forward) is on the stack."""
+    global _CKPT_FORWARD
+    if _CKPT_FORWARD is None:
+        from torch.utils.checkpoint import CheckpointFunction
+
+        _CKPT_FORWARD = CheckpointFunction.forward.__code__
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code is _CKPT_FORWARD:
+            return True
+        f = f.f_back
+    return False
+
+
+# NOTE [in-place writes inside torch functions]
+# F.dropout(x, inplace=True), F.relu(x, inplace=True) or F.embedding(..., max_norm=...) write a tensor
+# inside the Python function, where the mode is not active, so the write itself is never seen. For the
+# functions of torch.nn.functional we read the version counters of the tensor arguments that require grad
+# before and after the call: a counter that moved is an in-place write at the user's line of that call.
+_INPLACE_FLAG = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
+                           "feature_alpha_dropout", "relu", "relu6", "leaky_relu", "elu", "selu", "celu",
+                           "hardtanh", "threshold", "rrelu", "hardswish", "silu", "mish", "hardsigmoid"})
+
+
+def _versions(args, kwargs) -> list:
+    out = []
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(a, _Tensor) and a.requires_grad:
+            try:
+                out.append((a, a._version))
+            except RuntimeError:    # inference tensors have no version counter
+                pass
+    return out
+
+
+_OPTIM_DIR = os.path.join(_TORCH_DIR, "optim") + os.sep
+
+
+def _in_optimizer() -> bool:
+    """Whether torch.optim code is on the stack (an optimizer's step() writing the parameters)."""
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code.co_filename.startswith(_OPTIM_DIR):
+            return True
+        f = f.f_back
+    return False
+
+
 def _inside_function() -> bool:
     f = sys._getframe(2)
     while f is not None:
@@ -251,8 +379,10 @@ def _param_ids(inputs, refs: dict) -> tuple[int, ...]:
         try:
             node = t.grad_fn
         except RuntimeError:    # a multi-output view whose base was written in place: torch refuses
-            t = t._base         # its grad_fn; the parameters that feed it feed its base
-            node = None if t is None else t.grad_fn
+            node = None         # its grad_fn; the parameters that feed it feed its base
+        if node is None and t._base is not None:    # also a view taken under no_grad (.sample())
+            t = t._base
+            node = t.grad_fn
         if node is not None:
             stack.append(node)
         elif t is not None:

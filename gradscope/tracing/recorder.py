@@ -84,6 +84,7 @@ class Trace:
         self._refs: dict[int, weakref.ref] = {}     # id(module) -> weak reference
         self._leaf_refs: dict[int, weakref.ref] = {}  # id(parameter) -> weak reference (for events)
         self._events: list[tuple] = []              # see CutMode._record
+        self._ckpt_params: dict[int, int] = {}      # id -> seq: NOTE [parameters inside reentrant checkpoint]
         self._dropped = 0
 
     # -- recording ------------------------------------------------------------------------------
@@ -212,7 +213,9 @@ class Trace:
         for data in ops:
             i = bisect_right(starts, data["seq"]) - 1
             data["module"] = call_names.get(self._seg_call[i]) if i >= 0 else None
-        graph.graph["events"] = self._event_dicts(call_names, self._param_names(model, names))
+        pnames = self._param_names(model, names)
+        graph.graph["events"] = self._event_dicts(call_names, pnames)
+        graph.graph["checkpoint_params"] = {pnames[p]: s for p, s in self._ckpt_params.items() if p in pnames}
         if model is not None or self._live_model() is not None:
             called = {call_names[i] for i in range(len(self._calls))}
             called.discard(None)
@@ -258,12 +261,14 @@ class Trace:
 
     def _event_dicts(self, call_names, param_names) -> list[dict]:
         out = []
-        for kind, op, location, params, call, seq, shape, version in self._events:
+        for kind, op, location, params, call, seq, shape, version, extra in self._events:
             ev = {"kind": kind, "op": op, "location": location,
                   "params": sorted({param_names[p] for p in params if p in param_names}),
                   "module": call_names.get(call), "seq": seq, "shape": shape}
             if version is not None:
                 ev["version"] = version
+            if extra:   # "producer" (NOTE [in-place inside reentrant checkpoint]), "optimizer"
+                ev.update(extra)
             out.append(ev)
         return out
 

@@ -168,9 +168,16 @@ def _graph(g, ids: set) -> None:
         _shape(f"{w}.shape", ev.get("shape"), null=True)
         if "version" in ev:
             _int(f"{w}.version", ev["version"], null=True)
-    if "called_modules" in g and g["called_modules"] is not None:
-        for i, m in enumerate(_list("graph.called_modules", g["called_modules"])):
-            _str(f"graph.called_modules[{i}]", m)
+        _str(f"{w}.producer", ev.get("producer"), null=True)
+        for key in ("optimizer", "view"):
+            if key in ev:
+                _bool(f"{w}.{key}", ev[key])
+        if "storage" in ev:
+            _int(f"{w}.storage", ev["storage"], low=0)
+    for i, m in enumerate(_list("graph.called_modules", g.get("called_modules"), null=True)):
+        _str(f"graph.called_modules[{i}]", m)
+    for name, s in (_obj("graph.checkpoint_params", g.get("checkpoint_params") or {})).items():
+        _int(f"graph.checkpoint_params[{name!r}]", s, low=0)
     for i, f in enumerate(_list("graph.findings", g.get("findings", []))):
         w = f"graph.findings[{i}]"
         _obj(w, f)

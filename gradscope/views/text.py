@@ -44,7 +44,12 @@ def summary(report, top: int = 5) -> str:
         lines.append(f"parameters: {reached}/{trainable} trainable reached, "
                      f"{len(params) - trainable} frozen")
     lines.append("")
-    if not report.findings:
+    regions = [n for n, d in g.nodes(data=True) if (d.get("function") or "").endswith("CheckpointFunction")]
+    if not report.findings and regions:   # what their recomputation does in backward() is not seen
+        lines.append(f"No findings outside {len(regions)} reentrant checkpoint region(s): backward() re-runs "
+                     "them with grad enabled, where an in-place write can still make it raise; gradscope "
+                     "checks checkpoint(..., use_reentrant=False) fully.")
+    elif not report.findings:
         lines.append("No findings: backward() will run and every trainable parameter gets a gradient.")
     else:
         counts = {}
