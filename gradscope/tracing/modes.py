@@ -17,14 +17,14 @@ tensor subclass) is swallowed and counted as a dropped event, never raised into 
 
 from __future__ import annotations
 
-import os
-import sys
 import weakref
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 from gradscope.walk.release import keep_until_dead
+from gradscope.tracing.probes import (INPLACE_FLAG, SAVES_OUTPUT, in_checkpoint, in_optimizer, inside_function,
+                                      user_location, versions)
 
 __all__ = ["CutMode", "user_location", "MAX_EVENTS", "WALK_LIMIT"]
 
@@ -36,7 +36,6 @@ _peek_seq = torch._C._autograd._get_sequence_nr
 _ACCUMULATE = torch._C._functions.AccumulateGrad
 _DATA = torch._C.TensorBase.__dict__["data"]
 _Tensor = torch.Tensor
-_APPLY = torch.autograd.function.Function.apply.__func__.__code__
 
 # Categories (NOTE [cheap per-op path]); small ints compare fastest.
 _PLAIN, _GETTER, _DETACH, _DATA_GET, _TO_PYTHON, _INPLACE, _FUNCTIONAL = range(7)
@@ -109,30 +108,6 @@ def _grad_inputs(args, kwargs) -> list:
             out.extend(t for t in a if isinstance(t, _Tensor) and t.requires_grad)
     return out
 
-
-# Frames skipped when looking for the user's line: torch's, and the tracer's own two files. No other
-# gradscope code sits between the user's code and an op, and gradscope/demo.py *is* (example) user code.
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_TRACER_FILES = frozenset(os.path.join(_HERE, name) for name in ("modes.py", "recorder.py"))
-_INTERNAL: dict[str, bool] = {}
-
-
-def user_location(depth: int = 1) -> str | None:
-    """``"file.py:LINE"`` (basename) of the first caller frame outside torch and the tracer, or None."""
-    f = sys._getframe(depth + 1)
-    while f is not None:
-        filename = f.f_code.co_filename
-        internal = _INTERNAL.get(filename)
-        if internal is None:
-            internal = _INTERNAL[filename] = (filename.startswith(_TORCH_DIR)
-                                              or os.path.abspath(filename) in _TRACER_FILES)
-        if not internal:
-            return f"{os.path.basename(filename)}:{f.f_lineno}"
-        f = f.f_back
-    return None
-
-
 class CutMode(TorchFunctionMode):
     """Records cut and in-place events into ``rec`` (a :class:`gradscope.tracing.recorder.Trace`)."""
 
@@ -151,7 +126,7 @@ class CutMode(TorchFunctionMode):
             cat = _classify(func)
         except TypeError:
             cat = _PLAIN
-        before = _versions(args, kwargs) if cat == _FUNCTIONAL else None
+        before = versions(args, kwargs) if cat == _FUNCTIONAL else None
         out = func(*args, **kwargs) if kwargs else func(*args)
         try:
             if before:
@@ -176,7 +151,7 @@ class CutMode(TorchFunctionMode):
     # -- the rare paths ---------------------------------------------------------------------------
     def _plain_cut(self, func, args, kwargs, out) -> None:
         inputs = _grad_inputs(args, kwargs)
-        if (self._ckpt_seen or inputs) and isinstance(out, _Tensor) and _op_name(func) in _SAVES_OUTPUT:
+        if (self._ckpt_seen or inputs) and isinstance(out, _Tensor) and _op_name(func) in SAVES_OUTPUT:
             self._note_made(func, out)
         if not inputs:
             if self._detached is not None and args and _op_name(func) in _CARRY:
@@ -225,7 +200,7 @@ class CutMode(TorchFunctionMode):
         extra = {}
         if self._made:
             ref, op = self._made.get(id(t), (None, None))
-            if ref is not None and ref() is t and _in_checkpoint():
+            if ref is not None and ref() is t and in_checkpoint():
                 extra["producer"] = op
         if t._base is not None:     # NOTE [in-place on a slice]: which storage, written through a view
             try:
@@ -244,12 +219,12 @@ class CutMode(TorchFunctionMode):
         name = _op_name(func)
         for t, v in before:
             if t._version != v:
-                how = ("max_norm=..." if name == "embedding" else "inplace=True" if name in _INPLACE_FLAG
+                how = ("max_norm=..." if name == "embedding" else "inplace=True" if name in INPLACE_FLAG
                        else "...")
                 self._record("inplace", f"{name}({how})", (), shape=list(t.shape), version=t._version)
 
     def _note_made(self, func, out) -> None:
-        if not torch.is_grad_enabled() and _in_checkpoint():
+        if not torch.is_grad_enabled() and in_checkpoint():
             self._ckpt_seen = True
             made = self._made
             if len(made) > 4096:
@@ -259,8 +234,8 @@ class CutMode(TorchFunctionMode):
 
     def _record(self, kind, op, inputs, shape=None, version=None, extra=None) -> int | None:
         rec = self.rec
-        if kind != "inplace" and _inside_function():
-            if _in_checkpoint():    # NOTE [parameters inside reentrant checkpoint]
+        if kind != "inplace" and inside_function():
+            if in_checkpoint():    # NOTE [parameters inside reentrant checkpoint]
                 self._ckpt_seen = True
                 seq = _peek_seq()
                 for t in inputs:
@@ -271,7 +246,7 @@ class CutMode(TorchFunctionMode):
         if len(rec._events) >= MAX_EVENTS:
             rec._dropped += 1
             return None
-        if _in_optimizer():
+        if in_optimizer():
             if kind != "inplace":
                 return None     # an optimizer's state or update under no_grad cuts no forward graph
             extra = {**(extra or {}), "optimizer": True}
@@ -280,95 +255,6 @@ class CutMode(TorchFunctionMode):
         call = rec._stack[-1] if rec._stack else -1
         rec._events.append((kind, op, location, params, call, _peek_seq(), shape, version, extra))
         return len(rec._events) - 1
-
-
-# NOTE [cuts inside autograd.Function]
-# autograd runs every custom Function's forward with grad disabled, and reentrant checkpoint
-# (CheckpointFunction) and compiled regions are such Functions. Ops there look like no_grad cuts, but the
-# parameters get their gradients through the Function's own backward. We drop cut events while a
-# Function.apply frame is on the stack; inspect reports those parameters as possibly hidden in an opaque
-# node instead. In-place writes there are still recorded.
-# NOTE [in-place on a slice]
-# x[:, :2].sigmoid_() makes a CopySlices node that hides the SigmoidBackward inside it, with its saved
-# result; a further in-place write to x (or any view of it) makes that result stale, and no walk can see
-# it. In-place events through a view carry the storage they wrote (and later writes to any tensor do,
-# once a view was written), so checks/inplace.py can pair the two writes.
-
-# NOTE [in-place inside reentrant checkpoint]
-# checkpoint(fn, use_reentrant=True) runs fn under no_grad in forward and again, with grad enabled, during
-# backward; an in-place write there breaks only that second graph, which no walk can see. What the trace
-# can see: inside a CheckpointFunction.forward frame, which op made each tensor. When the tensor written in
-# place was made by an op whose backward needs its own output (sigmoid, tanh, exp, relu, softmax, ...),
-# the recomputation saves that output and the write makes backward() raise: the in-place event carries
-# that op as its ``producer`` and checks/inplace.py reports it. Tracking starts at the first checkpoint
-# body seen (one stack walk per op there), so recordings without reentrant checkpoints pay nothing. A
-# write to a tensor that a *later* op of the region saved as its input is not detected (documented).
-_SAVES_OUTPUT = frozenset({"sigmoid", "tanh", "exp", "exp2", "relu", "softmax", "log_softmax", "sqrt",
-                           "rsqrt", "elu", "selu", "celu", "hardtanh", "relu6", "_softmax", "_log_softmax"})
-_CKPT_FORWARD = None
-
-
-# NOTE [parameters inside reentrant checkpoint]
-# The walk cannot see the parameters a reentrant checkpoint body uses (they are not inputs of
-# CheckpointFunctionBackward); the trace can: every op of the body runs under no_grad with the parameters
-# as direct (leaf) inputs, which is a cut event we drop. We keep their ids instead, and inspect() treats
-# them as reached through the region (they get gradients when backward() re-runs it).
-def _in_checkpoint() -> bool:
-    """Whether a reentrant checkpoint body (CheckpointFunction.forward) is on the stack."""
-    global _CKPT_FORWARD
-    if _CKPT_FORWARD is None:
-        from torch.utils.checkpoint import CheckpointFunction
-
-        _CKPT_FORWARD = CheckpointFunction.forward.__code__
-    f = sys._getframe(2)
-    while f is not None:
-        if f.f_code is _CKPT_FORWARD:
-            return True
-        f = f.f_back
-    return False
-
-
-# NOTE [in-place writes inside torch functions]
-# F.dropout(x, inplace=True), F.relu(x, inplace=True) or F.embedding(..., max_norm=...) write a tensor
-# inside the Python function, where the mode is not active, so the write itself is never seen. For the
-# functions of torch.nn.functional we read the version counters of the tensor arguments that require grad
-# before and after the call: a counter that moved is an in-place write at the user's line of that call.
-_INPLACE_FLAG = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
-                           "feature_alpha_dropout", "relu", "relu6", "leaky_relu", "elu", "selu", "celu",
-                           "hardtanh", "threshold", "rrelu", "hardswish", "silu", "mish", "hardsigmoid"})
-
-
-def _versions(args, kwargs) -> list:
-    out = []
-    for a in (*args, *kwargs.values()) if kwargs else args:
-        if isinstance(a, _Tensor) and a.requires_grad:
-            try:
-                out.append((a, a._version))
-            except RuntimeError:    # inference tensors have no version counter
-                pass
-    return out
-
-
-_OPTIM_DIR = os.path.join(_TORCH_DIR, "optim") + os.sep
-
-
-def _in_optimizer() -> bool:
-    """Whether torch.optim code is on the stack (an optimizer's step() writing the parameters)."""
-    f = sys._getframe(2)
-    while f is not None:
-        if f.f_code.co_filename.startswith(_OPTIM_DIR):
-            return True
-        f = f.f_back
-    return False
-
-
-def _inside_function() -> bool:
-    f = sys._getframe(2)
-    while f is not None:
-        if f.f_code is _APPLY:
-            return True
-        f = f.f_back
-    return False
 
 
 def _param_ids(inputs, refs: dict) -> tuple[int, ...]:
