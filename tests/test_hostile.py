@@ -398,3 +398,22 @@ def test_cli_target_whose_exception_str_raises_and_diff_of_deep_json(tmp_path):
                               cwd=tmp_path, timeout=120)
         assert proc.returncode == 2, (args, proc.stderr[-2000:])
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_cli_nested_tensor_graph_is_one_line_not_a_traceback(tmp_path):
+    # nested_tensor_crash.py, the CLI side: whatever inspect() cannot read ends in one sentence.
+    import subprocess
+    import sys
+
+    (tmp_path / "nt.py").write_text(
+        "import torch\n"
+        "def f():\n"
+        "    a = torch.randn(2, 3, requires_grad=True)\n"
+        "    nt = torch.nested.as_nested_tensor([a * 2, a[:1] * 3])\n"
+        "    return torch.nested.to_padded_tensor(nt.sin(), 0.0).sum()\n")
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-m", "gradscope", "check", "nt.py:f"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode in (0, 1, 2)     # a report (once the walk reads nested tensors) or one line
+    if proc.returncode == 2:
+        assert len(proc.stderr.strip().splitlines()) == 1 and "gradscope could not read" in proc.stderr

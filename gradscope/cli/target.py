@@ -70,8 +70,17 @@ def inspect_target(target: str, *, use_trace: bool = True):
     """Load ``target`` and return ``gradscope.inspect`` of its loss (see :func:`load`)."""
     from gradscope.inspection import inspect
 
+    from gradscope.errors import GradscopeError
+
     loaded = load(target, use_trace=use_trace)
-    return inspect(loaded.loss, model=loaded.model, trace=loaded.trace)
+    try:
+        return inspect(loaded.loss, model=loaded.model, trace=loaded.trace)
+    except GradscopeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a graph gradscope cannot read (an exotic tensor type):
+        raise TargetError(     # one line for the CLI, never a traceback
+            f"gradscope could not read the graph behind {target}'s loss ({_exc_line(exc)}). backward() "
+            "may still work: this is a gradscope limitation, please report it with this message.") from None
 
 
 # -- importing -----------------------------------------------------------------------------------
