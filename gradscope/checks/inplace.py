@@ -66,7 +66,9 @@ def _in_reentrant_checkpoint(graph, events) -> Iterator[Finding]:
         producer = ev.get("producer")
         if not producer or not regions:
             continue
-        node = next((n for seq, n in regions if ev.get("seq") is None or seq < ev["seq"]), regions[-1][1])
+        node = next((n for seq, n in regions if seq == ev.get("region")), None)
+        if node is None:    # the region is not in this graph: its inputs need no grad
+            continue
         op = ev["op"]
         fix = fix_words(op)
         inside = f" (in {ev['module']})" if ev.get("module") else ""

@@ -9,7 +9,7 @@ region receives every parameter it uses as an input of its node, and the wrapper
 ``register_full_backward_hook`` installs (Captum, Grad-CAM) are custom Functions over the module's
 inputs and outputs. So only reentrant checkpoints lower "unused" to a warning, and only untraced: with
 ``trace()`` the parameters the checkpoint bodies used are known (``graph.graph["checkpoint_params"]``,
-name -> the sequence number at their use; the region's node is the checkpoint node created just before).
+name -> the sequence numbers of the regions' nodes, which the graph holds or not).
 """
 
 from __future__ import annotations
@@ -158,13 +158,9 @@ def _checkpointed(graph) -> dict | None:
     used = graph.graph.get("checkpoint_params")
     if used is None:
         return None
-    regions = sorted((d.get("seq") or 0, n) for n, d in graph.nodes(data=True)
-                     if d["kind"] == "op" and (d.get("function") or "").endswith("CheckpointFunction"))
-    out = {}
-    for name, seq in used.items():
-        below = [n for s, n in regions if s < seq]
-        out[name] = below[-1] if below else None
-    return out
+    regions = {d.get("seq"): n for n, d in graph.nodes(data=True)
+               if d["kind"] == "op" and (d.get("function") or "").endswith("CheckpointFunction")}
+    return {name: next((regions[s] for s in seqs if s in regions), None) for name, seqs in used.items()}
 
 
 def _cuts_by_param(graph) -> dict:

@@ -200,8 +200,9 @@ class CutMode(TorchFunctionMode):
         extra = {}
         if self._made:
             ref, op = self._made.get(id(t), (None, None))
-            if ref is not None and ref() is t and in_checkpoint():
-                extra["producer"] = op
+            region = in_checkpoint() if ref is not None and ref() is t else None
+            if region is not None:
+                extra["producer"], extra["region"] = op, region
         if t._base is not None:     # NOTE [in-place on a slice]: which storage, written through a view
             try:
                 extra["storage"], extra["view"] = t.untyped_storage()._cdata, True
@@ -224,7 +225,7 @@ class CutMode(TorchFunctionMode):
                 self._record("inplace", f"{name}({how})", (), shape=list(t.shape), version=t._version)
 
     def _note_made(self, func, out) -> None:
-        if not torch.is_grad_enabled() and in_checkpoint():
+        if not torch.is_grad_enabled() and in_checkpoint() is not None:
             self._ckpt_seen = True
             made = self._made
             if len(made) > 4096:
@@ -235,13 +236,13 @@ class CutMode(TorchFunctionMode):
     def _record(self, kind, op, inputs, shape=None, version=None, extra=None) -> int | None:
         rec = self.rec
         if kind != "inplace" and inside_function():
-            if in_checkpoint():    # NOTE [parameters inside reentrant checkpoint]
+            seq = in_checkpoint()
+            if seq is not None:    # NOTE [parameters inside reentrant checkpoint]
                 self._ckpt_seen = True
-                seq = _peek_seq()
                 for t in inputs:
-                    if t.grad_fn is None and id(t) not in rec._ckpt_params:
+                    if t.grad_fn is None:
                         _leaf(t, {}, rec._leaf_refs)
-                        rec._ckpt_params[id(t)] = seq
+                        rec._ckpt_params.setdefault(id(t), set()).add(seq)
             return None     # NOTE [cuts inside autograd.Function]
         if len(rec._events) >= MAX_EVENTS:
             rec._dropped += 1

@@ -70,19 +70,30 @@ _CKPT_FORWARD = None
 # CheckpointFunctionBackward); the trace can: every op of the body runs under no_grad with the parameters
 # as direct (leaf) inputs, which is a cut event we drop. We keep their ids instead, and inspect() treats
 # them as reached through the region (they get gradients when backward() re-runs it).
-def in_checkpoint() -> bool:
-    """Whether a reentrant checkpoint body (CheckpointFunction.forward) is on the stack."""
+def in_checkpoint() -> int | None:
+    """The sequence number of the outermost reentrant checkpoint region on the stack, or None.
+
+    The region is the ``ctx`` of its ``CheckpointFunction.forward`` frame, and a custom Function's ctx is
+    its backward node: its ``_sequence_nr()`` names the node that ends up in the graph (or does not, when
+    no input of the region requires grad).
+    """
     global _CKPT_FORWARD
     if _CKPT_FORWARD is None:
         from torch.utils.checkpoint import CheckpointFunction
 
         _CKPT_FORWARD = CheckpointFunction.forward.__code__
     f = sys._getframe(2)
+    found = None
     while f is not None:
         if f.f_code is _CKPT_FORWARD:
-            return True
+            found = f
         f = f.f_back
-    return False
+    if found is None:
+        return None
+    try:
+        return found.f_locals["ctx"]._sequence_nr()
+    except (KeyError, AttributeError, RuntimeError):
+        return -1
 
 
 # NOTE [in-place writes inside torch functions]

@@ -84,7 +84,7 @@ class Trace:
         self._refs: dict[int, weakref.ref] = {}     # id(module) -> weak reference
         self._leaf_refs: dict[int, weakref.ref] = {}  # id(parameter) -> weak reference (for events)
         self._events: list[tuple] = []              # see CutMode._record
-        self._ckpt_params: dict[int, int] = {}      # id -> seq: NOTE [parameters inside reentrant checkpoint]
+        self._ckpt_params: dict[int, set] = {}      # id -> region seqs: NOTE [parameters inside reentrant checkpoint]
         self._dropped = 0
 
     # -- recording ------------------------------------------------------------------------------
@@ -215,7 +215,8 @@ class Trace:
             data["module"] = call_names.get(self._seg_call[i]) if i >= 0 else None
         pnames = self._param_names(model, names)
         graph.graph["events"] = self._event_dicts(call_names, pnames)
-        graph.graph["checkpoint_params"] = {pnames[p]: s for p, s in self._ckpt_params.items() if p in pnames}
+        graph.graph["checkpoint_params"] = {pnames[p]: sorted(s) for p, s in self._ckpt_params.items()
+                                            if p in pnames}
         if model is not None or self._live_model() is not None:
             called = {call_names[i] for i in range(len(self._calls))}
             called.discard(None)

@@ -174,10 +174,13 @@ def _graph(g, ids: set) -> None:
                 _bool(f"{w}.{key}", ev[key])
         if "storage" in ev:
             _int(f"{w}.storage", ev["storage"], low=0)
+        if "region" in ev:
+            _int(f"{w}.region", ev["region"], low=-1)
     for i, m in enumerate(_list("graph.called_modules", g.get("called_modules"), null=True)):
         _str(f"graph.called_modules[{i}]", m)
-    for name, s in (_obj("graph.checkpoint_params", g.get("checkpoint_params") or {})).items():
-        _int(f"graph.checkpoint_params[{name!r}]", s, low=0)
+    for name, seqs in (_obj("graph.checkpoint_params", g.get("checkpoint_params") or {})).items():
+        for i, s in enumerate(_list(f"graph.checkpoint_params[{name!r}]", seqs)):
+            _int(f"graph.checkpoint_params[{name!r}][{i}]", s, low=-1)
     for i, f in enumerate(_list("graph.findings", g.get("findings", []))):
         w = f"graph.findings[{i}]"
         _obj(w, f)

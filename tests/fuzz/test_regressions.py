@@ -161,3 +161,18 @@ def test_saved_split_view_whose_base_is_modified_in_place():
     with pytest.raises(RuntimeError, match="is a view and its base"):
         run.root.backward()
     check_program(SPLIT_VIEW_BASE_MODIFIED)
+
+
+DEAD_REGION = Program((("exp", 1, 0, "ckpt_reentrant"), ("matmul", 0, 0, "ckpt_reentrant")), (3,), "sum")
+
+
+def test_parameter_used_only_in_a_checkpoint_region_outside_the_graph_is_flagged():
+    # Found by the CI fuzz profile (traced, issue 16): w is used only inside a reentrant checkpoint whose
+    # input needs no grad, so that region never joins the graph; another region does. The region of each
+    # parameter is now its own node (the ctx of its CheckpointFunction.forward frame), not a guess by seq.
+    with gradscope.trace() as tr:
+        run = run_program(DEAD_REGION)
+    report = gradscope.inspect(run.root, params=run.params, trace=tr)
+    assert "w" in {p for f in report.findings if f.severity == "error" for p in f.params}
+    assert "a" not in {p for f in report.findings for p in f.params}
+    check_program(DEAD_REGION, traced=True, watched=True)
