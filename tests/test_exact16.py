@@ -173,6 +173,7 @@ def test_custom_function_hides_no_parameter():
         ("error", {"other.weight", "other.bias"})]
 
 
+@pytest.mark.filterwarnings("ignore:Full backward hook")
 def test_full_backward_hook_wrapper_hides_no_parameter():
     def build(lin, x):
         lin.register_full_backward_hook(lambda m, gi, go: None)
