@@ -87,6 +87,83 @@ def _plain(where, v) -> None:
             _fail(w, "a JSON value", x)
 
 
+# -- fast checks: the common, valid case without building any path string ----------------------------
+_NONE = type(None)
+_SCALARS = (str, float, bool, _NONE)
+_NODE_KEYS = frozenset({"id", "kind", "name", "saved", "saved_bytes", "module", "root", "opaque", "seq",
+                        "attrs", "out_shapes"})
+_SAVED_KEYS = frozenset({"slot", "status", "shape", "dtype", "device", "nbytes", "storage"})
+
+
+def _plain_ok(v, depth: int = 0) -> bool:
+    stack = [(v, depth)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        x, d = pop()
+        t = type(x)
+        if t is int:
+            if not -_MAX_INT < x < _MAX_INT:
+                return False
+        elif t is list or t is dict:
+            if d >= _MAX_DEPTH:
+                return False
+            for y in (x if t is list else x.values()):
+                ty = type(y)
+                if ty is int:
+                    if not -_MAX_INT < y < _MAX_INT:
+                        return False
+                elif ty is list or ty is dict:
+                    push((y, d + 1))
+                elif ty not in _SCALARS:
+                    return False
+        elif t not in _SCALARS:
+            return False
+    return True
+
+
+def _count(v, low=0, null=False) -> bool:
+    return (v is None and null) or (type(v) is int and low <= v < _MAX_INT)
+
+
+def _shape_ok(v, null=False) -> bool:
+    if v is None:
+        return null
+    return type(v) is list and all(type(s) is int and -1 <= s < _MAX_INT for s in v)
+
+
+def _saved_ok(e) -> bool:
+    return (type(e) is dict and type(e.get("slot")) is str and type(e.get("status")) is str
+            and _shape_ok(e.get("shape"), True) and type(e.get("dtype")) in (str, _NONE)
+            and type(e.get("device")) in (str, _NONE) and _count(e.get("nbytes"))
+            and _count(e.get("storage"), null=True)
+            and all(k in _SAVED_KEYS or _plain_ok(x, 2) for k, x in e.items()))
+
+
+def _node_ok(d) -> bool:
+    if type(d) is not dict or type(d.get("id")) is not str or d.get("kind") not in ("op", "param", "input") \
+            or type(d.get("name")) is not str or type(d.get("saved")) is not list:
+        return False
+    if not (_count(d.get("saved_bytes")) and type(d.get("module")) in (str, _NONE)
+            and type(d.get("root")) is bool and type(d.get("opaque")) is bool
+            and _count(d.get("seq"), low=-_MAX_INT, null=True)):
+        return False
+    attrs, outs = d.get("attrs"), d.get("out_shapes")
+    if not (attrs is None or (type(attrs) is dict and _plain_ok(attrs, 1))):
+        return False
+    if not (outs is None or (type(outs) is list and all(_shape_ok(s) for s in outs))):
+        return False
+    return all(_saved_ok(e) for e in d["saved"]) and all(
+        k in _NODE_KEYS or _plain_ok(x, 1) for k, x in d.items())
+
+
+def _edge_ok(e, ids) -> bool:
+    return (type(e) is dict and e.get("source") in ids and e.get("target") in ids
+            and _count(e.get("index")) and _count(e.get("output")) and _count(e.get("count"))
+            and all(k in ("source", "target", "index", "output", "count") or _plain_ok(x, 1)
+                    for k, x in e.items()))
+
+
+# -- detailed checks: run only to name the first bad field -------------------------------------------
 def _saved(where, e) -> None:
     _obj(where, e)
     _str(f"{where}.slot", e.get("slot"))
@@ -207,10 +284,15 @@ def validate(data, source: str = "the report") -> str:
             raise _Bad("the top level must be an object with a 'nodes' list")
         edges = "edges" if "edges" in data else "links"
         ids: set = set()
+        add = ids.add
         for i, d in enumerate(data["nodes"]):
-            _node(f"nodes[{i}]", d, ids)
+            if _node_ok(d) and d["id"] not in ids:
+                add(d["id"])
+            else:
+                _node(f"nodes[{i}]", d, ids)
         for i, e in enumerate(_list(edges, data.get(edges, []))):
-            _edge(f"{edges}[{i}]", e, ids)
+            if not _edge_ok(e, ids):
+                _edge(f"{edges}[{i}]", e, ids)
         _graph(data.get("graph", {}), ids)
         for k in ("directed", "multigraph"):
             if k in data:
