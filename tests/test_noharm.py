@@ -319,3 +319,25 @@ def test_deep_graph_freed_by_a_later_tensor_and_a_kept_activation():
                           env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
     assert proc.stdout.strip() == "survived"
+
+
+def test_deep_graph_inspected_twice_is_still_freed():
+    # Two inspections of one deep graph used to hold each other's node references forever (each list
+    # saw the other's reference as an outside owner): the activations never died.
+    from gradscope.walk.release import pending
+
+    w = torch.randn(4, requires_grad=True)
+    h = w
+    for _ in range(12_000):
+        h = torch.sin(h)
+    act = StorageWeakRef(h.untyped_storage())
+    loss = h.sum()
+    del h
+    reports = [gradscope.inspect(loss, params={"w": w}) for _ in range(2)]
+    assert pending() >= 1
+    del loss
+    deadline = time.time() + 20
+    while pending() and time.time() < deadline:
+        time.sleep(0.02)
+    assert pending() == 0 and act.expired()
+    assert reports[1].graph.number_of_nodes() == 12_002

@@ -15,7 +15,8 @@ adds one reference to a wrapper exactly while the C++ node has an owner other th
 tensor's ``grad_fn``, a consumer node's edge). A node whose wrapper shows only our reference is dead
 for everyone else; releasing it frees exactly that node, because its inputs are still held by us. So a
 releaser thread (on a 256 MiB stack, to be safe in any order) scans each held list root-first and
-releases such nodes, again until a scan makes no progress; a node some tensor still owns stays held
+releases such nodes, again until a scan makes no progress (each node is held by one list only, so two
+inspections of one graph cannot keep each other's nodes alive); a node some tensor still owns stays held
 until that owner dies, and then goes the same way. The scan is skipped while every root node is owned
 (then every node is). A weakref finalizer on each root tensor wakes the thread at once; otherwise it
 polls with a backoff (50 ms to 1 s), so memory is returned shortly after torch alone would return it.
@@ -40,6 +41,7 @@ _MIN_WAIT, _MAX_WAIT = 0.05, 1.0
 _lock = threading.Lock()
 _wake = threading.Event()
 _held: list[list] = []          # [head nodes, root-first node list] per held graph
+_ids: set[int] = set()          # id() of every node held, in whichever list
 _worker: threading.Thread | None = None
 _stopping = False
 _getrefcount = sys.getrefcount
@@ -65,7 +67,11 @@ def keep_until_dead(roots, nodes: list) -> None:
     ``roots``: the tensors whose ``grad_fn`` the walk started from; their nodes are checked first, and
     their finalizers wake the releaser.
     """
-    nodes = list(nodes)
+    with _lock:     # each node is held once, by the first list that met it (two inspects of one graph)
+        nodes = [n for n in nodes if id(n) not in _ids]
+        _ids.update(id(n) for n in nodes)
+    if not nodes:
+        return
     known = {id(n) for n in nodes}
     heads = []
     for t in roots:
@@ -115,7 +121,8 @@ def _release(entry: list) -> bool:
         freed = 0
         for i in range(len(nodes)):
             if _getrefcount(nodes[i]) <= _ONLY_OURS:
-                nodes[i] = None     # frees exactly this node: its inputs are still in `nodes`
+                _ids.discard(id(nodes[i]))
+                nodes[i] = None     # frees exactly this node: its inputs are still held
                 freed += 1
             else:
                 keep.append(i)
