@@ -240,6 +240,8 @@ class CutMode(TorchFunctionMode):
             if seq is not None:    # NOTE [parameters inside reentrant checkpoint]
                 self._ckpt_seen = True
                 for t in inputs:
+                    while t.grad_fn is None and t._base is not None:
+                        t = t._base     # a view taken in the body (under no_grad) of a parameter
                     if t.grad_fn is None:
                         _leaf(t, {}, rec._leaf_refs)
                         rec._ckpt_params.setdefault(id(t), set()).add(seq)

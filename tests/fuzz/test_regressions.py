@@ -176,3 +176,16 @@ def test_parameter_used_only_in_a_checkpoint_region_outside_the_graph_is_flagged
     assert "w" in {p for f in report.findings if f.severity == "error" for p in f.params}
     assert "a" not in {p for f in report.findings for p in f.params}
     check_program(DEAD_REGION, traced=True, watched=True)
+
+
+VIEW_IN_REGION = Program((("bmm", 0, 1, "ckpt_reentrant"),), (3,), "sum")
+
+
+def test_parameter_viewed_inside_a_checkpoint_region_is_known():
+    # Found by the slow profile (traced, issue 16): bmm inside a reentrant checkpoint uses
+    # u.unsqueeze(0), a view taken under no_grad; the view, not u, was recorded as the region's input.
+    with gradscope.trace() as tr:
+        run = run_program(VIEW_IN_REGION)
+    report = gradscope.inspect(run.root, params=run.params, trace=tr)
+    assert "u" not in {p for f in report.findings for p in f.params}
+    check_program(VIEW_IN_REGION, traced=True, watched=True)
