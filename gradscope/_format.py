@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-__all__ = ["human_bytes", "shape_str", "lcp"]
+__all__ = ["human_bytes", "shape_str", "lcp", "one_line"]
+
+
+def one_line(v, limit: int = 60) -> str:
+    """``repr(v)`` on one line (whitespace runs collapsed), cut to ``limit`` characters; never raises."""
+    try:
+        text = " ".join(repr(v).split())
+    except Exception:  # noqa: BLE001 - a user object whose __repr__ raises
+        return "<unprintable>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def human_bytes(n: int | float) -> str:

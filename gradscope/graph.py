@@ -132,6 +132,7 @@ class GraphAttrs(TypedDict, total=False):
     events: list[TraceEvent]
     called_modules: list[str]
     events_dropped: int
+    checkpoint_params: dict[str, list[int]]   # traced: parameter -> sequence numbers of the reentrant checkpoint regions that used it
 
 
 # -- held bytes ------------------------------------------------------------------------------------

@@ -118,11 +118,11 @@ class Report:
         return self.summary()
 
 
-def report_from_data(data: dict) -> Report:
+def report_from_data(data: dict, source: str = "the report") -> Report:
     """Rebuild a :class:`Report` from ``report.to_json()`` data (checks are not re-run: findings are stored)."""
     from gradscope.views.serialize import graph_from_data
 
-    graph, findings = graph_from_data(data)
+    graph, findings = graph_from_data(data, source)
     return Report(graph, findings)
 
 
@@ -134,4 +134,5 @@ def load(path: str | os.PathLike) -> Report:
     """
     from gradscope.views.serialize import read_json
 
-    return report_from_data(read_json(path))
+    data, shown = read_json(path)
+    return report_from_data(data, shown)

@@ -131,7 +131,7 @@ def test_after_backward_freed_graph():
     before = gradscope.inspect(loss, model=m)
     loss.backward()
     after = gradscope.inspect(loss, model=m)
-    assert kinds(after) == ["freed-graph"] and after.findings[0].severity == "info"
+    assert kinds(after) == ["freed-graph"] and after.findings[0].severity == "error"   # backward() raises
     assert after.saved_bytes == 0 < before.saved_bytes
     assert list(after.graph.nodes(data="name")) == list(before.graph.nodes(data="name"))
     with pytest.raises(RuntimeError, match="second time"):
@@ -171,7 +171,7 @@ def test_checkpoint_no_rerun_no_false_alarm(reentrant):
     assert flagged(r, "error") == set()
     if reentrant:
         assert [f.severity for f in r.findings] == ["warning"]
-        assert "opaque" in r.findings[0].message and "CheckpointFunction" in r.findings[0].message
+        assert "reentrant checkpoint" in r.findings[0].message and "CheckpointFunction" in r.findings[0].message
     else:
         statuses = {e["status"] for _, d in r.graph.nodes(data=True) for e in d["saved"]}
         assert "recomputed" in statuses and r.findings == []
@@ -196,7 +196,7 @@ def test_meta_device():
     assert truth >= 0
 
 
-def test_custom_function_named_after_class_and_opaque_warning():
+def test_custom_function_named_after_class_and_not_opaque():
     class Mystery(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
@@ -215,8 +215,11 @@ def test_custom_function_named_after_class_and_opaque_warning():
     node = next(d for _, d in r.graph.nodes(data=True) if d["name"] == "MysteryBackward")
     assert node["function"].endswith("Mystery") and node["attrs"]["k"] == 5
     assert node["saved"][0]["shape"] == [2, 3]
-    assert [f.severity for f in r.findings] == ["warning"]
+    # A custom Function sends gradients only to its own inputs (issue 16): "other" is certainly unused.
+    assert [f.severity for f in r.findings] == ["error"]
     assert set(r.findings[0].params) == {"other.weight", "other.bias"}
+    loss.backward()
+    assert other.weight.grad is None and other.bias.grad is None and lin.weight.grad is not None
 
 
 def test_save_on_cpu_is_not_copied_back():

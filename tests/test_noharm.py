@@ -281,3 +281,63 @@ def test_50k_chain_inspected_rendered_freed_all_scenarios(tmp_path):
 @pytest.mark.parametrize("scenario", sorted(_SCENARIOS))
 def test_50k_chain_scenario_alone(scenario, tmp_path):
     _run_script(_script([scenario], tmp_path))
+
+
+# -- deep graphs owned last by someone else than the loss (issue 16) ---------------------------------
+_OWNED_LATER = """
+import gc, time, torch, gradscope
+from gradscope.walk.release import pending
+w = torch.randn(8, requires_grad=True)
+h = w
+for i in range(N):
+    h = h * 1.0001
+    if i == N // 2:
+        mid = h                      # an activation kept for logging
+loss = h.sum(); del h
+rep = gradscope.inspect(loss, params={"w": w})
+y = loss * 2                         # a scaled loss that keeps the whole graph
+del loss; gc.collect(); time.sleep(0.3)
+assert pending() == 1                # still owned by y: nothing released yet
+del y; time.sleep(0.3)               # the top half dies; the bottom half is owned by mid
+assert mid.grad_fn is not None
+mid.sum().backward(retain_graph=True)
+assert w.grad is not None
+del mid
+deadline = time.time() + 20
+while pending() and time.time() < deadline:
+    time.sleep(0.05)
+assert pending() == 0, pending()
+print("survived")
+"""
+
+
+def test_deep_graph_freed_by_a_later_tensor_and_a_kept_activation():
+    # free_after_inspect_segv.py + free_midchain_segv.py: torch alone frees these; after inspect() the
+    # last drop (of y, then of mid) used to overflow the C stack.
+    code = f"N = 120_000\n{_OWNED_LATER}"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
+    assert proc.stdout.strip() == "survived"
+
+
+def test_deep_graph_inspected_twice_is_still_freed():
+    # Two inspections of one deep graph used to hold each other's node references forever (each list
+    # saw the other's reference as an outside owner): the activations never died.
+    from gradscope.walk.release import pending
+
+    w = torch.randn(4, requires_grad=True)
+    h = w
+    for _ in range(12_000):
+        h = torch.sin(h)
+    act = StorageWeakRef(h.untyped_storage())
+    loss = h.sum()
+    del h
+    reports = [gradscope.inspect(loss, params={"w": w}) for _ in range(2)]
+    assert pending() >= 1
+    del loss
+    deadline = time.time() + 20
+    while pending() and time.time() < deadline:
+        time.sleep(0.02)
+    assert pending() == 0 and act.expired()
+    assert reports[1].graph.number_of_nodes() == 12_002

@@ -459,8 +459,10 @@ def test_reentrant_checkpoint_is_not_reported_as_a_cut():
     model = Ckpt()
     loss, tr = _traced(model)
     report = gradscope.inspect(loss, model=model, trace=tr)
-    assert [f.kind for f in report.findings] == ["unused-parameter"]
-    assert report.findings[0].severity == "warning" and "opaque" in report.findings[0].message
+    assert report.findings == []        # traced: the parameters the checkpoint body used are known
+    untraced = gradscope.inspect(loss, model=model)
+    assert [(f.kind, f.severity) for f in untraced.findings] == [("unused-parameter", "warning")]
+    assert set(untraced.findings[0].params) == {"a.weight", "a.bias"}     # only those the region may use
     loss.backward()
     assert grads_none(model) == set()
 
@@ -494,3 +496,22 @@ def test_cut_deep_below_its_parameter_is_found_and_freed_safely():
     proc = subprocess.run([sys.executable, "-c", DEEP], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
     assert proc.stdout.strip().endswith("OK")
+
+
+def test_trace_never_changes_the_program_multi_output_view_of_modified_base():
+    # trace_changes_forward.py: torch refuses grad_fn of an unbind view whose base was written, but
+    # .detach()/.data/.numpy() of it run in plain torch, so they must run inside trace() too.
+    p = nn.Parameter(torch.randn(4, 4))
+    v0, v1, v2, v3 = p.unbind(0)
+    with torch.no_grad():
+        p[:, 1] = 0.5
+    plain = (v1.detach().clone(), v1.data.clone(), v1.detach().numpy().copy())
+    with pytest.raises(RuntimeError):   # torch's own truth: the view's grad_fn is refused
+        v1.grad_fn
+    model = nn.ParameterList([p])
+    with gradscope.trace(model) as tr:
+        traced = (v1.detach().clone(), v1.data.clone(), v1.detach().numpy().copy())
+    assert torch.equal(plain[0], traced[0]) and torch.equal(plain[1], traced[1])
+    assert (plain[2] == traced[2]).all()
+    assert [e["kind"] for e in tr.events][:2] == ["detach", ".data"]
+    assert tr.events[0]["params"] == ["0"]      # the view's parameter, found through its base

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 
-from gradscope.checks.unused import cuts_by_param, describe_cut, opaque_nodes
+from gradscope.checks.unused import checkpointed, cuts_by_param, describe_cut, opaque_nodes
 from gradscope.errors import UnknownParameterError
 from gradscope.graph import CALLED_MODULES, PARAMS
 
@@ -38,13 +38,23 @@ def explain(report, param: str) -> str:
                 "never flags it.")
     if info.get("node") is not None:
         return _reached(report, param, info["node"])
+    inside = checkpointed(g)
+    if inside is not None and param in inside:
+        region = inside[param]
+        if region is None:
+            return (f"{param} is used only inside a reentrant checkpoint region whose inputs do not require "
+                    "grad, so the region's output is cut from the graph and .grad stays None. Make an input "
+                    "of the region require grad, or use checkpoint(..., use_reentrant=False).")
+        return (f"{param} is used inside the reentrant checkpoint region {g.nodes[region]['name']} ({region}):"
+                " backward() re-runs the region and gives it a gradient (the walk alone cannot see it).")
     cut = cuts_by_param(g).get(param)
     if cut is not None:
         return _cut(g, param, cut)
-    opaque = opaque_nodes(g)
+    opaque = opaque_nodes(g) if inside is None else []
     if opaque:
-        return (f"{param} is not reachable by the walk, but it may be used inside the opaque node "
-                f"{g.nodes[opaque[0]]['name']} ({opaque[0]}); check .grad after backward().")
+        return (f"{param} is not reachable by the walk, but it may be used inside the reentrant checkpoint "
+                f"region {g.nodes[opaque[0]]['name']} ({opaque[0]}); check .grad after backward(), or record "
+                "the forward with gradscope.trace() to know.")
     return _unused(g, param)
 
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from gradscope.checks._nodes import node_items
 from gradscope.findings import Finding
 from gradscope.graph import EVENTS
+from gradscope.checks._words import fix_words, op_words, tensor_words
 
 __all__ = ["check", "stale_savers"]
 
@@ -18,6 +19,8 @@ def check(graph, nodes=None) -> Iterator[Finding]:
     cause: it gives one finding at the earliest saver that names the others.
     """
     events = [e for e in graph.graph.get(EVENTS, ()) if e["kind"] == "inplace"]
+    yield from _in_reentrant_checkpoint(graph, events)
+    yield from _hidden_by_slice(graph, events)
     groups: dict = {}
     for nid, data in node_items(graph, nodes):
         stale = [e for e in data["saved"] if e["status"] == "stale"]
@@ -28,30 +31,89 @@ def check(graph, nodes=None) -> Iterator[Finding]:
         savers.sort(key=lambda s: (s[1].get("seq") is None, s[1].get("seq") or 0))
         nid, data, stale = savers[0]
         e = stale[0]
-        what = _what(data["name"], e["slot"])
+        what = tensor_words(graph, nid, e)
         if len(stale) > 1:
-            what += " (also " + ", ".join(f"'{s['slot']}'" for s in stale[1:]) + ")"
+            what += f" (and {len(stale) - 1} more of its saved tensors)"
         also = ""
         if len(savers) > 1:
-            others = ", ".join(f"{d['name']} ({n}, '{st[0]['slot']}')" for n, d, st in savers[1:4])
+            others = ", ".join(f"{op_words(d['name'])}{_in(d)} ({n})" for n, d, st in savers[1:4])
             more = f" and {len(savers) - 4} more" if len(savers) > 4 else ""
             also = f" The same tensor is also saved by {others}{more}."
         event = _matching_event(events, data, e)
         where = f" by {event['op']} at {event['location']}" if event else ""
         loc = event["location"] if event else None
-        op = event["op"] if event else ""
-        if op.endswith("_") and not op.endswith("__"):
-            fix = f"Use the out-of-place {op[:-1]}() instead of {op}() there"
-        else:
-            fix = "Use the out-of-place op (x = x.mul(2) instead of x.mul_(2); inplace=False on the module)"
+        fix = fix_words(event["op"], bool(event.get("optimizer"))) if event else fix_words("")
+        view = e["saved_version"] is None
+        said = ("'... is a view and its base ... has been modified inplace'" if view
+                else "'modified by an inplace operation'")
         yield Finding(
             "inplace-hazard", "error",
-            f"{data['name']} saved {what} (shape {tuple(e['shape'])}, {e['dtype']}) at "
-            f"{'an earlier version' if e['saved_version'] is None else 'version ' + str(e['saved_version'])}"
-            f", but it was modified in place{where} and is now at version "
-            f"{e['version']}: backward() will raise 'modified by an inplace operation'.{also} {fix}, "
-            f"or .clone() the tensor before modifying it.",
+            f"{op_words(data['name'])}{_in(data)} ({nid}) saved {what} (shape {tuple(e['shape'])}, "
+            f"{e['dtype']}) for backward at {'an earlier version' if view else 'version ' + str(e['saved_version'])}"
+            f", but it was modified in place{where} and is now at version {e['version']}: backward() will "
+            f"raise {said}.{also} To fix, {fix}{_CLONE if not event or not (event.get('optimizer') or 'max_norm' in event['op']) else ''}.",
             node=nid, location=loc)
+
+
+def _in_reentrant_checkpoint(graph, events) -> Iterator[Finding]:
+    """In-place writes inside a reentrant checkpoint body that its recomputation in backward() trips over.
+
+    See NOTE [in-place inside reentrant checkpoint] in tracing/modes.py: the trace names the op that made
+    the written tensor, and that op saves its own output when the region is re-run with grad enabled.
+    """
+    regions = sorted(((d.get("seq") or 0, n) for n, d in graph.nodes(data=True)
+                      if (d.get("function") or "").endswith(".CheckpointFunction")), reverse=True)
+    for ev in events:
+        producer = ev.get("producer")
+        if not producer or not regions:
+            continue
+        node = next((n for seq, n in regions if seq == ev.get("region")), None)
+        if node is None:    # the region is not in this graph: its inputs need no grad
+            continue
+        op = ev["op"]
+        fix = fix_words(op)
+        inside = f" (in {ev['module']})" if ev.get("module") else ""
+        yield Finding(
+            "inplace-hazard", "error",
+            f"{op} at {ev.get('location') or 'an unknown location'} writes in place the output of "
+            f"{producer}() inside a reentrant checkpoint region{inside}. backward() re-runs that region with "
+            f"grad enabled; {producer} then saves its output for its own gradient, the write changes it, "
+            f"and backward() raises 'modified by an inplace operation'. To fix, {fix} or write "
+            "checkpoint(..., use_reentrant=False).",
+            node=node, location=ev.get("location"))
+
+
+_SAVES_RESULT_INPLACE = frozenset({"sigmoid_", "tanh_", "exp_", "relu_", "sqrt_", "rsqrt_", "exp2_"})
+
+
+def _hidden_by_slice(graph, events) -> Iterator[Finding]:
+    """An in-place op on a slice that saved its own result, then another write (NOTE [in-place on a slice])."""
+    copies = {d.get("seq"): n for n, d in graph.nodes(data=True) if d["name"] == "CopySlices"}
+    if not copies:
+        return
+    roots = [graph.nodes[r].get("seq") for r in graph.graph.get("roots", ())]
+    last = max((s for s in roots if s is not None), default=None)
+    for i, first in enumerate(events):
+        if not (first.get("view") and first["op"] in _SAVES_RESULT_INPLACE and first.get("seq") is not None):
+            continue
+        made = [s for s in copies if s is not None and first["seq"] - 3 <= s < first["seq"]]
+        if not made:    # the CopySlices made by this very write (and its SigmoidBackward inside it)
+            continue
+        nid = copies[max(made)]
+        later = next((e for e in events[i + 1:] if e.get("storage") == first.get("storage")
+                      and (e.get("version") or 0) > (first.get("version") or 0)
+                      and (last is None or e.get("seq") is None or e["seq"] <= last + 1)), None)
+        if later is None:
+            continue
+        op = first["op"]
+        yield Finding(
+            "inplace-hazard", "error",
+            f"{op} at {first.get('location') or 'an unknown location'} wrote a slice in place and saved its "
+            f"result for backward (hidden inside CopySlices, {nid}); then {later['op']} at "
+            f"{later.get('location') or 'an unknown location'} wrote the same tensor again, so that saved "
+            "result is stale: backward() will raise 'modified by an inplace operation'. To fix, compute the "
+            f"slice out of place (x[:, :k] = x[:, :k].{op[:-1]}() or torch.cat), or {fix_words(later['op'])}.",
+            node=nid, location=later.get("location"))
 
 
 def stale_savers(graph, nid) -> list[str]:
@@ -64,14 +126,11 @@ def stale_savers(graph, nid) -> list[str]:
     return [nid, *others]
 
 
-def _what(name: str, slot: str) -> str:
-    if slot.startswith("checkpoint input"):
-        return f"its checkpoint region's {slot.removeprefix('checkpoint ')} (kept to recompute the region)"
-    if slot == "result":
-        return f"its output ('{slot}')"
-    if slot.startswith("result"):
-        return f"one of its outputs ('{slot}')"
-    return f"its input '{slot}'"
+_CLONE = ", or .clone() the tensor before modifying it"
+
+
+def _in(d) -> str:
+    return f" in {d['module']}" if d.get("module") else ""
 
 
 def _matching_event(events, data, slot):

@@ -1,4 +1,16 @@
-"""``unused-parameter`` and ``detached-branch``: parameters whose ``.grad`` will stay None."""
+"""``unused-parameter`` and ``detached-branch``: parameters whose ``.grad`` will stay None.
+
+NOTE [what can hide a parameter]
+A parameter that no path from the roots reaches gets no gradient, with one exception: a reentrant
+``checkpoint`` (``CheckpointFunction``) re-runs its body in backward() and sends gradients to the
+parameters that body used, which are not inputs of its node. Nothing else hides one: a custom
+``autograd.Function`` can only return gradients for its own inputs (visible edges), a ``torch.compile``
+region receives every parameter it uses as an input of its node, and the wrappers that
+``register_full_backward_hook`` installs (Captum, Grad-CAM) are custom Functions over the module's
+inputs and outputs. So only reentrant checkpoints lower "unused" to a warning, and only untraced: with
+``trace()`` the parameters the checkpoint bodies used are known (``graph.graph["checkpoint_params"]``,
+name -> the sequence numbers of the regions' nodes, which the graph holds or not).
+"""
 
 from __future__ import annotations
 
@@ -6,23 +18,31 @@ from collections.abc import Iterator
 
 from gradscope.checks._nodes import node_items
 from gradscope.findings import Finding
-from gradscope.graph import CALLED_MODULES, EVENTS, PARAMS
+from gradscope.graph import CALLED_MODULES, EVENTS, PARAMS, ROOTS
 
-__all__ = ["check", "opaque_nodes", "describe_cut", "cuts_by_param"]
+__all__ = ["check", "opaque_nodes", "describe_cut", "cuts_by_param", "checkpointed"]
 
 _CUT_WORDS = {
     "detach": "cut by .detach()",
     ".data": "cut by .data (which bypasses autograd)",
     "no_grad": "computed under torch.no_grad()/inference_mode",
     "to-python": "turned into a Python value (.item()/.tolist()/.numpy())",
-    "non-differentiable": "passed through an op without a gradient (an integer/boolean result such as "
-                          "argmax, a comparison or .long())",
+    "non-differentiable": "passed through an op without a gradient (a comparison, argmax, or a cast to an "
+                          "integer/boolean type)",
 }
+_COPY_OPS = {"tensor": "copied by torch.tensor(), which makes a new leaf without the graph (use the tensor "
+                       "itself, or .clone() to copy it)",
+             "as_tensor": "copied by torch.as_tensor(), which drops the graph",
+             "asarray": "copied by torch.asarray(), which drops the graph"}
+# When several recorded events fed the same parameters, the one that severed the path is the strongest
+# kind: a comparison or .item() next to a real .detach() is usually a logged value or a mask.
+_RANK = {"detach": 0, ".data": 0, "no_grad": 1, "non-differentiable": 2, "to-python": 3}
 
 
 def opaque_nodes(graph, nodes=None) -> list[str]:
-    """Node ids of opaque regions (custom Functions, reentrant checkpoint, compiled code)."""
-    return [n for n, d in node_items(graph, nodes) if d["kind"] == "op" and (d.get("opaque") or d.get("function"))]
+    """Node ids of the regions that can hide parameters: reentrant checkpoints (NOTE above)."""
+    return [n for n, d in node_items(graph, nodes)
+            if d["kind"] == "op" and (d.get("function") or "").endswith("CheckpointFunction")]
 
 
 def check(graph, nodes=None) -> Iterator[Finding]:
@@ -31,75 +51,100 @@ def check(graph, nodes=None) -> Iterator[Finding]:
     missing = [name for name, p in params.items() if p["requires_grad"] and p.get("node") is None]
     if not missing:
         return
+    inside = checkpointed(graph)
+    if inside is not None:
+        dead_region = [n for n in missing if n in inside and inside[n] is None]
+        missing = [n for n in missing if n not in inside]
+        if dead_region:
+            yield _dead_region(dead_region)
     cuts = cuts_by_param(graph)
     called = graph.graph.get(CALLED_MODULES)
-    opaque = opaque_nodes(graph, nodes)
-    plain: list[str] = []
     by_cut: dict = {}   # one finding per cut: every parameter it drops
+    plain: list[str] = []
     for name in missing:
-        if name in cuts:
-            ev = cuts[name]
+        ev = cuts.get(name)
+        if ev is not None:
             by_cut.setdefault((ev["kind"], ev["op"], ev["location"]), (ev, []))[1].append(name)
         else:
             plain.append(name)
     for ev, names in by_cut.values():
-        yield _detached(ev, names, opaque, graph)
-    if opaque and plain:  # one warning: the walk cannot tell which of them the opaque region uses
-        yield _unused(None, plain, False, opaque, graph)
+        yield _detached(ev, names)
+    if not plain:
+        return
+    if called is None:  # untraced: one finding, the walk cannot tell one cause from several
+        hidden = opaque_nodes(graph, nodes) if inside is None else []
+        yield _untraced(plain, hidden, graph)
         return
     for module, names in _group(plain):
-        never = called is not None and module is not None and module not in called
-        yield _unused(module, names, never, opaque, graph)
+        yield _unused(module, names, module is not None and module not in called)
 
 
 def describe_cut(ev: dict) -> str:
     """``"cut by .detach() at model.py:42"``: what a trace event did and where (op named when it adds)."""
-    words = _CUT_WORDS.get(ev["kind"], ev["kind"])
+    words = _COPY_OPS.get(ev["op"]) or _CUT_WORDS.get(ev["kind"], ev["kind"])
     op = f" ({ev['op']})" if ev["op"] not in words else ""   # "cut by .detach()", not "... (detach)"
     where = f"at {ev['location']}" if ev.get("location") else "at an unknown location"
     return f"{words}{op} {where}"
 
 
-def _detached(ev, names, opaque, graph) -> Finding:
-    subject = ", ".join(names) if len(names) <= 4 else f"{len(names)} parameters ({names[0]}, {names[1]}, ...)"
-    cut = describe_cut(ev)
-    them = "it" if len(names) == 1 else "them"
-    fix = f"Remove the cut, or freeze {them} (requires_grad_(False)) if that is intended."
-    if opaque:  # they may also be used inside an opaque region, which the walk cannot see
-        return Finding(
-            "detached-branch", "warning",
-            f"{subject} {'is' if len(names) == 1 else 'are'} not reachable from the root: the branch was "
-            f"{cut}, but the graph holds {len(opaque)} opaque node(s) (first: "
-            f"{graph.nodes[opaque[0]]['name']}) that may use {them} (reentrant checkpoint, custom "
-            "Function); check after backward() whether .grad is None. " + fix,
-            params=tuple(names), location=ev["location"])
-    return Finding("detached-branch", "error",
-                   f"{subject} {'gets' if len(names) == 1 else 'get'} no gradient: the branch was {cut}. "
-                   f"{fix}", params=tuple(names), location=ev["location"])
-
-
-def _unused(module, names, never_called, opaque, graph) -> Finding:
+def _subject(names, module=None) -> str:
     if len(names) <= 3:
-        subject = ", ".join(names)
-    else:
-        subject = f"{len(names)} parameters of {module or 'the model'} ({names[0]}, {names[1]}, ...)"
+        return ", ".join(names)
+    return f"{len(names)} parameters of {module or 'the model'} ({names[0]}, {names[1]}, ...)"
+
+
+def _detached(ev, names) -> Finding:
+    them = "it" if len(names) == 1 else "them"
+    return Finding("detached-branch", "error",
+                   f"{_subject(names)} {'gets' if len(names) == 1 else 'get'} no gradient: the branch was "
+                   f"{describe_cut(ev)}. Remove the cut, or freeze {them} (requires_grad_(False)) if that "
+                   "is intended.", params=tuple(names), location=ev["location"])
+
+
+def _unused(module, names, never_called) -> Finding:
+    subject = _subject(names, module)
     if never_called:
-        why = f"module {module} was never called in the forward pass"
+        text = (f"{subject} will get no gradient (.grad stays None): module {module} was never called in the "
+                "forward pass. Call it in forward(), or freeze it (requires_grad_(False)); if it is skipped "
+                "only on some steps, pass find_unused_parameters=True to DDP.")
     else:
-        why = "no path from the root reaches them"
-    fix = ("Use the module in forward(), freeze it (requires_grad_(False)), or pass "
-           "find_unused_parameters=True to DDP if it is legitimately skipped on some steps.")
-    if opaque:
-        first = graph.nodes[opaque[0]]
+        where = f"module {module} ran in the forward pass" if module else "they were used in the forward pass"
+        text = (f"{subject} will get no gradient (.grad stays None): {where}, but nothing computed from "
+                "them reaches the root (the result was dropped or overwritten). Use that result in the "
+                "loss, or freeze them (requires_grad_(False)) if they are not meant to train.")
+    return Finding("unused-parameter", "error", text, params=tuple(names))
+
+
+def _untraced(names, hidden, graph) -> Finding:
+    modules = sorted({n.rpartition(".")[0] or "the root module" for n in names})
+    if len(names) <= 3 or len(modules) == 1:
+        subject, of = _subject(names, modules[0] if len(modules) == 1 else None), ""
+    else:
+        subject = f"{len(names)} parameters ({names[0]}, {names[1]}, ...)"
+        of = f" of {', '.join(modules[:4])}{' and more' if len(modules) > 4 else ''}"
+    if hidden:
         return Finding(
             "unused-parameter", "warning",
-            f"{subject}: {why}, but the graph holds {len(opaque)} opaque node(s) (first: {first['name']}) "
-            "that may use parameters the walk cannot see (reentrant checkpoint, custom Function, compiled "
-            "region); check after backward() whether .grad is None. " + fix,
-            node=None, params=tuple(names))
-    return Finding("unused-parameter", "error",
-                   f"{subject} will get no gradient (.grad stays None): {why}. {fix}",
-                   params=tuple(names))
+            f"{subject}{of}: no path from the root reaches them, but they may be used inside "
+            f"{len(hidden)} reentrant checkpoint region(s) (first: {graph.nodes[hidden[0]]['name']}, "
+            f"{hidden[0]}), whose parameters only backward() sees. Check whether .grad is None after "
+            "backward(), or record the forward with gradscope.trace() to know for sure.",
+            params=tuple(names))
+    return Finding(
+        "unused-parameter", "error",
+        f"{subject}{of} will get no gradient (.grad stays None): no path from the root reaches them. "
+        "Record the forward with gradscope.trace() to learn where the path was lost (a .detach(), a "
+        "no_grad block, a module never called), or freeze them (requires_grad_(False)) if they are not "
+        "meant to train.", params=tuple(names))
+
+
+def _dead_region(names) -> Finding:
+    return Finding(
+        "unused-parameter", "error",
+        f"{_subject(names)} {'is' if len(names) == 1 else 'are'} used only inside a reentrant checkpoint "
+        "region whose inputs do not require grad: torch warns 'None of the inputs have requires_grad=True. "
+        "Gradients will be None', and the region's output is cut from the graph. Make an input of the "
+        "region require grad, or use checkpoint(..., use_reentrant=False).", params=tuple(names))
 
 
 def _group(names: list[str]):
@@ -109,12 +154,30 @@ def _group(names: list[str]):
     return list(groups.items())
 
 
+def checkpointed(graph) -> dict | None:
+    """Traced: parameter -> the checkpoint node whose body used it (None: a region not in the graph)."""
+    used = graph.graph.get("checkpoint_params")
+    if used is None:
+        return None
+    regions = {d.get("seq"): n for n, d in graph.nodes(data=True)
+               if d["kind"] == "op" and (d.get("function") or "").endswith("CheckpointFunction")}
+    return {name: next((regions[s] for s in seqs if s in regions), None) for name, seqs in used.items()}
+
+
 def cuts_by_param(graph) -> dict:
-    """Parameter name -> the first trace event (a cut, not an in-place op) that names it."""
+    """parameter -> the recorded event that severed its path (see ``_RANK``).
+
+    Events recorded after the roots were made (an optimizer creating its state under no_grad at
+    ``opt.step()``, logging after the loss) cannot have cut anything in this graph and are ignored.
+    """
+    seqs = [graph.nodes[r].get("seq") for r in graph.graph.get(ROOTS, ())]
+    last = max((s for s in seqs if s is not None), default=None)
     out: dict = {}
     for ev in graph.graph.get(EVENTS, ()):
-        if ev["kind"] == "inplace":
+        if ev["kind"] == "inplace" or (last is not None and ev.get("seq") is not None and ev["seq"] > last):
             continue
+        rank = _RANK.get(ev["kind"], 9)
         for p in ev.get("params", ()):
-            out.setdefault(p, ev)
+            if p not in out or rank < _RANK.get(out[p]["kind"], 9):
+                out[p] = ev
     return out

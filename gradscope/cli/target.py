@@ -70,8 +70,17 @@ def inspect_target(target: str, *, use_trace: bool = True):
     """Load ``target`` and return ``gradscope.inspect`` of its loss (see :func:`load`)."""
     from gradscope.inspection import inspect
 
+    from gradscope.errors import GradscopeError
+
     loaded = load(target, use_trace=use_trace)
-    return inspect(loaded.loss, model=loaded.model, trace=loaded.trace)
+    try:
+        return inspect(loaded.loss, model=loaded.model, trace=loaded.trace)
+    except GradscopeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a graph gradscope cannot read (an exotic tensor type):
+        raise TargetError(     # one line for the CLI, never a traceback
+            f"gradscope could not read the graph behind {target}'s loss ({_exc_line(exc)}). backward() "
+            "may still work: this is a gradscope limitation, please report it with this message.") from None
 
 
 # -- importing -----------------------------------------------------------------------------------
@@ -188,7 +197,10 @@ def _unpack(out, target: str):
         return out, None
     if isinstance(out, (tuple, list)) and len(out) == 2 and isinstance(out[1], torch.nn.Module):
         return out[0], out[1]
-    text = repr(out)
+    try:
+        text = " ".join(repr(out).split())    # one line, even for a multi-line repr
+    except Exception:  # noqa: BLE001 - a user object whose __repr__ raises
+        text = "<unprintable>"
     text = text if len(text) <= 60 else text[:57] + "..."
     raise TargetError(f"{target} returned {type(out).__name__} {text}; it must return the loss tensor "
                       "or a (loss, model) tuple.")
@@ -197,7 +209,10 @@ def _unpack(out, target: str):
 # -- one-line messages ---------------------------------------------------------------------------
 def _exc_line(exc: BaseException) -> str:
     """``ValueError: message (at file.py:12)``: the exception's first line and the user's frame."""
-    msg = str(exc).strip().splitlines()
+    try:
+        msg = str(exc).strip().splitlines()
+    except Exception:  # noqa: BLE001 - an exception whose __str__ itself raises
+        msg = ["<its message could not be printed: __str__ raised>"]
     text = f"{type(exc).__name__}: {msg[0]}" if msg else type(exc).__name__
     if len(text) > 300:
         text = text[:297] + "..."

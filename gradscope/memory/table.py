@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
-from gradscope._format import human_bytes
+from gradscope._format import human_bytes, one_line
 from gradscope.memory.attribution import NO_MODULE, module_bytes, node_bytes, node_modules, seq_order, storage_uses
 from gradscope.errors import InputValueError
 
@@ -246,7 +246,7 @@ def memory(report, *, by: str = "module", depth: int | None = None, top: int | N
         raise InputValueError(f"memory(by={by!r}) is not supported; use one of {', '.join(map(repr, BY))}.")
     for name, value in (("depth", depth), ("top", top)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise InputValueError(f"memory({name}={value!r}) must be a positive integer or None.")
+            raise InputValueError(f"memory({name}={one_line(value)}) must be a positive integer or None.")
     graph = report.graph
     group = _group_of(by, graph, depth)
     acc: dict[str, dict] = {}

@@ -8,22 +8,27 @@ inputs; only when an input requires grad (a real cut) or the op writes in place 
 walk (``sys._getframe``) and the walk to the parameters that fed the cut input. Events hold plain data
 (strings, ints, parameter ids); parameters are also kept as weak references so that ``annotate`` can
 check an id still names the same tensor. No tensor or autograd node outlives the event.
+
+NOTE [never change the program]
+The user's call runs exactly as without the mode; everything the mode does afterwards is bookkeeping,
+and an error there (torch refusing to give the ``grad_fn`` of a view whose base was modified, an exotic
+tensor subclass) is swallowed and counted as a dropped event, never raised into the forward pass.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 import weakref
-from types import FrameType
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from gradscope._torch import ACCUMULATE_GRAD, FUNCTION_APPLY_CODE, TENSOR_DATA, peek_sequence_nr
+from gradscope._torch import ACCUMULATE_GRAD, TENSOR_DATA, peek_sequence_nr, storage_key
 from gradscope._torch import version as tensor_version
+
 from gradscope.walk.release import keep_until_dead
+from gradscope.tracing.probes import (INPLACE_FLAG, SAVES_OUTPUT, in_checkpoint, in_optimizer, inside_function,
+                                      user_location, versions)
 
 __all__ = ["CutMode", "user_location", "param_ids", "MAX_EVENTS", "WALK_LIMIT"]
 
@@ -35,10 +40,9 @@ _peek_seq = peek_sequence_nr
 _ACCUMULATE = ACCUMULATE_GRAD
 _DATA = TENSOR_DATA
 _Tensor = torch.Tensor
-_APPLY = FUNCTION_APPLY_CODE
 
 # Categories (NOTE [cheap per-op path]); small ints compare fastest.
-_PLAIN, _GETTER, _DETACH, _DATA_GET, _TO_PYTHON, _INPLACE = range(6)
+_PLAIN, _GETTER, _DETACH, _DATA_GET, _TO_PYTHON, _INPLACE, _FUNCTIONAL = range(7)
 
 _TO_PYTHON_NAMES = frozenset({"item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__",
                               "__complex__", "__array__"})
@@ -63,6 +67,8 @@ def _classify(func) -> int:
     elif name in _INPLACE_DUNDERS or (name.endswith("_") and not name.startswith("__")
                                       and name not in _NOT_WRITES):
         cat = _INPLACE
+    elif getattr(func, "__module__", None) == "torch.nn.functional":
+        cat = _FUNCTIONAL   # NOTE [in-place writes inside torch functions]
     else:
         cat = _PLAIN
     if not isinstance(getattr(func, "__self__", None), _Tensor):   # never keep a tensor alive in the cache
@@ -106,30 +112,6 @@ def _grad_inputs(args, kwargs) -> list:
             out.extend(t for t in a if isinstance(t, _Tensor) and t.requires_grad)
     return out
 
-
-# Frames skipped when looking for the user's line: torch's, and the tracer's own two files. No other
-# gradscope code sits between the user's code and an op, and gradscope/demo.py *is* (example) user code.
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_TRACER_FILES = frozenset(os.path.join(_HERE, name) for name in ("modes.py", "recorder.py"))
-_INTERNAL: dict[str, bool] = {}
-
-
-def user_location(depth: int = 1) -> str | None:
-    """``"file.py:LINE"`` (basename) of the first caller frame outside torch and the tracer, or None."""
-    f: FrameType | None = sys._getframe(depth + 1)
-    while f is not None:
-        filename = f.f_code.co_filename
-        internal = _INTERNAL.get(filename)
-        if internal is None:
-            internal = _INTERNAL[filename] = (filename.startswith(_TORCH_DIR)
-                                              or os.path.abspath(filename) in _TRACER_FILES)
-        if not internal:
-            return f"{os.path.basename(filename)}:{f.f_lineno}"
-        f = f.f_back
-    return None
-
-
 class CutMode(TorchFunctionMode):
     """Records cut and in-place events into ``rec`` (a :class:`gradscope.tracing.recorder.Trace`)."""
 
@@ -137,6 +119,9 @@ class CutMode(TorchFunctionMode):
         super().__init__()
         self.rec = rec
         self._detached: Any = None   # (weakref to the last detach() output, its event index)
+        self._made = {}         # NOTE [in-place inside reentrant checkpoint]: id -> (weakref, op)
+        self._ckpt_seen = False
+        self._views_written = False     # NOTE [in-place on a slice]
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         try:
@@ -145,25 +130,33 @@ class CutMode(TorchFunctionMode):
             cat = _classify(func)
         except TypeError:
             cat = _PLAIN
+        before = versions(args, kwargs) if cat == _FUNCTIONAL else None
         out = func(*args, **kwargs) if kwargs else func(*args)
-        if cat == _PLAIN:                       # NOTE [cheap per-op path]
-            if isinstance(out, _Tensor):
-                if not out.requires_grad:
+        try:
+            if before:
+                self._functional_writes(func, before, kwargs or {})
+            if cat == _PLAIN or cat == _FUNCTIONAL:     # NOTE [cheap per-op path]
+                if isinstance(out, _Tensor):
+                    if not out.requires_grad:
+                        self._plain_cut(func, args, kwargs or {}, out)
+                elif isinstance(out, (tuple, list)) and _requires_grad(out) is False:
                     self._plain_cut(func, args, kwargs or {}, out)
-            elif isinstance(out, (tuple, list)) and _requires_grad(out) is False:
-                self._plain_cut(func, args, kwargs or {}, out)
-        elif cat == _GETTER:
-            pass
-        elif cat == _INPLACE:
-            if args and isinstance(args[0], _Tensor):
-                self._inplace(func, args[0])
-        elif args and isinstance(args[0], _Tensor):
-            self._special(cat, func, args[0], out)
+            elif cat == _GETTER:
+                pass
+            elif cat == _INPLACE:
+                if args and isinstance(args[0], _Tensor):
+                    self._inplace(func, args[0])
+            elif args and isinstance(args[0], _Tensor):
+                self._special(cat, func, args[0], out)
+        except Exception:  # noqa: BLE001 - NOTE [never change the program]
+            self.rec.drop_event()
         return out
 
     # -- the rare paths ---------------------------------------------------------------------------
     def _plain_cut(self, func, args, kwargs, out) -> None:
         inputs = _grad_inputs(args, kwargs)
+        if (self._ckpt_seen or inputs) and isinstance(out, _Tensor) and _op_name(func) in SAVES_OUTPUT:
+            self._note_made(func, out)
         if not inputs:
             if self._detached is not None and args and _op_name(func) in _CARRY:
                 ref, index = self._detached
@@ -207,47 +200,85 @@ class CutMode(TorchFunctionMode):
             version = tensor_version(t)
         except RuntimeError:  # inference tensors have no version counter; nested tensors no shape
             return
-        self._record("inplace", _op_name(func), (), shape=shape, version=version)
+        extra = {}
+        if self._made:
+            ref, op = self._made.get(id(t), (None, None))
+            region = in_checkpoint() if ref is not None and ref() is t else None
+            if region is not None:
+                extra["producer"], extra["region"] = op, region
+        if t._base is not None:     # NOTE [in-place on a slice]: which storage, written through a view
+            try:
+                extra["storage"], extra["view"] = storage_key(t), True
+            except (RuntimeError, NotImplementedError):
+                pass
+        elif self._views_written:
+            try:
+                extra["storage"] = storage_key(t)
+            except (RuntimeError, NotImplementedError):
+                pass
+        self._views_written = self._views_written or bool(extra.get("view"))
+        self._record("inplace", _op_name(func), (), shape=shape, version=version, extra=extra)
 
-    def _record(self, kind, op, inputs, shape=None, version=None) -> int | None:
-        if kind != "inplace" and _inside_function():
-            return None     # NOTE [cuts inside autograd.Function]
+    def _functional_writes(self, func, before, kwargs) -> None:
+        name = _op_name(func)
+        for t, v in before:
+            if tensor_version(t) != v:
+                how = ("max_norm=..." if name == "embedding" else "inplace=True" if name in INPLACE_FLAG
+                       else "...")
+                self._record("inplace", f"{name}({how})", (), shape=list(t.shape), version=tensor_version(t))
+
+    def _note_made(self, func, out) -> None:
+        if not torch.is_grad_enabled() and in_checkpoint() is not None:
+            self._ckpt_seen = True
+            made = self._made
+            if len(made) > 4096:
+                for k in [k for k, (r, _) in made.items() if r() is None]:
+                    del made[k]
+            made[id(out)] = (weakref.ref(out), _op_name(func))
+
+    def _record(self, kind, op, inputs, shape=None, version=None, extra=None) -> int | None:
         rec = self.rec
+        if kind != "inplace" and inside_function():
+            seq = in_checkpoint()
+            if seq is not None:    # NOTE [parameters inside reentrant checkpoint]
+                self._ckpt_seen = True
+                for t in inputs:
+                    while t.grad_fn is None and t._base is not None:
+                        t = t._base     # a view taken in the body (under no_grad) of a parameter
+                    if t.grad_fn is None:
+                        _leaf(t, {}, rec.leaf_refs)
+                        rec.checkpoint_params.setdefault(id(t), set()).add(seq)
+            return None     # NOTE [cuts inside autograd.Function]
         if rec.full():
             rec.drop_event()
             return None
+        if in_optimizer():
+            if kind != "inplace":
+                return None     # an optimizer's state or update under no_grad cuts no forward graph
+            extra = {**(extra or {}), "optimizer": True}
         location = user_location(3)
         params = param_ids(inputs, rec.leaf_refs) if inputs else ()
-        return rec.record_event(kind, op, location, params, _peek_seq(), shape, version)
-
-
-# NOTE [cuts inside autograd.Function]
-# autograd runs every custom Function's forward with grad disabled, and reentrant checkpoint
-# (CheckpointFunction) and compiled regions are such Functions. Ops there look like no_grad cuts, but the
-# parameters get their gradients through the Function's own backward. We drop cut events while a
-# Function.apply frame is on the stack; inspect reports those parameters as possibly hidden in an opaque
-# node instead. In-place writes there are still recorded.
-def _inside_function() -> bool:
-    f: FrameType | None = sys._getframe(2)
-    while f is not None:
-        if f.f_code is _APPLY:
-            return True
-        f = f.f_back
-    return False
+        return rec.record_event(kind, op, location, params, _peek_seq(), shape, version, extra)
 
 
 def param_ids(inputs, refs: dict) -> tuple[int, ...]:
     """Ids of the leaf tensors (parameters) that feed ``inputs``; each is remembered as a weak reference."""
     found: dict[int, None] = {}
-    stack: list = []
+    stack = []
     for t in inputs:
-        node = t.grad_fn
-        if node is None:
-            _leaf(t, found, refs)
-        else:
+        try:
+            node = t.grad_fn
+        except RuntimeError:    # a multi-output view whose base was written in place: torch refuses
+            node = None         # its grad_fn; the parameters that feed it feed its base
+        if node is None and t._base is not None:    # also a view taken under no_grad (.sample())
+            t = t._base
+            node = t.grad_fn
+        if node is not None:
             stack.append(node)
+        elif t is not None:
+            _leaf(t, found, refs)
     seen = set()
-    order: list = []      # discovery (root-first) order, for keep_until_dead
+    order = []      # discovery (root-first) order, for keep_until_dead
     while stack and len(order) < WALK_LIMIT:
         node = stack.pop()
         if node in seen:

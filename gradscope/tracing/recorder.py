@@ -23,6 +23,7 @@ import torch
 
 from gradscope import _torch
 from gradscope.errors import InputTypeError, InputValueError
+from gradscope._format import one_line
 from gradscope.graph import CALLED_MODULES, EVENTS, EVENTS_DROPPED
 from gradscope.tracing.modes import MAX_EVENTS, CutMode
 
@@ -69,6 +70,7 @@ class RecordedEvent(NamedTuple):
     seq: int                       # the next sequence number when it was recorded
     shape: list[int] | None        # in-place: the written tensor's shape
     version: int | None            # in-place: its version after the write
+    extra: dict | None = None      # more keys for the event dict ("producer", "region", "optimizer", ...)
 
 
 class Trace:
@@ -83,7 +85,7 @@ class Trace:
         if model is not None and not isinstance(model, torch.nn.Module):
             raise InputTypeError(
                 f"gradscope.trace(model) takes an nn.Module (or nothing), got {type(model).__name__} "
-                f"{model!r:.60}. Call gradscope.trace() without arguments and pass model= to inspect().")
+                f"{one_line(model)}. Call gradscope.trace() without arguments and pass model= to inspect().")
         self._model = None if model is None else weakref.ref(_unwrap(model))
         self._active = False
         self._handles: list = []
@@ -98,6 +100,7 @@ class Trace:
         self._refs: dict[int, weakref.ref] = {}     # id(module) -> weak reference
         self.leaf_refs: dict[int, weakref.ref] = {}   # id(parameter) -> weak reference, filled by the mode
         self._events: list[RecordedEvent] = []      # see record_event
+        self.checkpoint_params: dict[int, set] = {}  # id -> region seqs: NOTE [parameters inside reentrant checkpoint]
         self._dropped = 0
 
     # -- recording ------------------------------------------------------------------------------
@@ -189,10 +192,11 @@ class Trace:
         self._dropped += 1
 
     def record_event(self, kind: str, op: str, location: str | None, params: tuple[int, ...], seq: int,
-                     shape: list[int] | None = None, version: int | None = None) -> int:
+                     shape: list[int] | None = None, version: int | None = None,
+                     extra: dict | None = None) -> int:
         """Keep one event, inside the innermost open module call; returns its index."""
         call = self._stack[-1] if self._stack else -1
-        self._events.append(RecordedEvent(kind, op, location, params, call, seq, shape, version))
+        self._events.append(RecordedEvent(kind, op, location, params, call, seq, shape, version, extra))
         return len(self._events) - 1
 
     def relabel_event(self, index: int, kind: str, op: str) -> None:
@@ -246,7 +250,10 @@ class Trace:
         for data in ops:
             i = bisect_right(starts, data["seq"]) - 1
             data["module"] = call_names.get(self._seg_call[i]) if i >= 0 else None
-        graph.graph[EVENTS] = self._event_dicts(call_names, self._param_names(model, names))
+        pnames = self._param_names(model, names)
+        graph.graph[EVENTS] = self._event_dicts(call_names, pnames)
+        graph.graph["checkpoint_params"] = {pnames[p]: sorted(s) for p, s in self.checkpoint_params.items()
+                                            if p in pnames}
         if model is not None or self._live_model() is not None:
             called = {call_names[i] for i in range(len(self._calls))} - {None}
             graph.graph[CALLED_MODULES] = sorted(c for c in called if c is not None)
@@ -279,8 +286,9 @@ class Trace:
         if names:
             tensors.update(names)
         if model is not None:
-            for name, p in model.named_parameters():
-                tensors.setdefault(id(p), (name, p))
+            for item in model.named_parameters():
+                if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], torch.Tensor):
+                    tensors.setdefault(id(item[1]), (str(item[0]), item[1]))
         out = {}
         for key, ref in self.leaf_refs.items():
             entry = tensors.get(key)
@@ -290,12 +298,14 @@ class Trace:
 
     def _event_dicts(self, call_names, param_names) -> list[dict]:
         out = []
-        for kind, op, location, params, call, seq, shape, version in self._events:
+        for kind, op, location, params, call, seq, shape, version, extra in self._events:
             ev = {"kind": kind, "op": op, "location": location,
                   "params": sorted({param_names[p] for p in params if p in param_names}),
                   "module": call_names.get(call), "seq": seq, "shape": shape}
             if version is not None:
                 ev["version"] = version
+            if extra:   # "producer" (NOTE [in-place inside reentrant checkpoint]), "optimizer"
+                ev.update(extra)
             out.append(ev)
         return out
 

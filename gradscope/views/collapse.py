@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gradscope._format import lcp
+from gradscope._format import lcp, one_line
 from gradscope.views.folds import Group, MIN_OPS, MIN_REPS, chains as _chains, find_folds, runs as _runs, tokens as _tokens
 from gradscope.findings import SEVERITIES
 from gradscope.graph import forward_order
@@ -105,6 +105,9 @@ def build_view(graph, findings=(), *, collapse=None, fold=True, min_reps: int = 
         chains: draw every chain of at least this many ops (one op feeding the next, nothing else in
             between, same module) as one box ("chain:nK"); ``None``: never.
     """
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        from gradscope.errors import InputValueError
+        raise InputValueError(f"limit must be a positive int (a node count), got {one_line(limit)}.")
     order = forward_order(graph)
     module_of = infer_modules(graph, order) if module_of is None else module_of
     by_node: dict = {}

@@ -8,7 +8,8 @@ import shutil
 
 import graphviz
 
-from gradscope.errors import RenderError
+from gradscope._format import one_line
+from gradscope.errors import InputValueError, RenderError
 from gradscope.views.boxes import box_part, unmeasured
 from gradscope.views.options import check, scale
 
@@ -27,6 +28,8 @@ def _laid_out(report, *, collapse=None, show_saved=None, fold=None, clusters=Non
     from gradscope.views.fit import choose
 
     check(collapse, rankdir, size, dpi, None)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InputValueError(f"limit must be a positive int (a node count), got {one_line(limit)}.")
     rankdir = rankdir.upper() if rankdir else None
     module_of = None
     if box is not None:

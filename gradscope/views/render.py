@@ -134,6 +134,8 @@ def render(report, path, *, format: str | None = None, collapse=None, show_saved
         raise InputTypeError(f"render() needs a file path (str or os.PathLike), got {type(path).__name__} "
                              f"{path!r}; for example report.render('graph.svg').")
     path = os.fspath(path)
+    if not isinstance(path, str) or "\0" in path:
+        raise InputValueError(f"cannot render to {path!r:.80}: a file name must be text without NUL bytes.")
     fmt = (format or os.path.splitext(path)[1]).lower().lstrip(".")
     if fmt == "gv":
         fmt = "dot"

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import networkx as nx
 
-from gradscope.errors import InputValueError
+from gradscope.errors import InputTypeError, InputValueError
 from gradscope.findings import Finding
 
 if TYPE_CHECKING:
@@ -35,16 +35,17 @@ def report_to_data(report: Report) -> dict:
     return data
 
 
-def graph_from_data(data: dict) -> tuple[nx.DiGraph, list[Finding]]:
-    """The graph and findings of :func:`report_to_data` output (``gradscope.report.load`` makes the Report).
+def graph_from_data(data: dict, source: str = "the report") -> tuple[nx.DiGraph, list[Finding]]:
+    """The graph and findings of :func:`report_to_data` output, validated first (:mod:`gradscope.views.schema`);
+    ``gradscope.report.load`` makes the Report.
 
     Raises:
-        InputValueError: ``data`` is not a gradscope report.
+        InputValueError: ``data`` is not a gradscope report (the first bad field is named).
     """
-    if not isinstance(data, dict) or "nodes" not in data:
-        raise InputValueError("this is not a gradscope report: the JSON has no 'nodes' list. "
-                              "Write one with report.render('graph.json').")
-    graph = nx.node_link_graph(data)
+    from gradscope.views.schema import validate
+
+    edges = validate(data, source)
+    graph = nx.node_link_graph(data, directed=True, multigraph=False, edges=edges)
     attrs = graph.graph
     findings = [Finding.from_dict(f) for f in attrs.pop("findings", [])]
     attrs.pop("format", None)
@@ -52,17 +53,39 @@ def graph_from_data(data: dict) -> tuple[nx.DiGraph, list[Finding]]:
     return graph, findings
 
 
-def read_json(path: str | os.PathLike) -> dict:
-    """The JSON data of a file written by ``report.render("x.json")``.
+def read_json(path: str | os.PathLike) -> tuple[dict, str]:
+    """The JSON data of a file written by ``report.render("x.json")``, and the file's name as messages show it.
 
     Raises:
-        InputValueError: the file is missing or is not JSON.
+        InputTypeError: ``path`` is not a str or path-like object.
+        InputValueError: the file is missing or unreadable, is not JSON, or is not a gradscope report.
     """
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        raise InputTypeError(f"gradscope.load() takes the path of a report file (str or pathlib.Path), got "
+                             f"{type(path).__name__}.")
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        name = os.fspath(path)
+    except TypeError as exc:
+        raise InputTypeError(f"gradscope.load() got a path-like object whose __fspath__ fails ({exc}).") from None
+    if not isinstance(name, str) or "\0" in name:
+        raise InputValueError(f"{name!r} is not a usable file name (it holds a NUL byte or is not text).")
+    shown = repr(name) if len(name) < 200 else repr(name[:197] + "...")
+    if os.path.isdir(name):
+        raise InputValueError(f"{shown} is a folder; pass the report file written by report.render('x.json').")
+    try:
+        with open(name, encoding="utf-8") as f:
+            data = json.load(f)
     except FileNotFoundError:
-        raise InputValueError(f"no such report file: {os.fspath(path)!r}.") from None
+        raise InputValueError(f"no such report file: {shown}.") from None
+    except OSError as exc:
+        raise InputValueError(f"cannot read {shown}: {exc.strerror or exc}.") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputValueError(f"{os.fspath(path)!r} is not JSON ({exc}); pass a file written by "
+        raise InputValueError(f"{shown} is not JSON ({exc}); pass a file written by "
                               "report.render('x.json').") from None
+    except RecursionError:
+        raise InputValueError(f"{shown} is not a gradscope report: its JSON is nested too deeply to be "
+                              "one.") from None
+    except ValueError:   # an integer of more digits than Python converts (4300 by default)
+        raise InputValueError(f"{shown} is not a gradscope report: it holds an integer thousands of digits "
+                              "long.") from None
+    return data, shown

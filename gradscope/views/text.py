@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 
 from gradscope.graph import HELD, PARAMS, ROOT_SHAPES, ROOTS
-from gradscope._format import human_bytes, shape_str
+from gradscope._format import human_bytes, one_line, shape_str
 from gradscope.memory.attribution import node_bytes, storage_uses
 
 __all__ = ["summary", "top_nodes"]
@@ -35,6 +35,10 @@ def _activation_slots(graph, nid: str, d: dict, owner: dict) -> str:
 
 
 def summary(report, top: int = 5) -> str:
+    if isinstance(top, bool) or not isinstance(top, int) or top < 0:
+        from gradscope.errors import InputValueError
+        raise InputValueError(f"summary(top=...) must be a non-negative int (rows of the memory table), got "
+                              f"{one_line(top)}.")
     g = report._view()   # the compact graph until report.graph is read: same answers, no DiGraph built
     kinds = {"op": 0, "param": 0, "input": 0}
     kind_of = dict(g.nodes(data="kind"))
@@ -61,7 +65,12 @@ def summary(report, top: int = 5) -> str:
         lines.append(f"parameters: {reached}/{trainable} trainable reached, "
                      f"{len(params) - trainable} frozen")
     lines.append("")
-    if not report.findings:
+    regions = [n for n, d in g.nodes(data=True) if (d.get("function") or "").endswith("CheckpointFunction")]
+    if not report.findings and regions:   # what their recomputation does in backward() is not seen
+        lines.append(f"No findings outside {len(regions)} reentrant checkpoint region(s): backward() re-runs "
+                     "them with grad enabled, where an in-place write can still make it raise; gradscope "
+                     "checks checkpoint(..., use_reentrant=False) fully.")
+    elif not report.findings:
         lines.append("No findings: backward() will run and every trainable parameter gets a gradient.")
     else:
         counts = {}

@@ -18,6 +18,7 @@ import torch
 from gradscope.walk.release import keep_until_dead
 from gradscope.errors import InputTypeError, InputValueError, NoGradRootError
 from gradscope.walk.loop import walk
+from gradscope._format import one_line
 from gradscope.walk.records import Records, node_id
 from gradscope.walk.saved import _DTYPES, StorageIds, dtype_str
 
@@ -56,12 +57,7 @@ _END = object()
 
 
 def _describe(v) -> str:
-    try:
-        text = repr(v)
-    except Exception:  # noqa: BLE001 - a user object whose __repr__ raises
-        text = "<unprintable>"
-    if len(text) > 60:
-        text = text[:57] + "..."
+    text = one_line(v)
     return f"{type(v).__name__} {text}" if not isinstance(v, (str, type(None))) else text
 
 
@@ -74,8 +70,12 @@ def param_names(model=None, params=None) -> dict[int, tuple[str, torch.Tensor]]:
         inner = model.module if isinstance(model, (torch.nn.parallel.DistributedDataParallel,
                                                   torch.nn.DataParallel)) else model
         named = _plain_named_parameters(inner)
-        for name, p in inner.named_parameters() if named is None else named:
-            out.setdefault(id(p), (name, p))
+        for item in inner.named_parameters() if named is None else named:
+            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], torch.Tensor)):
+                raise InputTypeError(
+                    f"model.named_parameters() of {type(inner).__name__} must yield (name, tensor) pairs, "
+                    f"it yielded {_describe(item)}; pass params=dict(...) instead.")
+            out.setdefault(id(item[1]), (str(item[0]), item[1]))
     if params is not None:
         if not isinstance(params, Mapping):
             raise InputTypeError(

@@ -35,7 +35,9 @@ __all__ = ["HELD", "NodeType", "node_type", "read_saved", "StorageIds", "plain_v
 HELD = ("live", "stale", "hooked")
 
 _VERSION_RE = re.compile(r"is at version (\d+); expected version (\d+)")
-_VIEW_MARK = "is a view and its base or another view of its base has been modified inplace"
+# Both torch messages for a multi-output view (split/unbind) whose base was written in place: "Output 1 of
+# Split is a view and its base ..." and "A view was created in no_grad mode and its base ..." (issue 16).
+_VIEW_MARK = "its base or another view of its base has been modified inplace"
 _FREED_MARK = "backward through the graph a second time"
 
 _OPAQUE_FUNCTIONS = ("CheckpointFunction", "CompiledFunction")
@@ -324,6 +326,11 @@ def _check_custom_versions(node, saved: list) -> None:
         node.saved_tensors
     except RuntimeError as exc:
         m = _VERSION_RE.search(str(exc))
+        if not m and _VIEW_MARK in str(exc):    # a saved split/unbind view whose base was written (issue 16)
+            for e in saved:
+                if e["status"] == "live" and e.get("_version", 0) > 0:
+                    e.update(status="stale", version=e["_version"], saved_version=None)
+                    break
         if m:
             for e in saved:
                 if e["status"] == "live" and e.get("_version") == int(m.group(1)):

@@ -6,6 +6,7 @@ import fnmatch
 
 import torch
 
+from gradscope._format import one_line
 from gradscope.errors import InputTypeError, InputValueError
 
 __all__ = ["validate", "select"]
@@ -13,7 +14,7 @@ __all__ = ["validate", "select"]
 
 def _positive_int(name, value, zero=False):
     if isinstance(value, bool) or not isinstance(value, int) or value < (0 if zero else 1):
-        raise InputValueError(f"{name} must be a {'non-negative' if zero else 'positive'} int, got {value!r}.")
+        raise InputValueError(f"{name} must be a {'non-negative' if zero else 'positive'} int, got {one_line(value)}.")
 
 
 def validate(model, on_error, every, accumulate, history, ratio_every, vanishing, exploding, scaler,
@@ -21,17 +22,17 @@ def validate(model, on_error, every, accumulate, history, ratio_every, vanishing
     """One clear sentence in our exception types for each bad argument."""
     if not isinstance(model, torch.nn.Module):
         raise InputTypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}: "
-                             f"{model!r:.80}.")
+                             f"{one_line(model, 80)}.")
     if not (on_error in ("raise", "warn") or callable(on_error)):
         raise InputValueError(f"on_error must be 'raise', 'warn' or a callable taking the findings, "
-                              f"got {on_error!r}.")
+                              f"got {one_line(on_error)}.")
     _positive_int("every", every)
     _positive_int("accumulate", accumulate)
     _positive_int("history", history, zero=True)
     _positive_int("ratio_every", ratio_every)
     for name, value in (("vanishing", vanishing), ("exploding", exploding)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise InputValueError(f"{name} must be a non-negative number, got {value!r}.")
+            raise InputValueError(f"{name} must be a non-negative number, got {one_line(value)}.")
     if scaler is not None and not (hasattr(scaler, "is_enabled") and hasattr(scaler, "get_scale")):
         raise InputTypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}.")
     if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
@@ -40,13 +41,15 @@ def validate(model, on_error, every, accumulate, history, ratio_every, vanishing
 
 def select(model, ignore):
     """``(inner module, is DDP, [(name, parameter)] to watch, ignore patterns)``."""
+    if not isinstance(ignore, (str, list, tuple, set, frozenset)):
+        raise InputTypeError(f"ignore must be a name, a pattern or a list of them, got {type(ignore).__name__}.")
     patterns = (ignore,) if isinstance(ignore, str) else tuple(ignore)
     ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
     inner = model.module if ddp or isinstance(model, torch.nn.DataParallel) else model
     named = list(inner.named_parameters())
     for pat in patterns:
         if not isinstance(pat, str):
-            raise InputTypeError(f"ignore must hold parameter names or fnmatch patterns, got {pat!r}.")
+            raise InputTypeError(f"ignore must hold parameter names or fnmatch patterns, got {one_line(pat)}.")
         if not any(n == pat or fnmatch.fnmatchcase(n, pat) for n, _ in named):
             example = named[0][0] if named else "(none)"
             raise InputValueError(f"ignore pattern {pat!r} matches no parameter of the model; its "

@@ -247,9 +247,14 @@ def check_program(prog: Program, seed: int = 0, traced: bool = False, watched: b
     # see those slots: its saved bytes are a lower bound and a hazard on them is missed (documented in
     # the README). Everywhere else the predictions must be exact.
     hidden = any(d["name"] == "CopySlices" for _, d in report.graph.nodes(data=True))
+    # An in-place write inside a reentrant checkpoint body breaks only the graph backward() rebuilds:
+    # untraced it cannot be seen, traced it is found when the tensor's maker saves its output (NOTE
+    # [in-place inside reentrant checkpoint], exact cases in tests/test_exact16.py). Here: never a false one.
+    rebuilt = any((d.get("function") or "").endswith("CheckpointFunction")
+                  for _, d in report.graph.nodes(data=True))
     undercount = hidden or side
     assert report.graph.number_of_nodes() == expected_nodes, "node count differs from the walker"
-    if hidden:
+    if hidden or rebuilt:
         assert "inplace-hazard" not in kinds or "inplace" in truth["errors"], "false inplace-hazard"
     else:
         assert ("inplace-hazard" in kinds) == ("inplace" in truth["errors"]), \

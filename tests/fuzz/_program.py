@@ -10,9 +10,9 @@ import torch
 from hypothesis import strategies as st
 from torch.utils.checkpoint import checkpoint
 
-from ._vocab import INPLACE, OPS, make_params
+from ._vocab import INPLACE, OPS, SLOW_ONLY, make_params
 
-__all__ = ["Program", "programs", "run_program", "Run"]
+__all__ = ["Program", "programs", "programs_slow", "run_program", "Run"]
 
 CONTEXTS = ("plain", "no_grad", "ckpt", "ckpt_reentrant")
 ROOT_MODES = ("sum", "list", "nonscalar")
@@ -33,13 +33,20 @@ class Program:
         return "\n".join(lines)
 
 
-_ALL_OPS = list(OPS) + list(INPLACE)
-_CTX = tuple(c for c in ("plain",) * 4 + CONTEXTS[1:]
-             if c not in os.environ.get("GRADSCOPE_FUZZ_SKIP", "").split(","))
-_step = st.tuples(st.sampled_from(_ALL_OPS), st.integers(0, 15), st.integers(0, 15), st.sampled_from(_CTX))
-programs = st.builds(Program, st.lists(_step, min_size=1, max_size=10).map(tuple),
+_SKIP = os.environ.get("GRADSCOPE_FUZZ_SKIP", "").split(",")
+_ALL_OPS = [o for o in list(OPS) + list(INPLACE) if o not in _SKIP]
+_CTX = tuple(c for c in ("plain",) * 4 + CONTEXTS[1:] if c not in _SKIP)
+
+
+def _programs(ops):
+    step = st.tuples(st.sampled_from(ops), st.integers(0, 15), st.integers(0, 15), st.sampled_from(_CTX))
+    return st.builds(Program, st.lists(step, min_size=1, max_size=10).map(tuple),
                      st.lists(st.integers(0, 15), min_size=1, max_size=3).map(tuple),
                      st.sampled_from(ROOT_MODES))
+
+
+programs = _programs([o for o in _ALL_OPS if o not in SLOW_ONLY])
+programs_slow = _programs(_ALL_OPS)
 
 
 @dataclass

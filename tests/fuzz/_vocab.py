@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
-__all__ = ["OPS", "INPLACE", "make_params", "TORCH_OPS"]
+__all__ = ["OPS", "INPLACE", "make_params", "TORCH_OPS", "SLOW_ONLY"]
 
 
 def make_params() -> dict[str, torch.Tensor]:
@@ -72,6 +73,30 @@ class MulF(torch.autograd.Function):
     def backward(ctx, g):
         x, y = ctx.saved_tensors
         return g * y, g * x
+
+
+class _Hooked(torch.nn.Module):
+    """A module with a full backward hook (Captum, Grad-CAM): its wrapper Functions hide nothing."""
+
+    def forward(self, x, w):
+        return torch.tanh(x @ w)
+
+
+_HOOKED = _Hooked()
+_HOOKED.register_full_backward_hook(lambda m, gi, go: None)
+_COMPILED: list = []
+
+
+def _compiled(s, w):
+    # torch.compile (aot_eager): one CompiledFunctionBackward node whose inputs are s and w. Slow to
+    # compile, so only the slow profile draws it (SLOW_ONLY).
+    if not _COMPILED:
+        _COMPILED.append(torch.compile(lambda a, b: torch.tanh(a @ b), backend="aot_eager", dynamic=False))
+    return _COMPILED[0](s, w)
+
+
+def _ckpt(fn, s):
+    return checkpoint(fn, s, use_reentrant=True)
 
 
 _PERM = [3, 2, 1, 0]
@@ -179,7 +204,21 @@ OPS: dict = {
     "fn_exp": lambda P, s, t: ExpF.apply(s),
     "fn_scale": lambda P, s, t: ScaleF.apply(s),
     "fn_mul": lambda P, s, t: MulF.apply(s, t),
+    # issue 16: multi-output views saved (by an op, a custom Function, a reentrant checkpoint), in-place
+    # writes inside reentrant checkpoint bodies, backward-hook wrappers, compiled regions
+    "split_save": lambda P, s, t: torch.cat([v * P["g"] for v in s.split(1, 0)], 0),
+    "unbind_save": lambda P, s, t: torch.stack([v * v for v in s.unbind(0)]),
+    "fn_square_split": lambda P, s, t: torch.cat([Square.apply(v) for v in s.split(1, 0)], 0),
+    "ckpt_split": lambda P, s, t: torch.cat([_ckpt(torch.sin, v) for v in s.split(1, 0)], 0),
+    "ckpt_sigmoid_mul_": lambda P, s, t: _ckpt(lambda a: torch.sigmoid(a).mul_(2), s),
+    "ckpt_linear_relu_": lambda P, s, t: _ckpt(lambda a: F.linear(a, P["w"]).relu_(), s),
+    "ckpt_exp_add_": lambda P, s, t: _ckpt(lambda a: (a * P["g"]).exp().add_(1), s),
+    "hooked": lambda P, s, t: _HOOKED(s, P["u"]),
+    "compiled": lambda P, s, t: _compiled(s, P["w"]),
 }
+
+# Ops the CI profiles never draw (too slow to set up there); the slow profile draws every op.
+SLOW_ONLY = frozenset({"compiled"})
 
 INPLACE: dict = {
     "add_": lambda P, s, t: s.add_(t),
@@ -196,6 +235,8 @@ INPLACE: dict = {
     "masked_fill_": lambda P, s, t: s.masked_fill_(t > 0, 1.0),
     "detach_mul_": lambda P, s, t: s.detach().mul_(2),
     "data_mul_": lambda P, s, t: s.data.mul_(2),
+    "slice_sigmoid_": lambda P, s, t: s[:, :2].sigmoid_(),
+    "slice_tanh_": lambda P, s, t: s[1].tanh_(),
 }
 
 # Distinct torch callables/methods exercised (what the README counts as the vocabulary size).

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ._oracle import check_program
-from ._program import programs
+from ._program import programs, programs_slow
 from ._vocab import TORCH_OPS
 
 _COMMON = dict(deadline=None, database=None, print_blob=True,
@@ -41,6 +41,6 @@ def test_predictions_match_torch_traced_and_watched(prog):
 
 @pytest.mark.slow
 @settings(settings.get_profile("gradscope-fuzz-slow"))
-@given(programs, st.booleans(), st.booleans())
+@given(programs_slow, st.booleans(), st.booleans())
 def test_predictions_match_torch_slow(prog, traced, watched):
     check_program(prog, traced=traced, watched=watched)

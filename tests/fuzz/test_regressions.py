@@ -30,7 +30,7 @@ def test_checkpoint_input_modified_in_place_is_a_hazard():
     run = run_program(CKPT_INPUT_MODIFIED)
     report = gradscope.inspect(run.root, params=run.params)
     hazards = [f for f in report.findings if f.kind == "inplace-hazard"]
-    assert len(hazards) == 1 and "checkpoint region's input[0]" in hazards[0].message
+    assert len(hazards) == 1 and "an input of its checkpoint region" in hazards[0].message
     assert backward_truth(run.root)["errors"] == ["inplace"]
     check_program(CKPT_INPUT_MODIFIED)
 
@@ -103,15 +103,16 @@ def test_checkpoint_input_unused_by_the_region_is_a_side_channel():
 CUT_AND_REENTRANT = Program((("addmm", 0, 0, "no_grad"), ("linear", 0, 1, "ckpt_reentrant")), (4,), "sum")
 
 
-def test_cut_parameter_also_used_in_reentrant_checkpoint_is_only_a_warning():
+def test_cut_parameter_also_used_in_reentrant_checkpoint_is_not_flagged_when_traced():
     # Found by the slow profile (traced): b is cut by a no_grad region (addmm) and also used by linear
-    # inside a reentrant checkpoint, which hides it from the walk; torch gives b a gradient. The
-    # detached-branch finding was an error; with an opaque node in the graph it is now a warning.
+    # inside a reentrant checkpoint, which hides it from the walk; torch gives b a gradient. With
+    # trace() the parameters the checkpoint body used are known (issue 16): no finding about b at all.
     with gradscope.trace() as tr:
         run = run_program(CUT_AND_REENTRANT)
     report = gradscope.inspect(run.root, params=run.params, trace=tr)
-    cut_b = [f for f in report.findings if f.kind == "detached-branch" and "b" in f.params]
-    assert cut_b and all(f.severity == "warning" for f in cut_b)
+    assert not [f for f in report.findings if "b" in f.params]
+    untraced = gradscope.inspect(run.root, params=run.params)     # untraced: a warning, never an error
+    assert [f.severity for f in untraced.findings if "b" in f.params] == ["warning"]
     run.root.backward()
     assert run.params["b"].grad is not None
     check_program(CUT_AND_REENTRANT, traced=True, watched=True)
@@ -160,3 +161,31 @@ def test_saved_split_view_whose_base_is_modified_in_place():
     with pytest.raises(RuntimeError, match="is a view and its base"):
         run.root.backward()
     check_program(SPLIT_VIEW_BASE_MODIFIED)
+
+
+DEAD_REGION = Program((("exp", 1, 0, "ckpt_reentrant"), ("matmul", 0, 0, "ckpt_reentrant")), (3,), "sum")
+
+
+def test_parameter_used_only_in_a_checkpoint_region_outside_the_graph_is_flagged():
+    # Found by the CI fuzz profile (traced, issue 16): w is used only inside a reentrant checkpoint whose
+    # input needs no grad, so that region never joins the graph; another region does. The region of each
+    # parameter is now its own node (the ctx of its CheckpointFunction.forward frame), not a guess by seq.
+    with gradscope.trace() as tr:
+        run = run_program(DEAD_REGION)
+    report = gradscope.inspect(run.root, params=run.params, trace=tr)
+    assert "w" in {p for f in report.findings if f.severity == "error" for p in f.params}
+    assert "a" not in {p for f in report.findings for p in f.params}
+    check_program(DEAD_REGION, traced=True, watched=True)
+
+
+VIEW_IN_REGION = Program((("bmm", 0, 1, "ckpt_reentrant"),), (3,), "sum")
+
+
+def test_parameter_viewed_inside_a_checkpoint_region_is_known():
+    # Found by the slow profile (traced, issue 16): bmm inside a reentrant checkpoint uses
+    # u.unsqueeze(0), a view taken under no_grad; the view, not u, was recorded as the region's input.
+    with gradscope.trace() as tr:
+        run = run_program(VIEW_IN_REGION)
+    report = gradscope.inspect(run.root, params=run.params, trace=tr)
+    assert "u" not in {p for f in report.findings for p in f.params}
+    check_program(VIEW_IN_REGION, traced=True, watched=True)

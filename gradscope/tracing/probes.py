@@ -1,0 +1,141 @@
+"""Cheap probes of the running program for the trace mode: the user's line, which torch code is on the
+stack (a custom Function, a reentrant checkpoint body, an optimizer), version counters of a call's
+arguments. Plain functions over frames and tensors; nothing here keeps a tensor alive.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from gradscope._torch import sequence_nr, version
+
+__all__ = ["user_location", "in_checkpoint", "in_optimizer", "inside_function", "versions", "SAVES_OUTPUT",
+           "INPLACE_FLAG"]
+
+_Tensor = torch.Tensor
+_APPLY = torch.autograd.function.Function.apply.__func__.__code__
+
+# Frames skipped when looking for the user's line: torch's, and the tracer's own files. No other
+# gradscope code sits between the user's code and an op, and gradscope/demo.py *is* (example) user code.
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_TRACER_FILES = frozenset(os.path.join(_HERE, name) for name in ("modes.py", "recorder.py", "probes.py"))
+_INTERNAL: dict[str, bool] = {}
+
+
+def user_location(depth: int = 1) -> str | None:
+    """``"file.py:LINE"`` (basename) of the first caller frame outside torch and the tracer, or None."""
+    f = sys._getframe(depth + 1)
+    while f is not None:
+        filename = f.f_code.co_filename
+        internal = _INTERNAL.get(filename)
+        if internal is None:
+            internal = _INTERNAL[filename] = (filename.startswith(_TORCH_DIR)
+                                              or os.path.abspath(filename) in _TRACER_FILES)
+        if not internal:
+            return f"{os.path.basename(filename)}:{f.f_lineno}"
+        f = f.f_back
+    return None
+
+
+# NOTE [cuts inside autograd.Function]
+# autograd runs every custom Function's forward with grad disabled, and reentrant checkpoint
+# (CheckpointFunction) and compiled regions are such Functions. Ops there look like no_grad cuts, but the
+# parameters get their gradients through the Function's own backward. We drop cut events while a
+# Function.apply frame is on the stack; inspect reports those parameters as possibly hidden in an opaque
+# node instead. In-place writes there are still recorded.
+# NOTE [in-place on a slice]
+# x[:, :2].sigmoid_() makes a CopySlices node that hides the SigmoidBackward inside it, with its saved
+# result; a further in-place write to x (or any view of it) makes that result stale, and no walk can see
+# it. In-place events through a view carry the storage they wrote (and later writes to any tensor do,
+# once a view was written), so checks/inplace.py can pair the two writes.
+
+# NOTE [in-place inside reentrant checkpoint]
+# checkpoint(fn, use_reentrant=True) runs fn under no_grad in forward and again, with grad enabled, during
+# backward; an in-place write there breaks only that second graph, which no walk can see. What the trace
+# can see: inside a CheckpointFunction.forward frame, which op made each tensor. When the tensor written in
+# place was made by an op whose backward needs its own output (sigmoid, tanh, exp, relu, softmax, ...),
+# the recomputation saves that output and the write makes backward() raise: the in-place event carries
+# that op as its ``producer`` and checks/inplace.py reports it. Tracking starts at the first checkpoint
+# body seen (one stack walk per op there), so recordings without reentrant checkpoints pay nothing. A
+# write to a tensor that a *later* op of the region saved as its input is not detected (documented).
+SAVES_OUTPUT = frozenset({"sigmoid", "tanh", "exp", "exp2", "relu", "softmax", "log_softmax", "sqrt",
+                           "rsqrt", "elu", "selu", "celu", "hardtanh", "relu6", "_softmax", "_log_softmax"})
+_CKPT_FORWARD = None
+
+
+# NOTE [parameters inside reentrant checkpoint]
+# The walk cannot see the parameters a reentrant checkpoint body uses (they are not inputs of
+# CheckpointFunctionBackward); the trace can: every op of the body runs under no_grad with the parameters
+# as direct (leaf) inputs, which is a cut event we drop. We keep their ids instead, and inspect() treats
+# them as reached through the region (they get gradients when backward() re-runs it).
+def in_checkpoint() -> int | None:
+    """The sequence number of the outermost reentrant checkpoint region on the stack, or None.
+
+    The region is the ``ctx`` of its ``CheckpointFunction.forward`` frame, and a custom Function's ctx is
+    its backward node: its ``_sequence_nr()`` names the node that ends up in the graph (or does not, when
+    no input of the region requires grad).
+    """
+    global _CKPT_FORWARD
+    if _CKPT_FORWARD is None:
+        from torch.utils.checkpoint import CheckpointFunction
+
+        _CKPT_FORWARD = CheckpointFunction.forward.__code__
+    f = sys._getframe(2)
+    found = None
+    while f is not None:
+        if f.f_code is _CKPT_FORWARD:
+            found = f
+        f = f.f_back
+    if found is None:
+        return None
+    try:
+        return sequence_nr(found.f_locals["ctx"])
+    except (KeyError, AttributeError, RuntimeError):
+        return -1
+
+
+# NOTE [in-place writes inside torch functions]
+# F.dropout(x, inplace=True), F.relu(x, inplace=True) or F.embedding(..., max_norm=...) write a tensor
+# inside the Python function, where the mode is not active, so the write itself is never seen. For the
+# functions of torch.nn.functional we read the version counters of the tensor arguments that require grad
+# before and after the call: a counter that moved is an in-place write at the user's line of that call.
+INPLACE_FLAG = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
+                           "feature_alpha_dropout", "relu", "relu6", "leaky_relu", "elu", "selu", "celu",
+                           "hardtanh", "threshold", "rrelu", "hardswish", "silu", "mish", "hardsigmoid"})
+
+
+def versions(args, kwargs) -> list:
+    out = []
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(a, _Tensor) and a.requires_grad:
+            try:
+                out.append((a, version(a)))
+            except RuntimeError:    # inference tensors have no version counter
+                pass
+    return out
+
+
+_OPTIM_DIR = os.path.join(_TORCH_DIR, "optim") + os.sep
+
+
+def in_optimizer() -> bool:
+    """Whether torch.optim code is on the stack (an optimizer's step() writing the parameters)."""
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code.co_filename.startswith(_OPTIM_DIR):
+            return True
+        f = f.f_back
+    return False
+
+
+def inside_function() -> bool:
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code is _APPLY:
+            return True
+        f = f.f_back
+    return False
