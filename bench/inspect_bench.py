@@ -6,9 +6,9 @@ For each model: node count, the time of ``gradscope.inspect`` as a ratio to
       least do), and
   (b) ``torchviz.make_dot(..., show_attrs=True, show_saved=True)`` (builds the DOT source; no layout),
 the per-node cost, "reads only" (the bare walk plus every other read the report's attributes need, with no
-bookkeeping: the floor of any pure-Python inspect, as a ratio to (a)), and the bytes the report keeps per node until ``report.graph`` is first touched
-(tracemalloc, after a warm-up call and with the node wrappers already created by the bare walk), plus the
-cost of then building the DiGraph.
+bookkeeping: the floor of any pure-Python inspect, as a ratio to (a)), and the bytes the report keeps per node
+until ``report.graph`` is first touched (tracemalloc, after a warm-up call and with the node wrappers already
+created by the bare walk), plus the cost of then building the DiGraph.
 
 Targets (exit status 1 when one is missed):
   * inspect <= 3x the bare walk on every model;
@@ -39,8 +39,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import gradscope  # noqa: E402
-from _models import MODELS, chain  # noqa: E402
+from _models import MODELS, chain
+
+import gradscope
 
 try:
     import torchviz
@@ -95,19 +96,19 @@ def reads_walk(loss) -> int:
             names = _FLOOR[cls] = (raw, vals, hasattr(cls, "variable"))
         if names[2]:
             v = node.variable
-            (v.shape, v.dtype, v.device, v.requires_grad)
+            _ = (v.shape, v.dtype, v.device, v.requires_grad)
         for a in names[0]:
             raw = getattr(node, a)
             for r in (raw if isinstance(raw, (list, tuple)) else (raw,)):
                 t = r.data
                 if isinstance(t, torch.Tensor):
                     st = t.untyped_storage()
-                    (t.shape, t.dtype, t.device, st.nbytes(), st._cdata, t._version, r.unpack_hook)
+                    _ = (t.shape, t.dtype, t.device, st.nbytes(), st._cdata, t._version, r.unpack_hook)
         for a in names[1]:
             getattr(node, a)
         if not names[2]:
             for m in node._input_metadata:
-                (m.shape, m.device)
+                _ = (m.shape, m.device)
             node._sequence_nr()
         for child, _ in node.next_functions:
             if child is not None and child not in seen:
@@ -252,8 +253,8 @@ def main() -> int:
 
 def report(rows: list[dict]) -> int:
     print()
-    print(f"| model | nodes | bare walk | reads only | inspect | x bare walk | torchviz / inspect | us/node | "
-          f"kept B/node | report.graph |")
+    print("| model | nodes | bare walk | reads only | inspect | x bare walk | torchviz / inspect | us/node | "
+          "kept B/node | report.graph |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     missed = []
     for r in rows:

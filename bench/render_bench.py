@@ -76,7 +76,7 @@ def _timed(fn, timeout: int) -> dict:
         return {"status": "timeout", "seconds": float(timeout)}
     except ImportError:
         return {"status": "not installed"}
-    except Exception as exc:                                     # a peer tool failing is a result too
+    except Exception as exc:  # noqa: BLE001 - a peer tool failing is a result too
         return {"status": f"error: {type(exc).__name__}: {str(exc)[:60]}"}
     finally:
         signal.alarm(0)

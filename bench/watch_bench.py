@@ -35,8 +35,9 @@ from torch.nn import functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import gradscope  # noqa: E402
-from _models import gpt2_small_like, resnet18_like  # noqa: E402
+from _models import gpt2_small_like, resnet18_like
+
+import gradscope
 
 MODES = ("base", "watch", "naive", "anomaly")
 

@@ -129,7 +129,7 @@ def test_search_a_parameter_inside_a_folded_block(browser, gpt2):
     node = next(n for n, d in report.graph.nodes(data=True) if d["kind"] == "param" and d["name"] == name)
     browser.get(f"file://{path}")
     assert _scene(browser) == "top"
-    assert _js(browser, "return document.querySelector('.gs-scene:not([hidden]) g[id=\"%s\"]')" % node) is None
+    assert _js(browser, f"return document.querySelector('.gs-scene:not([hidden]) g[id=\"{node}\"]')") is None
     assert _search(browser, "h.0.mlp.c_fc.weight").startswith("1 / 1")
     assert _scene(browser) != "top"                       # the viewer opened the box that holds it
     cur = _wait(lambda: _current(browser, "g.gs-cur"))

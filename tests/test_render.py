@@ -187,8 +187,8 @@ def test_summary_picture_and_memory_tell_the_same_story():
     """ResNet-18: the top saved-memory entries are the first layers (they hold the big activations),
     not layer4's convs, which save only their weights (by reference); the summary, the picture's fill
     and report.memory() agree."""
-    from tests._render_models import resnet18
     from gradscope.views.render import drawing
+    from tests._render_models import resnet18
 
     loss, model = resnet18()
     report = gradscope.inspect(loss, model=model)

@@ -167,6 +167,7 @@ def test_auto_collapse_uses_module_depth_when_needed(deep):
 def test_a_module_called_twice_gets_one_box_per_call():
     """torchvision's BasicBlock calls one ReLU module twice: one box per call, so no cycle."""
     import networkx as nx
+
     from tests._render_models import BasicBlock
 
     block = BasicBlock(3, 3)

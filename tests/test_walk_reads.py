@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 import gradscope
 from gradscope.cli.commands import main
-from tests.fuzz._vocab import ExpF
 from tests._truth import hooked_unique_bytes, kinds
+from tests.fuzz._vocab import ExpF
 
 warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors")
 

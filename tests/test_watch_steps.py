@@ -153,7 +153,7 @@ def test_outputs_appended_without_backward_keep_saved_bytes():
     seen = []
     outputs, truth = [], []
     with gradscope.watch(model, on_error=seen.extend) as guard:
-        for step in range(5):
+        for _step in range(5):
             model.zero_grad()
             model(torch.randn(4, 16)).sum().backward()
             out, b = saved_bytes(lambda: model(torch.randn(8, 16)))
@@ -264,7 +264,7 @@ def test_healthy_accumulation_multi_loss_and_no_grad_eval():
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     prev = None
     with gradscope.watch(model, accumulate=4) as guard:
-        for step in range(3):
+        for _step in range(3):
             opt.zero_grad()
             for _ in range(4):                             # gradient accumulation
                 loss = model(torch.randn(2, 4)).pow(2).mean() / 4

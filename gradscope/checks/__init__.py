@@ -8,7 +8,12 @@ report loaded back from JSON.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from gradscope.checks import freed, inplace, roots, unused
+
+if TYPE_CHECKING:
+    from gradscope.findings import Finding
 
 __all__ = ["CHECKS", "run_checks"]
 
@@ -23,7 +28,7 @@ def run_checks(graph, nodes=None):
     """
     from gradscope.findings import sort_findings
 
-    out = []
+    out: list[Finding] = []
     for check in CHECKS:
         out.extend(check(graph, nodes))
     return sort_findings(out)

@@ -71,6 +71,7 @@ def unmeasured(report, collapse, fold, limit, rankdir, module_of, size, dpi, kw)
                            cache={}):
         if collapse is not None or graph.number_of_nodes() - len(view.owner) + len(view.groups) <= PAGE_ELEMENTS:
             break
+    assert view is not None                   # candidates() always yields a view
     out = draw(report, view, rankdir=rankdir, limit=limit, **kw)
     scale(out, size, dpi)
     return out

@@ -11,10 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gradscope._format import lcp, one_line
-from gradscope.views.folds import Group, MIN_OPS, MIN_REPS, chains as _chains, find_folds, runs as _runs, tokens as _tokens
 from gradscope.findings import SEVERITIES
 from gradscope.graph import forward_order
 from gradscope.graph import node_modules as infer_modules
+from gradscope.views.folds import MIN_OPS, MIN_REPS, Group, find_folds
+from gradscope.views.folds import chains as _chains
+from gradscope.views.folds import runs as _runs
+from gradscope.views.folds import tokens as _tokens
 
 __all__ = ["Group", "View", "infer_modules", "find_folds", "build_view", "finding_nodes", "lcp", "depth"]
 

@@ -67,6 +67,8 @@ def _elements(graph, view) -> int:
 
 def candidates(graph, findings, *, fold, collapse, module_of, cache):
     """Views to try, most detailed first (see NOTE [fitting a page])."""
+    # (fold thresholds (min_reps, min_ops) or None, collapse depth, chain length or None)
+    stages: list[tuple[tuple[int, int] | None, int | None, int | None]]
     if collapse is not None:
         stages = [((MIN_REPS, MIN_OPS) if fold else None, None if collapse is False else collapse, None)]
     else:

@@ -43,15 +43,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import graphviz
 import networkx as nx
 
 from gradscope.errors import InputTypeError, InputValueError, RenderError
-from gradscope.views.boxes import box_part, unmeasured
 from gradscope.views.drawing import AUTO_LIMIT, drawing, pipe
-from gradscope.views.options import MAX_PIXELS, RANKDIRS, RenderWarning, cap_pixels, check, scale
+from gradscope.views.options import MAX_PIXELS, RANKDIRS, RenderWarning, cap_pixels, check
 
 __all__ = ["render", "to_dot", "drawing", "FORMATS", "RANKDIRS", "AUTO_LIMIT", "MAX_PIXELS", "RenderWarning"]
 

@@ -14,6 +14,10 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gradscope.views.dot import Drawing
 
 __all__ = ["Scene", "scenes", "search_index", "svg_text"]
 
@@ -39,7 +43,7 @@ class Scene:
     title: str
     parent: str | None
     svg: str
-    drawing: object                  # gradscope.views.dot.Drawing
+    drawing: Drawing
     nodes: list = field(default_factory=list)     # graph nodes inside this scene
     note: str | None = None
 
@@ -136,7 +140,8 @@ def search_index(report, all_scenes: list) -> dict:
         while True:
             sid = scene.sid
             eid = scene.drawing.element_of.get(n)
-            if eid is None or eid in stubs[sid] or (inside[sid] is not None and n not in inside[sid]):
+            members = inside[sid]
+            if eid is None or eid in stubs[sid] or (members is not None and n not in members):
                 break
             if eid in by_sid and eid != sid:
                 chain.append(eid)
@@ -147,8 +152,8 @@ def search_index(report, all_scenes: list) -> dict:
             else:
                 drawn = 1
             break
-        rows.append([n, name(d["name"]), name(module_of.get(n) or d.get("module")), paths.setdefault(tuple(chain), len(paths)),
-                     drawn])
+        rows.append([n, name(d["name"]), name(module_of.get(n) or d.get("module")),
+                     paths.setdefault(tuple(chain), len(paths)), drawn])
     for eid, info in by_sid["top"].drawing.elements.items():        # parameters no gradient reaches
         if info.get("kind") == "unused":
             for p in info.get("params") or ():

@@ -1,4 +1,7 @@
-"""The colours, labels, legend and DOT syntax helpers of the graph views (the legend text is in :mod:`gradscope.views.render`)."""
+"""The colours, labels, legend and DOT syntax helpers of the graph views.
+
+The legend text is in :mod:`gradscope.views.render`.
+"""
 
 from __future__ import annotations
 

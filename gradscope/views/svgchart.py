@@ -38,7 +38,7 @@ def bar_chart(rows, *, title: str = "", width: int = 640, bar: int = 18) -> str:
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
            f'<text x="4" y="14" font-weight="bold">{escape(title)}</text>']
-    x = 4
+    x: float = 4                                  # legend: int positions; bars: float
     for _, label, colour in SERIES:
         out.append(f'<rect x="{x}" y="22" width="10" height="10" fill="{colour}"/>')
         out.append(f'<text x="{x + 14}" y="31">{escape(label)}</text>')

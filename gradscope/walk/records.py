@@ -179,8 +179,9 @@ class Records:
         # checks that the result behaves as a normal DiGraph.
         attrs = self.node_attrs
         g._node.update((ids[i], attrs(i)) for i in range(n))
-        succ = [{} for _ in range(n)]
-        pred = [{} for _ in range(n)]
+        # per node: neighbour id -> edge attributes {"index", "output", "count"}
+        succ: list[dict[str, dict[str, int]]] = [{} for _ in range(n)]
+        pred: list[dict[str, dict[str, int]]] = [{} for _ in range(n)]
         off, kids, outs = self.kid_off, self.kids, self.kid_out
         for v in range(n - 1, -1, -1):   # consumers last-discovered first, inputs by index
             into = pred[v]

@@ -41,7 +41,7 @@ class Flow:
 
     def measure(self, got: list[WatchedParam], backward: int, scale: float | None) -> list[BadGrad]:
         """Norms of the fresh gradients of ``got``; returns the gradients holding NaN/Inf."""
-        groups: dict = {}
+        groups: dict[torch.device, tuple[list[WatchedParam], list[torch.Tensor], list[int]]] = {}
         index = self._index
         for wp in got:
             g = wp.param.grad
@@ -95,7 +95,7 @@ class UpdateRatios:
     def __init__(self, optimizer, params: list[WatchedParam], flow: Flow, every: int):
         self._flow, self._every, self._params = flow, every, params
         self._calls = 0
-        self._before = None
+        self._before: tuple[list[torch.Tensor], list[torch.Tensor], list[float]] | None = None
         self._handles = [optimizer.register_step_pre_hook(self._pre),
                          optimizer.register_step_post_hook(self._post)]
 

@@ -44,8 +44,13 @@ class ForwardRec:
     def __init__(self, step, seq0, seq1, training, location):
         self.step, self.seq0, self.seq1, self.training, self.location = step, seq0, seq1, training, location
         self.used = False
-        self.alive = None
-        self.bytes = self.nodes = None
+        self.alive: weakref.ref | None = None       # to the backward prehook on its outputs' nodes
+        self.bytes: int | None = None
+        self.nodes: int | None = None
+
+    def graph_alive(self) -> bool:
+        """Whether the graph of this forward is still alive (its outputs' nodes, which hold our prehook)."""
+        return self.alive is not None and self.alive() is not None
 
 
 def _tensors(value, depth=1):
@@ -208,12 +213,12 @@ class GraphWatch:
         if any(not r.training and r.used for r in records):
             self._eval_backwarded = True
         findings = self._without_backward(pending_ok=True)
-        old = [r for r in records if r.step < self.step - 1 and r.alive() is not None]
+        old = [r for r in records if r.step < self.step - 1 and r.graph_alive()]
         self._old_alive.append(len(old))
         del self._old_alive[:-3]
-        self._records = [r for r in records if r.alive() is not None or not r.used]
-        if (not self._carried_seen and len(self._old_alive) == 3 and self._old_alive[0] < self._old_alive[1] < self._old_alive[2]
-                and len(old) >= 2 * max(self._retained_reported, 1)):
+        self._records = [r for r in records if r.graph_alive() or not r.used]
+        grows = len(self._old_alive) == 3 and self._old_alive[0] < self._old_alive[1] < self._old_alive[2]
+        if not self._carried_seen and grows and len(old) >= 2 * max(self._retained_reported, 1):
             self._retained_reported = len(old)
             findings.append(self._retained(old))
         return findings
@@ -242,7 +247,7 @@ class GraphWatch:
                 runs.append([r])
         if pending_ok:
             runs = [run for run in runs
-                    if not (run[0].step == self.step - 1 and all(r.alive() is not None for r in run))]
+                    if not (run[0].step == self.step - 1 and all(r.graph_alive() for r in run))]
         out = []
         for run in runs:
             for r in run:
@@ -256,7 +261,7 @@ class GraphWatch:
         n, first = len(run), run[0]
         mode = "in model.eval() mode " if not first.training else ""
         measured = [r for r in run if r.bytes is not None]
-        alive = [r for r in run if r.alive() is not None]
+        alive = [r for r in run if r.graph_alive()]
         size = (f" Each graph held about {human_bytes(measured[0].bytes)} of saved tensors "
                 f"({measured[0].nodes} nodes) for as long as its output was kept." if measured else "")
         held = ""

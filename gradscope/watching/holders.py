@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import NamedTuple
+from types import FrameType
+from typing import NamedTuple, overload
 
 import torch
 
@@ -27,15 +28,23 @@ _ITEMS = 10_000
 _NODES = 200_000
 
 
-def user_frame(depth: int = 1):
+def user_frame(depth: int = 1) -> FrameType | None:
     """The first caller frame outside torch and gradscope (None if there is none)."""
-    f = sys._getframe(depth)
+    f: FrameType | None = sys._getframe(depth)
     while f is not None and f.f_code.co_filename.startswith(INTERNAL_DIRS):
         f = f.f_back
     return f
 
 
-def frame_location(frame) -> str | None:
+@overload
+def frame_location(frame: FrameType) -> str: ...
+@overload
+def frame_location(frame: None) -> None: ...
+@overload
+def frame_location(frame: FrameType | None) -> str | None: ...
+
+
+def frame_location(frame: FrameType | None) -> str | None:
     if frame is None:
         return None
     return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
@@ -71,7 +80,10 @@ def find_holders(ranges, param_ids, param_storages=frozenset()):
     """The user's variables whose graphs reach nodes created in ``ranges`` (``[(seq0, seq1)]``), and the
     union of what they hold: ``(holders, (forwards, nodes, bytes))``."""
     ranges = sorted(ranges)
-    frame, found, seen_values, every = user_frame(2), [], set(), []
+    frame = user_frame(2)
+    found: list[Holder] = []
+    seen_values: set[int] = set()
+    every: list[torch.autograd.graph.Node | None] = []
     for _ in range(_FRAMES):
         if frame is None:
             break

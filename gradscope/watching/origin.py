@@ -163,7 +163,8 @@ class Origin:
     def _on_roots(self, roots) -> None:
         self._stop_tracing()
         self._birth, self._nan_op = None, None
-        seen, stack = set(), []
+        seen: set[torch.autograd.graph.Node] = set()
+        stack: list[torch.autograd.graph.Node] = []
         for r in roots:
             fn = r.grad_fn if isinstance(r, torch.Tensor) else getattr(r, "node", None)
             if fn is not None:

@@ -11,14 +11,27 @@ watched under the same name from then on; a deleted one is dropped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from gradscope._torch import current_graph_task_id, queue_engine_callback
+from gradscope.watching.step import WatchedParam
 
 __all__ = ["ParamHooks"]
 
 
 class ParamHooks:
+    # The guard's state this mixin uses (set by Watch.__init__; declared here for the type checker only).
+    _params: list[WatchedParam]
+    _slots: list[tuple[dict[str, torch.nn.Parameter | None], str]]   # (module._parameters, attribute name)
+    _param_ids: dict[int, str]
+    _handles: list[list[RemovableHandle]]
+    _stamp: list[int]
+    _pending: set[int]
+    _on_end: Callable[[], None]
+
     @staticmethod
     def _owner(root, name: str) -> tuple[str, str]:
         module = name.rpartition(".")[0]

@@ -19,7 +19,9 @@ __all__ = ["Delivery", "options_text"]
 def _stacklevel() -> int:
     """The ``stacklevel`` that points a warning at the user's line, past torch and gradscope."""
     import sys
-    target, frame, level = user_frame(2), sys._getframe(1), 1
+    from types import FrameType
+    target, level = user_frame(2), 1
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and frame is not target:
         frame, level = frame.f_back, level + 1
     return level if frame is not None else 1

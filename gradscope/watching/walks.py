@@ -19,7 +19,8 @@ def _walk(starts, param_ids, param_storages, select, through, limit=_WALK_LIMIT)
     such a node is walked through when ``through`` and left out otherwise. Returns (nodes counted, live
     saved bytes in them, parameters excluded; whether a counted node's saved tensors were freed; the
     watched parameters reached; the keys counted)."""
-    seen, stack = set(), [n for n in starts if n is not None]
+    seen: set[torch.autograd.graph.Node] = set()
+    stack = [n for n in starts if n is not None]
     skip = set(param_storages)
     nodes = held = 0
     freed = False
