@@ -30,7 +30,7 @@ from math import prod
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.memory.attribution import seq_order
 
-__all__ = ["require_modules", "resolve", "module_regions", "infer_batch", "Scaler"]
+__all__ = ["require_modules", "resolve", "module_regions", "region_inputs", "infer_batch", "Scaler"]
 
 
 def require_modules(graph, what: str) -> list[str]:
@@ -154,3 +154,73 @@ class Scaler:
         sizes = [prod(s) for s in shapes if s and len(s) > 1 and self.scales(s)]
         return max(sizes) if sizes else None
 
+
+
+# forward input position -> the saved slot names that hold that input, for the common ops
+_SLOT_OF_INPUT = ({"self", "input", "mat1", "batch1", "query", "input_", "x"},
+                  {"other", "mat2", "batch2", "key", "weight"},
+                  {"value", "bias"})
+_VIEWS = frozenset({"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0", "TBackward0",
+                    "TransposeBackward0", "TransposeBackward1", "PermuteBackward0", "ExpandBackward0",
+                    "SqueezeBackward0", "SqueezeBackward1", "SqueezeBackward2", "UnsqueezeBackward0",
+                    "AliasBackward0", "SliceBackward0", "SelectBackward0", "AsStridedBackward0"})
+
+
+def region_inputs(graph, region: list[str]) -> tuple[set, list[tuple[str, int]]]:
+    """What ``checkpoint`` keeps of one region: the storages of its tensor inputs.
+
+    The inputs are the outputs of nodes outside the region that feed it (``u -> v`` edges); each is found
+    among the saved slots of the region node that consumes it (through view-like ops, whose output is the
+    same storage), by its shape and, for ops with several same-shaped inputs, the slot of that input
+    position.
+
+    Returns:
+        ``(storage keys, unsaved)``: keys of the saved storages that are region inputs, and
+        ``(node, output index)`` of inputs that no region node saved (the frame keeps them alive).
+    """
+    inside = set(region)
+    nodes = graph.nodes
+    pred = getattr(graph, "_pred", None) or graph.pred
+    found: dict[tuple, set] = {}       # (producer, output index) -> saved storage keys of that tensor
+    for v in region:
+        for u, e in pred[v].items():
+            if u in inside or nodes[u].get("kind") != "op":
+                continue
+            outs = nodes[u].get("out_shapes") or []
+            k = e.get("output", 0) or 0
+            shape = outs[k] if k < len(outs) else None
+            got = found.setdefault((u, k), set())
+            got.update(_find_saved(graph, inside, v, e.get("index", 0), shape))
+            got.update(_key(u, i, s) for i, s in enumerate(nodes[u].get("saved") or ())   # relu/tanh keep it
+                       if str(s.get("slot", "")).startswith("result") and shape is not None
+                       and s.get("shape") == list(shape))
+    keys = set().union(*found.values()) if found else set()
+    return keys, [t for t, f in found.items() if not f]
+
+
+def _key(nid, i, e):
+    return ("s", e["storage"]) if e.get("storage") is not None else ("e", nid, i)
+
+
+def _find_saved(graph, inside, v, index, shape) -> set:
+    nodes = graph.nodes
+    todo, seen, found = [(v, index, shape)], set(), set()
+    while todo:
+        n, idx, sh = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        d = nodes[n]
+        if d.get("name") in _VIEWS and not d.get("saved"):
+            outs = d.get("out_shapes") or [None]
+            for w, e in graph.succ[n].items():
+                if w in inside:
+                    todo.append((w, e.get("index", 0), outs[e.get("output", 0) or 0]))
+            continue
+        same = [(i, e) for i, e in enumerate(d.get("saved") or ())
+                if sh is not None and e.get("shape") == list(sh) and not e.get("scalar")]
+        if len(same) > 1 and idx < len(_SLOT_OF_INPUT):
+            named = [(i, e) for i, e in same if e.get("slot") in _SLOT_OF_INPUT[idx]]
+            same = named or same
+        found.update(_key(n, i, e) for i, e in same)
+    return found
