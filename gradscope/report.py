@@ -77,6 +77,13 @@ class Report:
 
         return memory(self, **kwargs)
 
+    def backward_memory(self, retain_graph: bool = False, optimizer=None):
+        """Replay ``backward()`` (and ``optimizer.step()``) over the graph: what it will allocate and free,
+        node by node, before it runs (see :func:`gradscope.memory.backward.backward_memory`)."""
+        from gradscope.memory.backward import backward_memory
+
+        return backward_memory(self, retain_graph=retain_graph, optimizer=optimizer)
+
     # -- views -----------------------------------------------------------------------------------
     def render(self, path, **kwargs):
         """Write the graph to ``path``; the format comes from the suffix (see :func:`gradscope.views.render.render`)."""

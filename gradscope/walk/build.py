@@ -16,6 +16,7 @@ import torch
 
 from gradscope.walk.release import keep_until_dead
 from gradscope.errors import InputTypeError, InputValueError, NoGradRootError
+from gradscope.walk.holders import external
 from gradscope.walk.loop import walk
 from gradscope.walk.saved import _DTYPES, StorageIds, dtype_str
 
@@ -207,6 +208,7 @@ def build(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]])
         "no_grad_roots": no_grad_roots,
         "storage_bytes": list(storages.sizes),
         "params": _params_info(index["param_nodes"], names, storages),
+        "external": external(storages.uses, storages.impls),   # NOTE [holder counts]
     })
     if len(attrs) >= _DEEP:
         del ids[None]  # the walk's sentinel; the other keys are the nodes, root-first
@@ -224,5 +226,6 @@ def _params_info(where: dict, names, storages: StorageIds) -> dict:
             sid = None
         dtype = p.dtype
         out[name] = {"requires_grad": bool(p.requires_grad), "shape": list(p.shape),
-                     "dtype": _DTYPES.get(dtype) or dtype_str(dtype), "node": where.get(name), "storage": sid}
+                     "dtype": _DTYPES.get(dtype) or dtype_str(dtype), "node": where.get(name), "storage": sid,
+                     "grad": p.grad is not None, "pid": id(p)}
     return out

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from gradscope.walk.holders import _FAST_REFS, getrefcount, note_impl, storage_uses
 from gradscope.walk.values import _I64_MAX, _U64
 from gradscope.walk.saved import HELD, _DEVICES, _DTYPES, StorageIds, device_str, dtype_str, node_type, plain_value, read_saved
 
@@ -75,6 +76,8 @@ def walk(starts: list, names: dict, storages: StorageIds):
     sids = storages.ids
     sizes = storages.sizes
     new_size = sizes.append
+    new_use = storages.uses.append
+    impls = storages.impls
     specs_get = _SPECS.get
     names_get = names.get
     dtypes_get = _DTYPES.get
@@ -121,6 +124,7 @@ def walk(starts: list, names: dict, storages: StorageIds):
             a["dtype"] = dtypes_get(dt) or dtype_str(dt)
             a["requires_grad"] = bool(var.requires_grad)
             a["device"] = devices_get(dev) or device_str(dev)
+            a["grad"] = var.grad is not None   # .grad already set: backward adds in place
             continue
         # -- saved tensors: NOTE [walk fast path] ------------------------------------------------------
         saved = []
@@ -162,6 +166,8 @@ def walk(starts: list, names: dict, storages: StorageIds):
                 if sid is None:
                     sid = sids[ptr] = len(sizes)
                     new_size(st.nbytes())
+                    new_use(storage_uses(ptr) - 1)
+                note_impl(impls, data, sid, getrefcount(data) - _FAST_REFS)  # NOTE [holder counts]
                 size = sizes[sid]
                 shape = data.shape
                 dt = data.dtype
@@ -225,16 +231,19 @@ def walk(starts: list, names: dict, storages: StorageIds):
             dev = m.device
             device = devices_get(dev) or device_str(dev)
             out_shapes = [list(m.shape)]
+            dt = m.dtype
+            out_dtypes = [dtypes_get(dt) or dtype_str(dt)]
         elif meta:
             dev = meta[0].device
             device = devices_get(dev) or device_str(dev)
             out_shapes = [list(m.shape) for m in meta]
+            out_dtypes = [dtypes_get(m.dtype) or dtype_str(m.dtype) for m in meta]
         else:
-            device, out_shapes = None, []
+            device, out_shapes, out_dtypes = None, [], []
         if code == _OP:
             attrs[nid] = {"kind": "op", "name": spec[1], "saved": saved, "saved_bytes": held, "device": device,
                           "module": None, "root": False, "opaque": False, "seq": node._sequence_nr(),
-                          "attrs": values, "out_shapes": out_shapes}
+                          "attrs": values, "out_shapes": out_shapes, "out_dtypes": out_dtypes}
         else:
             a = attrs[nid] = spec[4].template.copy()
             a["saved"] = saved
@@ -243,6 +252,7 @@ def walk(starts: list, names: dict, storages: StorageIds):
             a["seq"] = node._sequence_nr()
             a["attrs"] = values
             a["out_shapes"] = out_shapes
+            a["out_dtypes"] = out_dtypes
     succ, pred = _edges(ids, visited)
     index = {"special": special, "param_nodes": param_nodes,
              "held": held_extra + sum(sizes[s] for s in held_sids)}
@@ -262,6 +272,9 @@ def _edges(ids: dict, visited: list):
                 if u not in into:
                     succ[u][nid] = into[u] = {"index": index, "output": out_nr, "count": 1}
                 else:
-                    into[u]["count"] += 1
+                    e = into[u]
+                    e["count"] += 1
+                    if out_nr != e["output"] or "outputs" in e:   # several outputs of u: the replay needs each
+                        e.setdefault("outputs", [e["output"]] * (e["count"] - 1)).append(out_nr)
             index += 1
     return succ, pred

@@ -98,12 +98,14 @@ class StorageIds:
     device, ``meta`` included, where ``data_ptr()`` is 0 for every tensor.
     """
 
-    __slots__ = ("ids", "sizes", "frames")
+    __slots__ = ("ids", "sizes", "frames", "uses", "impls")
 
     def __init__(self) -> None:
         self.ids: dict[int, int] = {}
         self.sizes: list[int] = []
         self.frames: set[int] = set()   # checkpoint frames already listed this walk (_checkpoint.py)
+        self.uses: list[int] = []       # storage use count at first sight: NOTE [holder counts], walk/holders.py
+        self.impls: dict[int, list] = {}
 
     def key(self, t: torch.Tensor) -> tuple[int | None, int]:
         """Return ``(storage_id, storage_nbytes)`` of a tensor; id None when it has no plain storage."""
@@ -116,7 +118,13 @@ class StorageIds:
         if sid is None:
             sid = self.ids[ptr] = len(self.sizes)
             self.sizes.append(size)
+            self.uses.append(_storage_uses(ptr) - 1)   # - 1: our `st`
+        note_impl(self.impls, t, sid, getrefcount(t) - _KEY_REFS)
         return sid, size
+
+
+from gradscope.walk.holders import _KEY_REFS, getrefcount, note_impl  # noqa: E402
+from gradscope.walk.holders import storage_uses as _storage_uses  # noqa: E402
 
 
 def _dense_nbytes(t: torch.Tensor) -> int:

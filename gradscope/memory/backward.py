@@ -1,0 +1,319 @@
+"""``report.backward_memory()``: what ``backward()`` (and ``optimizer.step()``) will allocate, before it runs.
+
+Nothing runs and nothing is allocated: the replay reads ``report.graph`` (metadata only) and applies the
+engine's rules (``engine.py`` NOTE [engine order], ``replay.py`` NOTE [what one node does to memory]).
+
+Internal API (for what-if planning, issue 13)
+-------------------------------------------
+::
+
+    from gradscope.memory.backward import replay, Overrides
+
+    res = replay(report, Overrides(...), optimizer=None, retain_graph=False)
+    res.order, res.levels, res.peak, res.peak_node, res.end   # as BackwardMemory (node ids, bytes)
+    res.base           # bytes alive when backward starts (parameters, buffers, inputs, saved tensors,
+                       #   .grads and optimizer state of earlier steps, the loss)
+    res.absolute_peak  # issue 13's "absolute peak": base + the highest level up to the end of backward,
+                       #   or of optimizer.step() when an optimizer is given
+    res.step           # StepBudget or None (optimizer.py)
+
+``Overrides`` (all optional, all by node id / storage key, so modules are the caller's business; use
+``module_nodes(report, patterns)`` to turn qualified names or fnmatch patterns into node ids):
+
+- ``offload``: node ids whose saved tensors are kept off the device (``save_on_cpu``): their storages are
+  neither in ``base`` nor freed by backward (a storage also saved by a node outside the set stays).
+- ``checkpoint``: a list of node-id sets, each one region wrapped in ``checkpoint(use_reentrant=False)``:
+  the region's saved storages leave ``base`` (except what the region's first op saved from outside it:
+  the region input, kept by the checkpoint) and are re-created at the region's first node in backward,
+  each freed after the last region node that saved it.
+- ``scale``: a callable ``(shape: list[int], dtype: str, nbytes: int) -> int`` applied to every storage
+  and gradient size (e.g. ``batch_scale(k, batch)`` scales tensors whose leading dim is the batch).
+- ``has_grad``: ``{param name: bool}`` overriding whether ``.grad`` is already set.
+
+The same function serves ``report.backward_memory()``: ``BackwardMemory`` is ``replay(report)`` with node
+ids, modules and locations filled in.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+
+from gradscope.errors import InputTypeError, InputValueError
+from gradscope.memory.engine import Program, compile_graph, numel_bytes
+from gradscope.memory.replay import Trace, simulate
+
+__all__ = ["BackwardMemory", "Overrides", "replay", "backward_memory", "module_nodes", "batch_scale", "program"]
+
+
+@dataclass
+class Overrides:
+    """Changes to the step that the replay applies (see the module docstring)."""
+
+    offload: frozenset = frozenset()
+    checkpoint: list = field(default_factory=list)
+    scale: object = None
+    has_grad: dict | None = None
+
+
+@dataclass
+class BackwardMemory:
+    """The replay's result. Levels are bytes relative to the moment backward starts.
+
+    Attributes:
+        order: node ids in the order autograd's engine will run them.
+        levels: bytes allocated by backward and not yet freed after each node of ``order``.
+        peak: the highest level during backward, workspace included.
+        peak_node: the node id where the peak happens.
+        end: the level after backward.
+        base: bytes alive when backward starts (see :func:`replay`).
+        absolute_peak: ``base`` plus the highest level up to the end of backward, or of
+            ``optimizer.step()`` when an optimizer was given.
+        step: the optimizer step's budget, or None.
+        modules: module name per node of ``order`` (None when unknown).
+        inner: the highest level inside each node (workspace included).
+        workspace: kernel workspace per node id (only nodes that have some).
+    """
+
+    order: list
+    levels: list
+    peak: int
+    peak_node: str | None
+    end: int
+    base: int
+    absolute_peak: int
+    step: object = None
+    modules: list = field(default_factory=list)
+    inner: list = field(default_factory=list)
+    workspace: dict = field(default_factory=dict)
+    names: list = field(default_factory=list)
+    locations: dict = field(default_factory=dict)
+    parts: dict = field(default_factory=dict)
+
+    @property
+    def peak_module(self) -> str | None:
+        """The module of the peak node (None when unknown)."""
+        if self.peak_node is None:
+            return None
+        return self.modules[self.order.index(self.peak_node)]
+
+    @property
+    def peak_location(self) -> str | None:
+        """``file.py:line`` of the forward call that created the peak node, when traced."""
+        return self.locations.get(self.peak_node)
+
+    def table(self) -> list[tuple[str, int]]:
+        """The step budget as ``(what, bytes)`` rows (see :func:`gradscope.memory.views.budget_rows`)."""
+        from gradscope.memory.views import budget_rows
+
+        return budget_rows(self)
+
+    def to_svg(self, path=None, **kwargs) -> str:
+        """The memory-over-backward curve as SVG (module bands, the peak marked); writes ``path`` when given."""
+        from gradscope.memory.views import curve_svg
+
+        return curve_svg(self, path, **kwargs)
+
+    def __str__(self) -> str:
+        from gradscope.memory.views import text
+
+        return text(self)
+
+    def _repr_html_(self) -> str:
+        from gradscope.memory.views import repr_html
+
+        return repr_html(self)
+
+
+def program(report) -> Program:
+    """The compiled graph of ``report`` (cached on the report; the graph is not changed)."""
+    prog = getattr(report, "_gs_program", None)
+    if prog is None or prog[0] is not report.graph:
+        prog = (report.graph, compile_graph(report.graph))
+        try:
+            report._gs_program = prog
+        except AttributeError:
+            pass
+    return prog[1]
+
+
+def module_nodes(report, patterns) -> set:
+    """Op node ids whose module matches one of ``patterns`` (qualified names or fnmatch patterns; a name
+    also matches its submodules)."""
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    prog = program(report)
+    out = set()
+    for i, mod in enumerate(prog.module):
+        if mod is None or prog.leaf[i]:
+            continue
+        for p in patterns:
+            if fnmatch.fnmatchcase(mod, p) or mod.startswith(p + ".") or fnmatch.fnmatchcase(mod, p + ".*"):
+                out.add(prog.ids[i])
+                break
+    return out
+
+
+def batch_scale(k: float, batch: int):
+    """A ``scale`` override: tensors whose leading dimension is ``batch`` grow by ``k``."""
+    def scale(shape, dtype, nbytes):
+        if shape and int(shape[0]) == batch:
+            return int(round(nbytes * k))
+        return nbytes
+    return scale
+
+
+def _check_graph(report) -> None:
+    freed = [f for f in getattr(report, "findings", ()) if f.kind == "freed-graph"]
+    if freed:
+        raise InputValueError(
+            "backward_memory() needs a graph that backward() has not freed yet: its saved tensors are gone. "
+            "Call gradscope.inspect(loss) before loss.backward(), or keep the graph with "
+            "backward(retain_graph=True).")
+
+
+def replay(report, overrides: Overrides | None = None, *, optimizer=None, retain_graph: bool = False,
+           workspace: bool = True) -> BackwardMemory:
+    """Replay backward (and the optimizer step) over ``report``'s graph with ``overrides`` applied.
+
+    See the module docstring for the fields; raises :class:`InputTypeError` for an optimizer that is not a
+    ``torch.optim.Optimizer`` and :class:`InputValueError` for a graph already freed by backward.
+    """
+    from gradscope.memory.optimizer import step_budget
+    from gradscope.memory.workspace import node_workspace
+
+    _check_graph(report)
+    if optimizer is not None:
+        import torch
+
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise InputTypeError(
+                f"optimizer= must be a torch.optim.Optimizer (e.g. torch.optim.AdamW(model.parameters())), "
+                f"got {type(optimizer).__name__}.")
+    ov = overrides or Overrides()
+    prog = program(report)
+    graph = report.graph
+    sizes, grad_scale = _sizes(prog, ov.scale)
+    drop, recompute, regions = _apply_regions(prog, ov, sizes)
+    has_grad = dict(prog.has_grad)
+    if ov.has_grad:
+        for i, leaf in enumerate(prog.leaf):
+            if leaf and prog.attrs[i].get("name") in ov.has_grad:
+                has_grad[i] = bool(ov.has_grad[prog.attrs[i]["name"]])
+    ws = {}
+    if workspace:
+        for i in range(len(prog.ids)):
+            w = node_workspace(prog, i, grad_scale)
+            if w:
+                ws[i] = w
+    saved_prog = prog
+    if regions is not None:
+        saved_prog = _with_regions(prog, regions, recompute)
+    tr: Trace = simulate(saved_prog, retain_graph=retain_graph, has_grad=has_grad, storage_bytes=sizes,
+                         grad_scale=grad_scale, workspace=ws.get if ws else None, drop=drop, recompute=recompute)
+    parts = _base(prog, graph, sizes, drop, recompute, has_grad, ov.scale)
+    step = None
+    high = tr.peak
+    if optimizer is not None:
+        step = step_budget(optimizer, graph, has_grad_names=_grad_names(prog, has_grad), after=tr.end)
+        parts["optimizer state"] = step.state_before
+        high = max(high, tr.end + step.peak)
+    base = sum(parts.values())
+    ids = prog.ids
+    locs = {}
+    for nid in (ids[v] for v in tr.order):
+        loc = prog.attrs[prog.index[nid]].get("location")
+        if loc:
+            locs[nid] = loc
+    return BackwardMemory(
+        order=[ids[v] for v in tr.order], levels=list(tr.levels), peak=tr.peak,
+        peak_node=None if tr.peak_at is None else ids[tr.peak_at], end=tr.end, base=base,
+        absolute_peak=base + max(high, 0), step=step, modules=[prog.module[v] for v in tr.order],
+        inner=list(tr.inner), workspace={ids[v]: w for v, w in ws.items()},
+        names=[prog.name[v] for v in tr.order], locations=locs, parts=parts)
+
+
+def backward_memory(report, retain_graph: bool = False, optimizer=None) -> BackwardMemory:
+    """``report.backward_memory()``: the unchanged step (see :class:`BackwardMemory`)."""
+    return replay(report, None, optimizer=optimizer, retain_graph=retain_graph)
+
+
+def _sizes(prog: Program, scale):
+    if scale is None:
+        return prog.storages, None
+    sizes = {}
+    for key, nbytes in prog.storages.items():
+        shape = prog.shapes.get(key)
+        sizes[key] = int(scale(shape or [], "float32", nbytes)) if shape is not None else nbytes
+    shapes = prog.grad_shapes
+
+    def grad_scale(u, k, nbytes):
+        sh = shapes[u][k] if k < len(shapes[u]) else None
+        return int(scale(sh or [], "float32", nbytes)) if sh is not None else nbytes
+    return sizes, grad_scale
+
+
+def _apply_regions(prog: Program, ov: Overrides, sizes: dict):
+    """Storage keys that leave the device, and the recompute lists for requested checkpoint regions."""
+    from gradscope.memory.regions import checkpoint_overrides
+
+    drop = set()
+    index = prog.index
+    if ov.offload:
+        off = {index[n] for n in ov.offload if n in index}
+        for key in {k for v in off for k in prog.saved[v]}:
+            if key in prog.external:
+                continue
+            if all(u in off for u in range(len(prog.ids)) if key in prog.saved[u]):
+                drop.add(key)
+    if not ov.checkpoint:
+        return frozenset(drop), None, None
+    recompute, regions, gone = checkpoint_overrides(prog, [{index[n] for n in r if n in index}
+                                                           for r in ov.checkpoint], sizes)
+    drop |= gone
+    return frozenset(drop), recompute, regions
+
+
+def _with_regions(prog: Program, regions: dict, recompute: dict) -> Program:
+    from dataclasses import replace
+
+    return replace(prog, regions={**prog.regions, **regions}, recompute={**prog.recompute, **recompute})
+
+
+def _grad_names(prog: Program, has_grad: dict) -> set:
+    return {prog.attrs[i].get("name") for i, g in has_grad.items() if g}
+
+
+def _base(prog: Program, graph, sizes: dict, drop, recompute, has_grad: dict, scale) -> dict:
+    """What is alive when backward starts, by kind (bytes)."""
+    params = graph.graph.get("params", {})
+    seen = set()
+    p_bytes = g_bytes = 0
+    for name, p in params.items():
+        nbytes = numel_bytes(p.get("shape"), p.get("dtype"))
+        sid = p.get("storage")
+        if sid is None or sid not in seen:
+            p_bytes += nbytes
+            if sid is not None:
+                seen.add(sid)
+    leaf_names = {prog.attrs[i].get("name"): i for i, leaf in enumerate(prog.leaf) if leaf}
+    for name, p in params.items():
+        i = leaf_names.get(name)
+        if (has_grad.get(i) if i is not None else p.get("grad")):
+            g_bytes += numel_bytes(p.get("shape"), p.get("dtype"))
+    param_keys = {("s", p["storage"]) for p in params.values() if p.get("storage") is not None}
+    act = 0
+    for key, nbytes in sizes.items():
+        if key in param_keys or key in drop or key[0] == "r":
+            continue
+        act += nbytes
+    inputs = 0
+    for i, leaf in enumerate(prog.leaf):
+        if leaf and prog.attrs[i].get("kind") == "input":
+            nbytes = prog.grad_bytes[i][0]
+            inputs += int(scale(prog.grad_shapes[i][0], "float32", nbytes)) if scale else nbytes
+            if has_grad.get(i):
+                g_bytes += nbytes
+    loss = sum(numel_bytes(s, "float32") for s in graph.graph.get("root_shapes", ()))
+    return {"parameters": p_bytes, "buffers": int(graph.graph.get("buffer_bytes", 0)), "gradients": g_bytes,
+            "saved activations and inputs": act, "leaf inputs": inputs, "loss": loss}

@@ -1,0 +1,274 @@
+"""The backward replay: the engine's rules applied to the compiled graph, byte by byte.
+
+NOTE [what one node does to memory] (TORCH-FACTS section 14)
+At node ``v`` the engine (1) takes the gradients in ``v``'s InputBuffer, (2) runs the formula, which
+allocates its outputs (some formulas return views of, or pass on, the incoming gradient: :data:`VIEW_OPS`,
+:data:`PASS_OPS`) plus kernel workspace that it frees before returning, (3) drops the incoming gradients,
+(4) releases ``v``'s saved tensors (unless ``retain_graph``), a storage being freed when its last holder
+goes, (5) moves each output into its target's InputBuffer; a second gradient for the same input is
+summed in place when one of the two is a plain tensor that solely owns its tensor and storage, else
+``old + new`` allocates. AccumulateGrad steals a sole-owned incoming gradient when ``.grad`` is None,
+clones it otherwise, and adds it in place when ``.grad`` is set. A non-reentrant checkpoint region
+re-creates the tensors its nodes saved at its first unpack; each lives until the last node saving it ran.
+
+The simulation tracks tensors (``impl`` ids with a reference count) and storages (a count of live impls
+plus graph holders), so views, pass-through gradients and shared saved storages free exactly when torch
+frees them.
+"""
+
+from __future__ import annotations
+
+from gradscope.memory.engine import Program, engine_order
+
+__all__ = ["simulate", "Trace", "VIEW_OPS", "PASS_OPS"]
+
+#: Formulas whose gradient is a view of the incoming gradient (same storage).
+VIEW_OPS = frozenset({
+    "ViewBackward0", "UnsafeViewBackward0", "TBackward0", "TransposeBackward0", "TransposeBackward1",
+    "PermuteBackward0", "SqueezeBackward0", "SqueezeBackward1", "SqueezeBackward2", "SqueezeBackward3",
+    "SqueezeBackward4", "UnsqueezeBackward0", "UnsqueezeBackward1", "ReshapeAliasBackward0",
+    "AliasBackward0", "SumBackward0", "SumBackward1", "ExpandBackward0", "ViewAsRealBackward0",
+    "ViewAsComplexBackward0", "UnbindBackward0", "NumpyTBackward0", "MvlgammaBackward0",
+})
+#: Formulas that send the incoming gradient tensor itself (when the bytes and dtype match).
+PASS_OPS = frozenset({"AddBackward0", "AddBackward1", "CloneBackward0", "ToCopyBackward0", "SubBackward0",
+                      "SubBackward1", "LiftFreshBackward0", "DetachBackward0"})
+#: Formulas whose gradient is the incoming gradient expanded (``sum``: ``grad.expand(self_sizes)``).
+_EXPAND_OPS = frozenset({"SumBackward0", "SumBackward1"})
+#: Outputs of PASS_OPS that are not passed on (``SubBackward0``'s ``other`` gets ``-grad``).
+_PASS_ONLY_FIRST = frozenset({"SubBackward0"})
+
+
+class Trace:
+    """What one replay produced (indices into the program; :mod:`backward` turns them into ids)."""
+
+    __slots__ = ("order", "levels", "inner", "peak", "peak_at", "end", "allocated", "freed", "grads_kept",
+                 "saved_freed")
+
+    def __init__(self) -> None:
+        self.order: list[int] = []
+        self.levels: list[int] = []     # after each node
+        self.inner: list[int] = []      # highest level inside each node (workspace included)
+        self.peak = 0
+        self.peak_at = None
+        self.end = 0
+        self.allocated: list[int] = []  # bytes each node allocated (outputs, sums, workspace excluded)
+        self.freed: list[int] = []
+        self.grads_kept = 0             # bytes that ended in .grad (stolen or cloned)
+        self.saved_freed = 0
+
+
+class _Mem:
+    """Tensors and storages alive in the simulated backward."""
+
+    __slots__ = ("level", "high", "impl_refs", "impl_storage", "impl_view", "st_refs", "st_bytes", "next_id")
+
+    def __init__(self) -> None:
+        self.level = 0
+        self.high = 0
+        self.impl_refs: dict = {}
+        self.impl_storage: dict = {}
+        self.impl_view: dict = {}
+        self.st_refs: dict = {}
+        self.st_bytes: dict = {}
+        self.next_id = 0
+
+    def alloc(self, nbytes: int) -> int:
+        """A new dense tensor (one reference) on a new storage; returns its impl id."""
+        i = self.next_id = self.next_id + 1
+        st = ("g", i)
+        self.st_refs[st] = 1
+        self.st_bytes[st] = nbytes
+        self.impl_refs[i] = 1
+        self.impl_storage[i] = st
+        self.impl_view[i] = False
+        self.level += nbytes
+        if self.level > self.high:
+            self.high = self.level
+        return i
+
+    def view(self, impl: int, kind: str = "view") -> int:
+        i = self.next_id = self.next_id + 1
+        st = self.impl_storage[impl]
+        self.st_refs[st] += 1
+        self.impl_refs[i] = 1
+        self.impl_storage[i] = st
+        self.impl_view[i] = kind
+        return i
+
+    def ref(self, impl: int) -> int:
+        self.impl_refs[impl] += 1
+        return impl
+
+    def unref(self, impl: int) -> int:
+        """Drop one reference; returns the bytes freed."""
+        n = self.impl_refs[impl] - 1
+        if n:
+            self.impl_refs[impl] = n
+            return 0
+        del self.impl_refs[impl]
+        self.impl_view.pop(impl, None)
+        return self.drop_storage(self.impl_storage.pop(impl))
+
+    def drop_storage(self, st) -> int:
+        n = self.st_refs[st] - 1
+        if n:
+            self.st_refs[st] = n
+            return 0
+        del self.st_refs[st]
+        freed = self.st_bytes.pop(st, 0)
+        self.level -= freed
+        return freed
+
+    def hold_storage(self, st, nbytes: int, allocate: bool) -> None:
+        """A graph storage (saved tensor) with one more holder; ``allocate`` when it is created now."""
+        if st in self.st_refs:
+            self.st_refs[st] += 1
+            return
+        self.st_refs[st] = 1
+        self.st_bytes[st] = nbytes
+        if allocate:
+            self.level += nbytes
+            if self.level > self.high:
+                self.high = self.level
+
+    def sole(self, impl: int) -> bool:
+        return (self.impl_refs.get(impl) == 1 and not self.impl_view.get(impl)
+                and self.st_refs.get(self.impl_storage[impl]) == 1)
+
+
+def simulate(prog: Program, *, retain_graph: bool = False, has_grad: dict | None = None,
+             storage_bytes: dict | None = None, grad_scale=None, workspace=None, drop: frozenset = frozenset(),
+             recompute: dict | None = None) -> Trace:
+    """Replay backward over ``prog`` (see NOTE [what one node does to memory]).
+
+    Args:
+        retain_graph: saved tensors are not released.
+        has_grad: leaf index -> whether ``.grad`` is set (default: as inspected).
+        storage_bytes: storage key -> bytes (default ``prog.storages``), e.g. scaled by the batch.
+        grad_scale: optional ``f(node index, output nr, bytes) -> bytes`` for gradient sizes.
+        workspace: optional ``f(node index) -> bytes`` allocated and freed inside the node.
+        drop: storage keys that are not on the device during backward (offloaded): never counted.
+        recompute: node index -> ``[(storage key, bytes)]`` re-created at the node's first run within its
+            region (default ``prog.recompute``); keys shared by a region are created once.
+    """
+    has_grad = prog.has_grad if has_grad is None else has_grad
+    sizes = prog.storages if storage_bytes is None else storage_bytes
+    recompute = prog.recompute if recompute is None else recompute
+    mem = _Mem()
+    external = prog.external
+    for v, keys in enumerate(prog.saved):
+        for key in keys:
+            if key in drop or key[0] == "r":
+                continue
+            mem.hold_storage(key, sizes.get(key, 0), allocate=False)
+            if mem.st_refs[key] == 1 and key in external:
+                mem.st_refs[key] += 1          # a holder outside the graph: never freed by backward
+    buffers: dict = {}
+    out = Trace()
+    gbytes = prog.grad_bytes
+    names = prog.name
+    seeds = []
+    for r, nbytes in zip(prog.roots, prog.root_bytes):
+        impl = mem.alloc(nbytes)        # torch.autograd.backward's ones_like(root), held until it returns
+        seeds.append(mem.ref(impl))
+        buffers.setdefault(r, {})[0] = impl
+    created_regions: set = set()
+    leaf = prog.leaf
+    edges = prog.edges
+
+    def run(v: int) -> None:
+        before = mem.level
+        mem.high = before
+        inputs = buffers.pop(v, {})
+        alloc0 = mem.level
+        if v in recompute:
+            for key, nbytes in recompute[v]:
+                if key not in created_regions and key not in drop:
+                    created_regions.add(key)
+                    mem.hold_storage(key, sizes.get(key, nbytes), allocate=True)
+                    for u in prog.regions.get(key[1], ()):
+                        if u != v and key in prog.saved[u]:
+                            mem.st_refs[key] += 1
+        if leaf[v]:
+            g = inputs.get(0)
+            if g is not None:
+                if has_grad.get(v):
+                    mem.unref(g)             # .grad += new_grad, in place
+                elif mem.impl_refs.get(g) == 1 and mem.impl_view.get(g) != "expand":
+                    out.grads_kept += mem.st_bytes.get(mem.impl_storage[g], 0)   # stolen: it becomes .grad
+                else:
+                    keep = mem.alloc(gbytes[v][0])
+                    out.grads_kept += gbytes[v][0]
+                    mem.unref(g)
+                    del keep
+        else:
+            outputs = _outputs(v, names[v], inputs, edges[v], gbytes, mem, grad_scale)
+            if workspace is not None:
+                extra = workspace(v)
+                if extra:
+                    mem.high = max(mem.high, mem.level + extra)
+            for g in inputs.values():
+                mem.unref(g)
+            if not retain_graph:
+                for key in prog.saved[v]:
+                    if key not in drop and key in mem.st_refs:
+                        out.saved_freed += mem.drop_storage(key)
+            for (u, k), g in zip(edges[v], outputs):
+                if g is None:
+                    continue
+                slot = buffers.setdefault(u, {})
+                old = slot.get(k)
+                if old is None:
+                    slot[k] = g
+                elif mem.sole(old):
+                    mem.unref(g)
+                    slot[k] = old
+                elif mem.sole(g):
+                    mem.unref(old)
+                    slot[k] = g
+                else:
+                    new = mem.alloc(max(mem.st_bytes.get(mem.impl_storage[old], 0), gbytes[u][k]))
+                    mem.unref(old)
+                    mem.unref(g)
+                    slot[k] = new
+        out.order.append(v)
+        out.levels.append(mem.level)
+        out.inner.append(max(mem.high, mem.level))
+        out.allocated.append(max(0, mem.high - before))
+        del alloc0
+
+    engine_order(prog, run)
+    for impl in seeds:
+        mem.unref(impl)
+    out.end = mem.level
+    if out.inner:
+        i = max(range(len(out.inner)), key=out.inner.__getitem__)
+        out.peak, out.peak_at = max(out.inner[i], 0), out.order[i]
+    return out
+
+
+def _outputs(v: int, name: str, inputs: dict, edges: list, gbytes: list, mem: _Mem, grad_scale) -> list:
+    """The gradient tensor (impl id) the formula of ``v`` sends along each edge."""
+    g0 = inputs.get(0)
+    in_bytes = mem.st_bytes.get(mem.impl_storage[g0], -1) if g0 is not None else -1
+    view = name in VIEW_OPS
+    expand = name in _EXPAND_OPS and len(inputs) == 1
+    passes = name in PASS_OPS
+    outs = []
+    for i, (u, k) in enumerate(edges):
+        nbytes = gbytes[u][k] if k < len(gbytes[u]) else 0
+        if grad_scale is not None:
+            nbytes = grad_scale(u, k, nbytes)
+        if g0 is not None and expand:
+            outs.append(mem.view(g0, "expand"))    # grad.expand(sizes): a stride-0 view of the incoming grad
+            continue
+        if g0 is not None and nbytes == in_bytes and len(inputs) == 1:
+            if view:
+                outs.append(mem.view(g0))
+                continue
+            if passes and not (i > 0 and name in _PASS_ONLY_FIRST):
+                outs.append(mem.ref(g0))
+                continue
+        outs.append(mem.alloc(nbytes))
+    return outs
