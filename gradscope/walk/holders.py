@@ -35,31 +35,43 @@ getrefcount = sys.getrefcount
 _FAST_REFS = 4
 #: The same inside ``StorageIds.key`` (called from ``_meta`` from ``_classify``: two more frames).
 _KEY_REFS = 6
+#: The same for a view's ``_base`` read inside :func:`note_impl`.
+_BASE_REFS = 3
 
 
 def note_impl(impls: dict, t, sid: int, py_extra: int) -> None:
-    """Record one saved slot holding tensor ``t`` (storage ``sid``); ``py_extra``: Python refs not ours."""
+    """Record one saved slot holding tensor ``t`` (storage ``sid``); ``py_extra``: Python refs not ours.
+
+    A view made while grad mode was on holds its base: the base is recorded too (``views`` counts the
+    slots' views that hold it), so a base that only the graph's views keep is not taken for a user's.
+    """
     try:
         key = t._cdata
         uses = t._use_count() - 1          # - 1: our wrapper
+        base = t._base if t._is_view() else None
     except (AttributeError, RuntimeError):
         return
     rec = impls.get(key)
     if rec is None:
-        impls[key] = [sid, uses, py_extra, 1]
-    else:
-        rec[3] += 1
-        if py_extra > rec[2]:
-            rec[2] = py_extra
+        rec = impls[key] = [sid, uses, py_extra, 0, 0]
+    rec[3] += 1
+    if py_extra > rec[2]:
+        rec[2] = py_extra
+    if base is not None and rec[3] == 1:
+        bkey = base._cdata
+        brec = impls.get(bkey)
+        if brec is None:
+            brec = impls[bkey] = [sid, base._use_count() - 1, getrefcount(base) - _BASE_REFS, 0, 0]
+        brec[4] += 1
 
 
 def external(uses: list, impls: dict) -> list[int]:
     """Storage ids that a holder outside the graph keeps alive (see NOTE [holder counts])."""
     per_storage: dict[int, int] = {}
     out = set()
-    for sid, tensor_uses, py_extra, slots in impls.values():
+    for sid, tensor_uses, py_extra, slots, views in impls.values():
         per_storage[sid] = per_storage.get(sid, 0) + 1
-        if py_extra > 0 or tensor_uses > slots:
+        if py_extra > 0 or tensor_uses > slots + views:
             out.add(sid)
     for sid, n in per_storage.items():
         if sid < len(uses) and uses[sid] > n:
