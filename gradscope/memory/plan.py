@@ -1,0 +1,341 @@
+"""``report.plan(budget=...)`` and ``report.max_batch(budget=...)``: make the step fit, predicted.
+
+NOTE [the planner]
+The price of checkpointing a module is the forward it runs again: its FLOPs, estimated from the graph's
+shapes (``cost.py``; the trace records no clock). What it buys is the saved tensors it no longer keeps:
+those of its calls that no node outside it also saves, minus the region inputs the checkpoint keeps
+(``select.region_inputs``). The planner ranks the traced modules by FLOPs per byte bought, cheapest first,
+and adds them one at a time, skipping a module inside (or around) one already chosen and any that does
+not lower the replayed peak (the peak is not a sum: the recompute of the largest region comes back in
+backward); it stops as soon as the replayed peak fits. Then it drops, most expensive first, every chosen
+module the plan fits without. Every number it reports is a replay of the changed step, never the estimate.
+
+Offloading (``save_on_cpu``) recomputes nothing but saves memory only off the CPU (``whatif.py``); with
+``offload="auto"`` it is used on an accelerator once checkpointing alone cannot fit, never on the CPU.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+
+from gradscope._format import human_bytes
+from gradscope.errors import InputTypeError, InputValueError
+from gradscope.memory.attribution import seq_order, storage_uses
+from gradscope.memory.select import module_regions, region_inputs, require_modules
+from gradscope.memory.whatif import WhatIf, step_device, what_if
+
+__all__ = ["Plan", "MaxBatch", "plan", "max_batch", "parse_budget", "plan_code", "span_names"]
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+          "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_budget(budget) -> int:
+    """``"12GiB"``, ``"16 GB"``, ``"512MiB"`` or an int of bytes -> bytes (GB = 10^9, GiB = 2^30)."""
+    if isinstance(budget, bool) or not isinstance(budget, (int, float, str)):
+        raise InputTypeError(f"budget= takes a size such as '12GiB' or a number of bytes, got {budget!r:.60}.")
+    if isinstance(budget, str):
+        m = _SIZE.match(budget)
+        unit = m.group(2).lower() if m else None
+        if m is None or unit not in _UNITS:
+            raise InputValueError(f"budget={budget!r} is not a size: write it like '12GiB', '16 GB' or '512MiB'.")
+        budget = float(m.group(1)) * _UNITS[unit]
+    if not budget > 0:
+        raise InputValueError(f"budget= must be positive, got {budget!r}.")
+    return int(budget)
+
+
+def span_names(names: list[str]) -> str:
+    """``['blocks.4', ..., 'blocks.11'] -> 'blocks.4-11'`` (consecutive numbered siblings joined)."""
+    out, run = [], []
+
+    def flush():
+        if len(run) > 2:
+            out.append(f"{run[0][0]}.{run[0][1]}-{run[-1][1]}")
+        else:
+            out.extend(f"{p}.{i}" for p, i in run)
+        run.clear()
+    for n in names:
+        head, _, tail = n.rpartition(".")
+        if head and tail.isdigit() and run and run[-1][0] == head and run[-1][1] + 1 == int(tail):
+            run.append((head, int(tail)))
+            continue
+        flush()
+        if head and tail.isdigit():
+            run.append((head, int(tail)))
+        else:
+            out.append(n)
+    flush()
+    return ", ".join(out)
+
+
+def plan_code(checkpoint: list[str], offload: list[str], model: str = "model") -> str:
+    """The lines to add after building ``model``: the plan applied with torch's own APIs."""
+    lines = []
+    if checkpoint:
+        lines += ["from functools import partial", "from torch.utils.checkpoint import checkpoint", "",
+                  f"for name in {checkpoint!r}:",
+                  f"    module = {model}.get_submodule(name)",
+                  "    module.forward = partial(checkpoint, module.forward, use_reentrant=False)"]
+    if offload:
+        lines += ([""] if lines else []) + [
+            "import torch", "", "def offloaded(forward):", "    def run(*args, **kwargs):",
+            "        with torch.autograd.graph.save_on_cpu(pin_memory=True):",
+            "            return forward(*args, **kwargs)", "    return run", "",
+            f"for name in {offload!r}:", f"    module = {model}.get_submodule(name)",
+            "    module.forward = offloaded(module.forward)"]
+    return "\n".join(lines)
+
+
+@dataclass
+class Plan:
+    """What to checkpoint / offload so that the step fits ``budget`` (see :func:`plan`).
+
+    Attributes:
+        checkpoint: modules to wrap in ``checkpoint(use_reentrant=False)``; offload: modules to run under
+            ``save_on_cpu()``.
+        peak: predicted absolute peak with the plan applied; before: without it; fits: ``peak <= budget``.
+        recompute_flops / forward_flops: the FLOPs the plan runs again and those of the forward
+            (estimated from shapes); code: the lines to add; result: the plan's :class:`WhatIf`.
+        floor: bytes no plan can remove (parameters, buffers, gradients, optimizer state);
+        seconds: planning time; message: what is needed when nothing fits.
+    """
+
+    budget: int
+    checkpoint: list[str]
+    offload: list[str]
+    peak: int
+    before: int
+    fits: bool
+    recompute_flops: int = 0
+    forward_flops: int = 0
+    floor: int = 0
+    code: str = ""
+    result: WhatIf | None = None
+    seconds: float = 0.0
+    message: str = ""
+    device: str = "cpu"
+
+    @property
+    def recompute_share(self) -> float:
+        """Recomputed FLOPs as a share of the forward's (0.21: +21% forward work)."""
+        return self.recompute_flops / self.forward_flops if self.forward_flops else 0.0
+
+    def __str__(self) -> str:
+        b = human_bytes
+        head = (f"budget {b(self.budget)} on {self.device}: predicted peak {b(self.before)} "
+                f"{'fits as is' if not (self.checkpoint or self.offload) and self.fits else ''}").rstrip()
+        lines = [head]
+        if self.checkpoint:
+            lines.append(f"  checkpoint: {span_names(self.checkpoint)}")
+        if self.offload:
+            lines.append(f"  offload:    {span_names(self.offload)}")
+        if self.checkpoint or self.offload:
+            lines.append(f"  predicted peak {b(self.before)} -> {b(self.peak)} "
+                         f"({'fits' if self.fits else 'still over the budget'})")
+            lines.append(f"  recompute: +{self.recompute_share:.0%} forward FLOPs "
+                         f"({self.recompute_flops / 1e9:.3g} GFLOP, estimated from shapes)")
+        if self.message:
+            lines.append("  " + self.message)
+        if self.code and self.fits:
+            lines += ["", "Add after building the model:", *("    " + ln for ln in self.code.splitlines())]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (f"<gradscope.Plan {'fits' if self.fits else 'does not fit'} {human_bytes(self.budget)}: "
+                f"checkpoint {len(self.checkpoint)}, offload {len(self.offload)}, peak {human_bytes(self.peak)}>")
+
+    def to_svg(self, path=None, **kwargs) -> str:
+        """Before/after backward curves and the budget line in one SVG."""
+        from gradscope.memory.planview import curves_svg
+
+        res = self.result
+        curves = [("before", res.baseline)] + ([("with the plan", res.memory)] if res else [])
+        return curves_svg(curves, path, budget=self.budget, **kwargs)
+
+
+def _candidates(report, names: list[str]) -> list[tuple[float, str, int, int]]:
+    """``(FLOPs per byte, module, estimated bytes bought, FLOPs)`` of every module worth checkpointing."""
+    from gradscope.memory.cost import forward_flops
+    from gradscope.memory.holders import external_storages
+
+    graph = report.graph
+    order = seq_order(graph)
+    flops = forward_flops(graph)
+    uses = [u for u in storage_uses(graph, order) if u.category == "held"]
+    external = external_storages(graph)
+    out = []
+    for name in names:
+        regions = module_regions(graph, [name], order)
+        inside = {n for _, nodes in regions for n in nodes}
+        if not inside:
+            continue
+        keep = set()
+        for _, nodes in regions:
+            keep |= region_inputs(graph, nodes)[0]
+        bought = sum(u.nbytes for u in uses if u.key not in keep and u.key not in external
+                     and all(n in inside for n in u.users))
+        cost = sum(flops.get(n, 0) for n in inside)
+        if bought > 0:
+            out.append((cost / bought, name, bought, cost))
+    out.sort()
+    return out
+
+
+def _nested(a: str, b: str) -> bool:
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def plan(report, budget, optimizer=None, *, batch: float = 1.0, offload="auto", batch_size=None) -> Plan:
+    """The cheapest set of modules to checkpoint (and, off the CPU, offload) so that the step fits ``budget``.
+
+    Args:
+        report: a report inspected with ``trace=`` (module attribution is needed).
+        budget: bytes, or a size such as ``"12GiB"`` / ``"16 GB"``.
+        optimizer: the ``torch.optim.Optimizer`` whose ``step()`` ends the step.
+        batch: plan for the batch scaled by this factor.
+        offload: ``"auto"`` (only on an accelerator, after checkpointing), True or False.
+
+    Returns:
+        A :class:`Plan`; ``plan.fits`` is False (with ``plan.message`` saying what is needed) when no plan
+        fits. See NOTE [the planner].
+    """
+    t0 = time.perf_counter()
+    limit = parse_budget(budget)
+    if offload not in ("auto", True, False):
+        raise InputValueError(f"offload= takes 'auto', True or False, got {offload!r}.")
+    graph = report.graph
+    names = require_modules(graph, "plan")
+    device = step_device(graph)
+    can_offload = device != "cpu" and offload is not False
+
+    def peak_of(ck, off):
+        return what_if(report, ck, off, batch, optimizer, batch_size)
+
+    base = peak_of([], [])
+    floor = _floor(report, base)
+    chosen: list[str] = []
+    off: list[str] = []
+    best = base
+    if base.peak > limit:
+        for _, name, _, _ in _candidates(report, names):
+            if any(_nested(name, c) for c in chosen):
+                continue
+            trial = peak_of(chosen + [name], off)
+            if trial.peak < best.peak:
+                chosen.append(name)
+                best = trial
+                if best.peak <= limit:
+                    break
+        if best.peak > limit and can_offload:
+            for _, name, _, _ in _candidates(report, names):
+                if any(_nested(name, c) for c in chosen + off):
+                    continue
+                trial = peak_of(chosen, off + [name])
+                if trial.peak < best.peak:
+                    off.append(name)
+                    best = trial
+                    if best.peak <= limit:
+                        break
+        if best.peak <= limit:      # prune: most expensive first, keep a removal that still fits
+            costs = {name: cost for _, name, _, cost in _candidates(report, chosen)}
+            for name in sorted(chosen, key=lambda n: -costs.get(n, 0)):
+                trial = peak_of([c for c in chosen if c != name], off)
+                if trial.peak <= limit:
+                    chosen.remove(name)
+                    best = trial
+    fits = best.peak <= limit
+    message = "" if fits else _not_fit(best, limit, floor, bool(chosen or off))
+    order = {n: i for i, n in enumerate(names)}
+    chosen.sort(key=lambda n: order.get(n, 0))
+    off.sort(key=lambda n: order.get(n, 0))
+    return Plan(budget=limit, checkpoint=chosen, offload=off, peak=best.peak, before=base.peak, fits=fits,
+                recompute_flops=best.recompute_flops, forward_flops=best.forward_flops, floor=floor,
+                code=plan_code(chosen, off), result=best, seconds=time.perf_counter() - t0, message=message,
+                device=device)
+
+
+def _floor(report, base: WhatIf) -> int:
+    """Bytes no plan removes: parameters, buffers, every gradient, optimizer state and step temporaries."""
+    from gradscope.memory.engine import numel_bytes
+
+    parts = base.memory.parts
+    params = report.graph.graph.get("params", {})
+    grads = sum(numel_bytes(p.get("shape"), p.get("dtype")) for p in params.values() if p.get("requires_grad"))
+    step = base.memory.step
+    return (parts.get("parameters", 0) + parts.get("buffers", 0) + grads + parts.get("optimizer state", 0)
+            + (max(0, step.peak) if step is not None else 0))
+
+
+def _not_fit(best: WhatIf, limit: int, floor: int, tried: bool) -> str:
+    b = human_bytes
+    if floor > limit:
+        return (f"Nothing fits: parameters, buffers, gradients and optimizer state alone take {b(floor)}, over "
+                f"the {b(limit)} budget before any activation. Needed: at least {b(floor - limit)} more, or less "
+                "state (a smaller model, lower precision, an optimizer with less state, or sharding).")
+    return (f"No plan fits: the best found{' (checkpointing every module that helps)' if tried else ''} peaks at "
+            f"{b(best.peak)}, {b(best.peak - limit)} over the budget. A smaller batch may fit "
+            "(report.max_batch(budget=...)), or a budget of at least " + b(best.peak) + ".")
+
+
+@dataclass
+class MaxBatch:
+    """The largest batch whose predicted step fits ``budget`` (see :func:`max_batch`)."""
+
+    batch: int
+    peak: int
+    budget: int
+    batch_size: int | None
+    per_sample: int
+    checkpoint: list[str] = field(default_factory=list)
+    offload: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.batch >= 1
+
+    def __str__(self) -> str:
+        b = human_bytes
+        if not self.fits:
+            return (f"no batch fits {b(self.budget)}: a batch of 1 needs {b(self.peak)}")
+        return (f"largest batch that fits {b(self.budget)}: {self.batch} (traced: {self.batch_size}), predicted "
+                f"peak {b(self.peak)}; each sample adds {b(self.per_sample)}")
+
+    __repr__ = __str__
+
+
+def max_batch(report, budget, optimizer=None, *, checkpoint=None, offload=None, batch_size=None) -> MaxBatch:
+    """The largest integer batch whose predicted peak fits ``budget`` (with the given changes applied).
+
+    The peak is a replay per candidate batch: two points give the bytes per sample, then the neighbours of
+    the linear estimate are replayed until the largest fitting batch is pinned down.
+    """
+    limit = parse_budget(budget)
+    one = what_if(report, checkpoint, offload, 1.0, optimizer, batch_size)
+    b0 = one.batch_size
+    if not b0:
+        raise InputValueError("max_batch() found no activation whose shape shows the batch size; "
+                              "pass batch_size= (the batch of the traced forward).")
+
+    def at(n):
+        return what_if(report, checkpoint, offload, n / b0, optimizer, b0)
+
+    two = at(2 * b0)
+    per = max(1, (two.peak - one.peak) // b0)
+    n = max(1, b0 + (limit - one.peak) // per)
+    cache = {b0: one, 2 * b0: two}
+
+    def peak(n):
+        if n not in cache:
+            cache[n] = at(n)
+        return cache[n].peak
+    while n > 1 and peak(n) > limit:
+        n -= 1
+    while peak(n + 1) <= limit:
+        n += 1
+    if peak(n) > limit:
+        return MaxBatch(0, peak(1), limit, b0, per, one.checkpoint, one.offload)
+    return MaxBatch(n, peak(n), limit, b0, per, one.checkpoint, one.offload)

@@ -1,0 +1,249 @@
+"""``report.what_if(checkpoint=..., offload=..., batch=k)``: the step's memory with a change applied, predicted.
+
+Nothing runs: the change is turned into overrides of the backward replay (``backward.py``'s internal API)
+and the replay is run twice, on the unchanged and on the changed step.
+
+- ``checkpoint``: each call of each named module becomes a region of
+  ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` (NOTE [module calls from sequence
+  numbers] in ``select.py``): its saved tensors leave the forward's memory, except its inputs, which the
+  checkpoint keeps, and come back when backward reaches the region (the recompute).
+- ``offload``: the named modules' saved tensors are packed by ``torch.autograd.graph.save_on_cpu()``.
+  On an accelerator they leave its memory until backward; on the CPU ``save_on_cpu`` keeps each tensor
+  where it is (``tensor.cpu()`` returns the tensor itself), so offloading saves nothing there and the
+  prediction says so (and is unchanged: the profiler measures the same step).
+- ``batch=k``: every tensor whose shape holds the batch grows by ``k`` (NOTE [what scales with the batch]
+  in ``select.py``); parameters, gradients, optimizer state and shape-only tensors stay.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from gradscope._format import human_bytes, shape_str
+from gradscope.errors import InputTypeError, InputValueError
+from gradscope.memory.attribution import seq_order, storage_uses
+from gradscope.memory.select import Scaler, module_regions, require_modules, resolve
+
+__all__ = ["WhatIf", "what_if", "step_device", "change_overrides", "replay_change"]
+
+
+@dataclass
+class WhatIf:
+    """The predicted step with a change applied (see :func:`what_if`).
+
+    Attributes:
+        peak: predicted absolute peak of the changed step (bytes): parameters, buffers, inputs, ``.grad``s,
+            optimizer state, activations and backward's transient peak, up to the end of
+            ``optimizer.step()`` when an optimizer was given, else of backward.
+        before: the same for the unchanged step (``backward_memory(optimizer=...).absolute_peak``).
+        checkpoint / offload: the modules the change wraps (patterns resolved to outermost modules).
+        batch: the batch factor ``k``; ``batch_size`` the traced batch size it multiplies.
+        memory: the changed step's replay (``.order``, ``.levels``: the backward curve), ``baseline`` the
+            unchanged one.
+        recompute_flops: forward FLOPs the checkpointed regions run again (estimated from shapes, see
+            ``cost.py``); ``forward_flops`` those of the whole traced forward.
+        scaled / fixed: saved-activation bytes that scale with the batch and that do not (traced batch).
+        device: the device the step runs on; notes: sentences about the change (offloading on the CPU...).
+    """
+
+    peak: int
+    before: int
+    checkpoint: list[str]
+    offload: list[str]
+    batch: float
+    batch_size: int | None
+    memory: object
+    baseline: object
+    recompute_flops: int = 0
+    forward_flops: int = 0
+    scaled: int = 0
+    fixed: int = 0
+    fixed_examples: list[str] = field(default_factory=list)
+    device: str = "cpu"
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def saved(self) -> int:
+        """Bytes the change saves on the peak (negative when it costs memory)."""
+        return self.before - self.peak
+
+    @property
+    def recompute_share(self) -> float:
+        """Recomputed FLOPs as a share of the forward's (0.21 = +21% forward work)."""
+        return self.recompute_flops / self.forward_flops if self.forward_flops else 0.0
+
+    def change(self) -> str:
+        parts = []
+        if self.checkpoint:
+            parts.append("checkpoint " + ", ".join(self.checkpoint))
+        if self.offload:
+            parts.append("offload " + ", ".join(self.offload))
+        if self.batch != 1:
+            parts.append(f"batch x{self.batch:g}" + (f" ({self.batch_size} -> {round(self.batch_size * self.batch)})"
+                                                      if self.batch_size else ""))
+        return "; ".join(parts) or "no change"
+
+    def __str__(self) -> str:
+        lines = [f"what if: {self.change()}",
+                 f"  peak {human_bytes(self.before)} -> {human_bytes(self.peak)} "
+                 f"({'-' if self.saved >= 0 else '+'}{human_bytes(abs(self.saved))}) on {self.device}"]
+        if self.checkpoint:
+            lines.append(f"  recompute: {self.recompute_flops / 1e9:.3g} GFLOP, +{self.recompute_share:.0%} of the "
+                         "forward's FLOPs (estimated from shapes)")
+        if self.batch != 1:
+            fixed = f"; fixed: {', '.join(self.fixed_examples)}" if self.fixed_examples else ""
+            lines.append(f"  with the batch: {human_bytes(self.scaled)} of saved activations scale; "
+                         f"{human_bytes(self.fixed)} do not, nor parameters, gradients, optimizer state{fixed}")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<gradscope.WhatIf {self.change()}: peak {human_bytes(self.peak)} (was {human_bytes(self.before)})>"
+
+    def to_svg(self, path=None, **kwargs) -> str:
+        """Before/after backward curves in one SVG (see :func:`gradscope.memory.planview.curves_svg`)."""
+        from gradscope.memory.planview import curves_svg
+
+        return curves_svg([("before", self.baseline), (self.change(), self.memory)], path, **kwargs)
+
+
+def step_device(graph) -> str:
+    """The device most op nodes run on (``"cpu"`` when unknown)."""
+    count = Counter(d.get("device") for _, d in graph.nodes(data=True) if d.get("kind") == "op" and d.get("device"))
+    return count.most_common(1)[0][0] if count else "cpu"
+
+
+def _batch_factor(batch) -> float:
+    if isinstance(batch, bool) or not isinstance(batch, (int, float)):
+        raise InputTypeError(f"batch= takes a number (the factor the batch is scaled by), got {batch!r:.60}.")
+    if not batch > 0 or batch != batch or batch == float("inf"):
+        raise InputValueError(f"batch= must be a positive finite factor (2 doubles the batch), got {batch!r}.")
+    return float(batch)
+
+
+def _scale(scaler: Scaler, graph, k: float):
+    flat = set()       # 1-D buffers (RNN workspace) that scale: NOTE [what scales with the batch]
+    for _, d in graph.nodes(data=True):
+        ones = [e["shape"] for e in d.get("saved") or () if e.get("shape") and len(e["shape"]) == 1]
+        if ones:
+            floor = scaler.flat_floor(d)
+            flat.update(tuple(s) for s in ones if scaler.scales(s, floor))
+
+    def scale(shape, dtype, nbytes):
+        if scaler.scales(shape) or (len(shape) == 1 and tuple(shape) in flat):
+            return int(round(nbytes * k))
+        return nbytes
+    return scale
+
+
+def change_overrides(report, checkpoint=(), offload=(), batch: float = 1.0, scaler: Scaler | None = None):
+    """``(Overrides, notes, regions)`` for checkpointed / offloaded module names (already resolved)."""
+    from gradscope.memory.backward import Overrides
+
+    graph = report.graph
+    order = seq_order(graph)
+    regions = module_regions(graph, list(checkpoint), order)
+    notes = []
+    off_nodes: set = set()
+    if offload:
+        if step_device(graph) == "cpu":
+            notes.append("the step runs on the CPU, where save_on_cpu() keeps each saved tensor where it is "
+                         "(tensor.cpu() returns the tensor itself): offloading saves no memory")
+        else:
+            off_nodes = {nid for _, nodes in module_regions(graph, list(offload), order) for nid in nodes}
+    scale = None
+    if batch != 1:
+        scaler = scaler or Scaler(graph)
+        if scaler.batch_size is None:
+            raise InputValueError("what_if(batch=...) found no activation whose shape shows the batch size; "
+                                  "pass batch_size= (the batch of the traced forward).")
+        scale = _scale(scaler, graph, batch)
+    ov = Overrides(offload=frozenset(off_nodes), scale=scale)     # regions: rewrite.with_checkpoints
+    return ov, notes, regions
+
+
+class _Rewritten:
+    """The report as the replay sees it, with a rewritten program (``backward.program`` reads the cache)."""
+
+    def __init__(self, report, prog):
+        self.graph = report.graph
+        self.findings = report.findings
+        self._gs_program = (report.graph, prog)
+
+
+def replay_change(report, ov, regions, optimizer=None):
+    """The replay of the step with ``change_overrides``' result applied."""
+    from gradscope.memory.backward import program, replay
+    from gradscope.memory.rewrite import with_checkpoints
+
+    if regions:
+        report = _Rewritten(report, with_checkpoints(program(report), report.graph, regions))
+    return replay(report, ov, optimizer=optimizer)
+
+
+def _overlap(ck: list[str], off: list[str]) -> None:
+    for a in ck:
+        for b in off:
+            if a == b or a.startswith(b + ".") or b.startswith(a + "."):
+                raise InputValueError(
+                    f"{a!r} is both checkpointed and offloaded (or one is inside the other, {b!r}); a module's "
+                    "saved tensors are either recomputed or offloaded: name each module in one list.")
+
+
+def _batch_split(scaler: Scaler, graph) -> tuple[int, int, list[str]]:
+    scaled = fixed = 0
+    examples: Counter = Counter()
+    for use in storage_uses(graph):
+        if use.category != "held":
+            continue
+        d = graph.nodes[use.owner]
+        e = next((e for e in d["saved"] if ("s", e.get("storage")) == use.key), None)
+        shape = e.get("shape") if e else None
+        if scaler.scales(shape, scaler.flat_floor(d)):
+            scaled += use.nbytes
+        else:
+            fixed += use.nbytes
+            if shape and use.nbytes:
+                examples[f"{shape_str(shape)} {e.get('dtype')} ({d.get('name')})"] += use.nbytes
+    return scaled, fixed, [k for k, _ in examples.most_common(3)]
+
+
+def what_if(report, checkpoint=None, offload=None, batch: float = 1.0, optimizer=None,
+            batch_size: int | None = None) -> WhatIf:
+    """Predict the step's memory with modules checkpointed, offloaded, or the batch scaled by ``batch``.
+
+    Args:
+        report: a :class:`gradscope.Report` inspected with ``trace=`` (module attribution is needed).
+        checkpoint: qualified module names or fnmatch patterns (``"blocks.*"``) to wrap in
+            ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``; a pattern that matches a module
+            and its children keeps the outermost.
+        offload: module names or patterns whose saved tensors go under ``torch.autograd.graph.save_on_cpu()``.
+        batch: factor the batch is scaled by (2 doubles it).
+        optimizer: a ``torch.optim.Optimizer``: the peak then runs to the end of ``optimizer.step()``.
+        batch_size: the traced forward's batch size, when the guess from the shapes is wrong.
+
+    Raises:
+        InputValueError: the report was not traced, a pattern matches no module, a module is in both lists.
+        InputTypeError: an argument of the wrong type.
+    """
+    from gradscope.memory.backward import replay
+    from gradscope.memory.cost import forward_flops
+
+    graph = report.graph
+    names = require_modules(graph, "what_if")
+    ck = resolve(graph, checkpoint, "checkpoint", names)
+    off = resolve(graph, offload, "offload", names)
+    _overlap(ck, off)
+    k = _batch_factor(batch)
+    scaler = Scaler(graph, batch_size)
+    ov, notes, regions = change_overrides(report, ck, off, k, scaler)
+    before = replay(report, None, optimizer=optimizer)
+    after = replay_change(report, ov, regions, optimizer)
+    flops = forward_flops(graph)
+    recompute = sum(flops.get(n, 0) for _, nodes in regions for n in nodes)
+    scaled, fixed, examples = _batch_split(scaler, graph) if k != 1 else (0, 0, [])
+    return WhatIf(peak=after.absolute_peak, before=before.absolute_peak, checkpoint=ck, offload=off, batch=k,
+                  batch_size=scaler.batch_size, memory=after, baseline=before,
+                  recompute_flops=int(recompute * k), forward_flops=int(sum(flops.values()) * k),
+                  scaled=scaled, fixed=fixed, fixed_examples=examples, device=step_device(graph), notes=notes)
