@@ -75,6 +75,7 @@ class Program:
     regions: dict = field(default_factory=dict)
     recompute: dict = field(default_factory=dict)
     opaque: list = field(default_factory=list)
+    needs: list = field(default_factory=list)
 
 
 def _edge_list(pred_v: dict, index: dict) -> list:
@@ -99,6 +100,7 @@ def compile_graph(graph) -> Program:
     mods = node_modules(graph)
     params = graph.graph.get("params", {})
     name, seq, leaf, edges, gbytes, gshapes, saved, module, attrs, opaque = ([] for _ in range(10))
+    needs: list = []
     storages: dict = {}
     shapes: dict = {}
     has_grad: dict = {}
@@ -113,6 +115,7 @@ def compile_graph(graph) -> Program:
         attrs.append(d)
         opaque.append(bool(d.get("opaque")))
         edges.append(_edge_list(pred[nid], index))
+        needs.append(sorted(e.get("index", 0) for e in pred[nid].values()))
         if is_leaf:
             name.append("AccumulateGrad")
             seq.append(UINT64_MAX)
@@ -164,7 +167,7 @@ def compile_graph(graph) -> Program:
         dts = d.get("out_dtypes") or []
         root_bytes.append(numel_bytes(shape, dts[0] if dts else _node_dtype(d)))
     return Program(ids, index, name, seq, leaf, edges, gbytes, gshapes, saved, storages, shapes, external,
-                   has_grad, roots, root_bytes, module, attrs, regions, recompute, opaque)
+                   has_grad, roots, root_bytes, module, attrs, regions, recompute, opaque, needs)
 
 
 def _node_dtype(d: dict) -> str:
