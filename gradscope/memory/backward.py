@@ -22,10 +22,11 @@ Internal API (for what-if planning, issue 13)
 
 - ``offload``: node ids whose saved tensors are kept off the device (``save_on_cpu``): their storages are
   neither in ``base`` nor freed by backward (a storage also saved by a node outside the set stays).
-- ``checkpoint``: a list of node-id sets, each one region wrapped in ``checkpoint(use_reentrant=False)``:
-  the region's saved storages leave ``base`` (except what the region's first op saved from outside it:
-  the region input, kept by the checkpoint) and are re-created at the region's first node in backward,
-  each freed after the last region node that saved it.
+- requested checkpoint regions are written into a copy of the compiled program (``program(report)``,
+  an ``engine.Program``): each region node's ``saved`` keys, ``storages``/``shapes`` for the re-created
+  copies, ``recompute[node] = [(key, bytes)]`` (created at the first of those nodes that runs, each held by
+  the region's nodes that list it in ``saved``) and ``regions[key[1]] = node indices``; see
+  ``rewrite.with_checkpoints``. Regions the graph already has are read the same way (``regions.py``).
 - ``scale``: a callable ``(shape: list[int], dtype: str, nbytes: int) -> int`` applied to every storage
   and gradient size (e.g. ``batch_scale(k, batch)`` scales tensors whose leading dim is the batch).
 - ``has_grad``: ``{param name: bool}`` overriding whether ``.grad`` is already set.
@@ -51,7 +52,6 @@ class Overrides:
     """Changes to the step that the replay applies (see the module docstring)."""
 
     offload: frozenset = frozenset()
-    checkpoint: list = field(default_factory=list)
     scale: object = None
     has_grad: dict | None = None
 
@@ -194,7 +194,7 @@ def replay(report, overrides: Overrides | None = None, *, optimizer=None, retain
     prog = program(report)
     graph = report.graph
     sizes, grad_scale = _sizes(prog, ov.scale)
-    drop, recompute, regions = _apply_regions(prog, ov, sizes)
+    drop = _offloaded(prog, ov)
     has_grad = dict(prog.has_grad)
     if ov.has_grad:
         for i, leaf in enumerate(prog.leaf):
@@ -206,12 +206,9 @@ def replay(report, overrides: Overrides | None = None, *, optimizer=None, retain
             w = node_workspace(prog, i, grad_scale)
             if w:
                 ws[i] = w
-    saved_prog = prog
-    if regions is not None:
-        saved_prog = _with_regions(prog, regions, recompute)
-    tr: Trace = simulate(saved_prog, retain_graph=retain_graph, has_grad=has_grad, storage_bytes=sizes,
-                         grad_scale=grad_scale, workspace=ws.get if ws else None, drop=drop, recompute=recompute)
-    parts = _base(prog, graph, sizes, drop, recompute, has_grad, ov.scale)
+    tr: Trace = simulate(prog, retain_graph=retain_graph, has_grad=has_grad, storage_bytes=sizes,
+                         grad_scale=grad_scale, workspace=ws.get if ws else None, drop=drop)
+    parts = _base(prog, graph, sizes, drop, has_grad, ov.scale)
     step = None
     high = tr.peak
     if optimizer is not None:
@@ -253,38 +250,23 @@ def _sizes(prog: Program, scale):
     return sizes, grad_scale
 
 
-def _apply_regions(prog: Program, ov: Overrides, sizes: dict):
-    """Storage keys that leave the device, and the recompute lists for requested checkpoint regions."""
-    from gradscope.memory.regions import checkpoint_overrides
-
-    drop = set()
-    index = prog.index
-    if ov.offload:
-        off = {index[n] for n in ov.offload if n in index}
-        for key in {k for v in off for k in prog.saved[v]}:
-            if key in prog.external:
-                continue
-            if all(u in off for u in range(len(prog.ids)) if key in prog.saved[u]):
-                drop.add(key)
-    if not ov.checkpoint:
-        return frozenset(drop), None, None
-    recompute, regions, gone = checkpoint_overrides(prog, [{index[n] for n in r if n in index}
-                                                           for r in ov.checkpoint], sizes)
-    drop |= gone
-    return frozenset(drop), recompute, regions
-
-
-def _with_regions(prog: Program, regions: dict, recompute: dict) -> Program:
-    from dataclasses import replace
-
-    return replace(prog, regions={**prog.regions, **regions}, recompute={**prog.recompute, **recompute})
+def _offloaded(prog: Program, ov: Overrides) -> frozenset:
+    """Storage keys kept off the device: saved only by offloaded nodes and not held outside the graph."""
+    if not ov.offload:
+        return frozenset()
+    off = {prog.index[n] for n in ov.offload if n in prog.index}
+    holders: dict = {}
+    for u, keys in enumerate(prog.saved):
+        for key in keys:
+            holders.setdefault(key, set()).add(u)
+    return frozenset(key for key, us in holders.items() if us <= off and key not in prog.external)
 
 
 def _grad_names(prog: Program, has_grad: dict) -> set:
     return {prog.attrs[i].get("name") for i, g in has_grad.items() if g}
 
 
-def _base(prog: Program, graph, sizes: dict, drop, recompute, has_grad: dict, scale) -> dict:
+def _base(prog: Program, graph, sizes: dict, drop, has_grad: dict, scale) -> dict:
     """What is alive when backward starts, by kind (bytes)."""
     params = graph.graph.get("params", {})
     seen = set()

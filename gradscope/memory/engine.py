@@ -91,6 +91,7 @@ def compile_graph(graph) -> Program:
     """Flatten ``report.graph`` for the replay (see :class:`Program`)."""
     from gradscope.memory.attribution import node_modules
     from gradscope.memory.holders import external_storages
+    from gradscope.memory.regions import recorded_regions
     from gradscope.walk.saved import HELD
 
     ids = list(graph.nodes)
@@ -104,8 +105,6 @@ def compile_graph(graph) -> Program:
     storages: dict = {}
     shapes: dict = {}
     has_grad: dict = {}
-    regions: dict = {}
-    recompute: dict = {}
     external = external_storages(graph)
     for i, nid in enumerate(ids):
         d = nodes[nid]
@@ -140,16 +139,6 @@ def compile_graph(graph) -> Program:
         keys = []
         for j, e in enumerate(d.get("saved") or ()):
             status = e.get("status")
-            if status == "recomputed" and e.get("region") is not None:
-                key = ("r", e["region"], e.get("source") or (nid, j))
-                regions.setdefault(e["region"], set()).add(i)
-                recompute.setdefault(i, []).append((key, int(e.get("recompute_nbytes") or 0)))
-                if key not in storages:
-                    storages[key] = int(e.get("recompute_nbytes") or 0)
-                    shapes[key] = e.get("shape")
-                if key not in keys:
-                    keys.append(key)
-                continue
             if status not in HELD or e.get("scalar"):
                 continue
             sid = e.get("storage")
@@ -160,6 +149,7 @@ def compile_graph(graph) -> Program:
             if key not in keys:
                 keys.append(key)
         saved.append(tuple(keys))
+    regions, recompute = recorded_regions(graph, index, saved, storages, shapes)
     roots = [index[r] for r in graph.graph.get("roots", ()) if r in index]
     root_bytes = []
     for r, shape in zip(roots, graph.graph.get("root_shapes", ())):

@@ -174,6 +174,7 @@ def simulate(prog: Program, *, retain_graph: bool = False, has_grad: dict | None
         seeds.append(mem.ref(impl))
         buffers.setdefault(r, {})[0] = impl
     created_regions: set = set()
+    done: set = set()
     leaf = prog.leaf
     edges = prog.edges
 
@@ -186,10 +187,14 @@ def simulate(prog: Program, *, retain_graph: bool = False, has_grad: dict | None
             for key, nbytes in recompute[v]:
                 if key not in created_regions and key not in drop:
                     created_regions.add(key)
-                    mem.hold_storage(key, sizes.get(key, nbytes), allocate=True)
-                    for u in prog.regions.get(key[1], ()):
-                        if u != v and key in prog.saved[u]:
-                            mem.st_refs[key] += 1
+                    nbytes = sizes.get(key, nbytes)
+                    holders = sum(1 for u in prog.regions.get(key[1], ()) if key in prog.saved[u]
+                                  and (u == v or u not in done))
+                    if not holders:      # re-created and dropped inside the recompute
+                        mem.high = max(mem.high, mem.level + nbytes)
+                        continue
+                    mem.hold_storage(key, nbytes, allocate=True)
+                    mem.st_refs[key] = holders
         if leaf[v]:
             g = inputs.get(0)
             if g is not None:
@@ -232,6 +237,7 @@ def simulate(prog: Program, *, retain_graph: bool = False, has_grad: dict | None
                     mem.unref(old)
                     mem.unref(g)
                     slot[k] = new
+        done.add(v)
         out.order.append(v)
         out.levels.append(mem.level)
         out.inner.append(max(mem.high, mem.level))

@@ -98,7 +98,7 @@ class StorageIds:
     device, ``meta`` included, where ``data_ptr()`` is 0 for every tensor.
     """
 
-    __slots__ = ("ids", "sizes", "frames", "uses", "impls")
+    __slots__ = ("ids", "sizes", "frames", "uses", "impls", "regions")
 
     def __init__(self) -> None:
         self.ids: dict[int, int] = {}
@@ -106,6 +106,7 @@ class StorageIds:
         self.frames: set[int] = set()   # checkpoint frames already listed this walk (_checkpoint.py)
         self.uses: list[int] = []       # storage use count at first sight: NOTE [holder counts], walk/holders.py
         self.impls: dict[int, list] = {}
+        self.regions: dict[int, tuple] = {}   # id(checkpoint frame) -> (region number, {id(holder): i})
 
     def key(self, t: torch.Tensor) -> tuple[int | None, int]:
         """Return ``(storage_id, storage_nbytes)`` of a tensor; id None when it has no plain storage."""
@@ -195,7 +196,13 @@ def _classify(node, slot: str, attr: str, raw, storages: StorageIds) -> dict | N
         if isinstance(data, tuple) and len(data) == 2 and isinstance(data[1], torch.Tensor):
             return _meta(slot, data[1], "offloaded", storages, device=data[0])
         if type(data).__name__ == "_Holder":
-            return _blank(slot, "recomputed")
+            from gradscope.walk.checkpoint import holder_meta
+
+            entry = _blank(slot, "recomputed")
+            meta = holder_meta(raw.unpack_hook, data, storages)
+            if meta:
+                entry["recompute"] = meta   # what backward's recompute re-creates (walk/checkpoint.py)
+            return entry
         return _blank(slot, "opaque")
     if data is None:
         try:
