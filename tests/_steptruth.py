@@ -44,7 +44,7 @@ def existing_bytes(model, inputs, optimizer=None) -> int:
     return sum(_storages(ts).values())
 
 
-def _memory_curve(prof) -> list[int]:
+def _memory_curve(prof) -> tuple[list[int], int]:
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     try:
@@ -55,30 +55,36 @@ def _memory_curve(prof) -> list[int]:
         os.unlink(path)
     mem = [e for e in events if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
     mem.sort(key=lambda e: e["ts"])
-    level, curve = 0, []
+    starts = [e["ts"] for e in events if e.get("name") == "gradscope-test::backward"]
+    level, curve, fwd = 0, [], 0
     for e in mem:
         level += int(e["args"]["Bytes"])
         curve.append(level)
-    return curve
+        if starts and e["ts"] < starts[0]:
+            fwd = max(fwd, level)
+    return curve, fwd
 
 
 def measure_step(model, inputs, loss_fn, optimizer=None) -> dict:
     """Run one step of ``loss_fn(model, *inputs)`` under the profiler; the absolute peak and its parts.
 
-    Returns ``{"peak", "existing", "step_peak", "end"}``: ``peak = existing + step_peak``.
+    Returns ``{"peak", "existing", "step_peak", "end", "forward_peak"}``: ``peak = existing + step_peak``;
+    ``forward_peak`` is the absolute peak before backward starts.
     """
     gc.collect()
     base = existing_bytes(model, inputs, optimizer)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         with record_function("gradscope-test::step"):
             loss = loss_fn(model, *inputs)
-            loss.backward()
+            with record_function("gradscope-test::backward"):
+                loss.backward()
             if optimizer is not None:
                 optimizer.step()
     del loss
-    curve = _memory_curve(prof)
+    curve, fwd = _memory_curve(prof)
     step_peak = max([0] + curve)
-    return {"peak": base + step_peak, "existing": base, "step_peak": step_peak, "end": curve[-1] if curve else 0}
+    return {"peak": base + step_peak, "existing": base, "step_peak": step_peak, "end": curve[-1] if curve else 0,
+            "forward_peak": base + fwd}
 
 
 def _checkpointed(forward):

@@ -189,7 +189,8 @@ def _nested(a: str, b: str) -> bool:
     return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
 
-def plan(report, budget, optimizer=None, *, batch: float = 1.0, offload="auto", batch_size=None) -> Plan:
+def plan(report, budget, optimizer=None, *, batch: float = 1.0, offload="auto", batch_size=None,
+         margin: float = 0.02) -> Plan:
     """The cheapest set of modules to checkpoint (and, off the CPU, offload) so that the step fits ``budget``.
 
     Args:
@@ -198,6 +199,8 @@ def plan(report, budget, optimizer=None, *, batch: float = 1.0, offload="auto", 
         optimizer: the ``torch.optim.Optimizer`` whose ``step()`` ends the step.
         batch: plan for the batch scaled by this factor.
         offload: ``"auto"`` (only on an accelerator, after checkpointing), True or False.
+        margin: the planner aims this share under the budget (the prediction's tolerance, 2%), so that
+            the applied plan fits; ``fits`` still compares the predicted peak with the budget itself.
 
     Returns:
         A :class:`Plan`; ``plan.fits`` is False (with ``plan.message`` saying what is needed) when no plan
@@ -205,6 +208,9 @@ def plan(report, budget, optimizer=None, *, batch: float = 1.0, offload="auto", 
     """
     t0 = time.perf_counter()
     limit = parse_budget(budget)
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 0.5:
+        raise InputValueError(f"margin= is a share of the budget in [0, 0.5), got {margin!r}.")
+    target = int(limit * (1 - margin))
     if offload not in ("auto", True, False):
         raise InputValueError(f"offload= takes 'auto', True or False, got {offload!r}.")
     graph = report.graph
@@ -212,15 +218,19 @@ def plan(report, budget, optimizer=None, *, batch: float = 1.0, offload="auto", 
     device = step_device(graph)
     can_offload = device != "cpu" and offload is not False
 
+    from gradscope.memory.backward import replay
+
+    unchanged = replay(report, None, optimizer=optimizer)
+
     def peak_of(ck, off):
-        return what_if(report, ck, off, batch, optimizer, batch_size)
+        return what_if(report, ck, off, batch, optimizer, batch_size, baseline=unchanged)
 
     base = peak_of([], [])
     floor = _floor(report, base)
     chosen: list[str] = []
     off: list[str] = []
     best = base
-    if base.peak > limit:
+    if base.peak > target and floor <= target:
         for _, name, _, _ in _candidates(report, names):
             if any(_nested(name, c) for c in chosen):
                 continue
@@ -228,9 +238,9 @@ def plan(report, budget, optimizer=None, *, batch: float = 1.0, offload="auto", 
             if trial.peak < best.peak:
                 chosen.append(name)
                 best = trial
-                if best.peak <= limit:
+                if best.peak <= target:
                     break
-        if best.peak > limit and can_offload:
+        if best.peak > target and can_offload:
             for _, name, _, _ in _candidates(report, names):
                 if any(_nested(name, c) for c in chosen + off):
                     continue
@@ -238,13 +248,13 @@ def plan(report, budget, optimizer=None, *, batch: float = 1.0, offload="auto", 
                 if trial.peak < best.peak:
                     off.append(name)
                     best = trial
-                    if best.peak <= limit:
+                    if best.peak <= target:
                         break
-        if best.peak <= limit:      # prune: most expensive first, keep a removal that still fits
+        if best.peak <= target:      # prune: most expensive first, keep a removal that still fits
             costs = {name: cost for _, name, _, cost in _candidates(report, chosen)}
             for name in sorted(chosen, key=lambda n: -costs.get(n, 0)):
                 trial = peak_of([c for c in chosen if c != name], off)
-                if trial.peak <= limit:
+                if trial.peak <= target:
                     chosen.remove(name)
                     best = trial
     fits = best.peak <= limit
@@ -307,13 +317,18 @@ class MaxBatch:
     __repr__ = __str__
 
 
-def max_batch(report, budget, optimizer=None, *, checkpoint=None, offload=None, batch_size=None) -> MaxBatch:
-    """The largest integer batch whose predicted peak fits ``budget`` (with the given changes applied).
+def max_batch(report, budget, optimizer=None, *, checkpoint=None, offload=None, batch_size=None,
+              margin: float = 0.02) -> MaxBatch:
+    """The largest integer batch whose predicted peak fits ``budget`` less ``margin`` (the prediction's
+    tolerance, as in :func:`plan`), with the given changes applied.
 
     The peak is a replay per candidate batch: two points give the bytes per sample, then the neighbours of
     the linear estimate are replayed until the largest fitting batch is pinned down.
     """
-    limit = parse_budget(budget)
+    budget = parse_budget(budget)
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 0.5:
+        raise InputValueError(f"margin= is a share of the budget in [0, 0.5), got {margin!r}.")
+    limit = int(budget * (1 - margin))
     one = what_if(report, checkpoint, offload, 1.0, optimizer, batch_size)
     b0 = one.batch_size
     if not b0:
@@ -337,5 +352,5 @@ def max_batch(report, budget, optimizer=None, *, checkpoint=None, offload=None, 
     while peak(n + 1) <= limit:
         n += 1
     if peak(n) > limit:
-        return MaxBatch(0, peak(1), limit, b0, per, one.checkpoint, one.offload)
-    return MaxBatch(n, peak(n), limit, b0, per, one.checkpoint, one.offload)
+        return MaxBatch(0, peak(1), budget, b0, per, one.checkpoint, one.offload)
+    return MaxBatch(n, peak(n), budget, b0, per, one.checkpoint, one.offload)

@@ -11,6 +11,8 @@ region's last holder. So, per region ``R`` (one module call):
   (a parameter, the user's batch) is not recomputed: it stays, and the frame holds it until ``R``'s last
   node has run (every node of ``R`` holds it);
 - an input of ``R`` that no node saved is held by the frame too: a new storage of its size, held the same way;
+  so is the CPU RNG state that ``preserve_rng_state=True`` (the default) saves per call
+  (``torch.get_rng_state()``, 5056 bytes; on the CPU only: it lives in host memory);
 - every other storage saved inside ``R`` gets a recomputed copy (key ``("r", region, key)``) that the
   nodes of ``R`` hold instead; the first node of ``R`` that backward runs creates all of them (it holds
   each once, so each is freed after its last saver). The original stays only where a node outside ``R``
@@ -29,7 +31,13 @@ from gradscope.memory.select import region_inputs
 __all__ = ["with_checkpoints"]
 
 
-def with_checkpoints(prog, graph, regions: list[tuple[str, list[str]]]):
+def _rng_bytes() -> int:
+    import torch
+
+    return int(torch.get_rng_state().numel())
+
+
+def with_checkpoints(prog, graph, regions: list[tuple[str, list[str]]], device: str = "cpu"):
     """A copy of ``prog`` with each ``(module, node ids)`` region checkpointed (NOTE [a requested
     checkpoint region])."""
     if not regions:
@@ -71,6 +79,11 @@ def with_checkpoints(prog, graph, regions: list[tuple[str, list[str]]]):
             key = ("f", rkey, u, k)
             storages[key] = numel_bytes(shape, _dtype(d))
             shapes[key] = shape
+            inputs = set(inputs) | {key}
+        if device == "cpu":
+            key = ("f", rkey, "rng")
+            storages[key] = _rng_bytes()
+            shapes[key] = None
             inputs = set(inputs) | {key}
         frame = [key for key in inputs if key in storages]
         for v in members:                        # the frame: held until the region's last node ran

@@ -178,7 +178,7 @@ def replay_change(report, ov, regions, optimizer=None):
     from gradscope.memory.rewrite import with_checkpoints
 
     if regions:
-        report = _Rewritten(report, with_checkpoints(program(report), report.graph, regions))
+        report = _Rewritten(report, with_checkpoints(program(report), report.graph, regions, step_device(report.graph)))
     return replay(report, ov, optimizer=optimizer)
 
 
@@ -210,7 +210,7 @@ def _batch_split(scaler: Scaler, graph) -> tuple[int, int, list[str]]:
 
 
 def what_if(report, checkpoint=None, offload=None, batch: float = 1.0, optimizer=None,
-            batch_size: int | None = None) -> WhatIf:
+            batch_size: int | None = None, baseline=None) -> WhatIf:
     """Predict the step's memory with modules checkpointed, offloaded, or the batch scaled by ``batch``.
 
     Args:
@@ -222,6 +222,7 @@ def what_if(report, checkpoint=None, offload=None, batch: float = 1.0, optimizer
         batch: factor the batch is scaled by (2 doubles it).
         optimizer: a ``torch.optim.Optimizer``: the peak then runs to the end of ``optimizer.step()``.
         batch_size: the traced forward's batch size, when the guess from the shapes is wrong.
+        baseline: the unchanged step's replay when the caller has it (the planner), else replayed here.
 
     Raises:
         InputValueError: the report was not traced, a pattern matches no module, a module is in both lists.
@@ -238,7 +239,7 @@ def what_if(report, checkpoint=None, offload=None, batch: float = 1.0, optimizer
     k = _batch_factor(batch)
     scaler = Scaler(graph, batch_size)
     ov, notes, regions = change_overrides(report, ck, off, k, scaler)
-    before = replay(report, None, optimizer=optimizer)
+    before = baseline if baseline is not None else replay(report, None, optimizer=optimizer)
     after = replay_change(report, ov, regions, optimizer)
     flops = forward_flops(graph)
     recompute = sum(flops.get(n, 0) for _, nodes in regions for n in nodes)
