@@ -18,7 +18,7 @@ frees them.
 
 from __future__ import annotations
 
-from gradscope.memory.engine import Program, engine_order
+from gradscope.memory.engine import Program, engine_order, numel_bytes
 
 __all__ = ["simulate", "Trace", "VIEW_OPS", "PASS_OPS"]
 
@@ -213,6 +213,11 @@ def simulate(prog: Program, *, retain_graph: bool = False, has_grad: dict | None
                 extra = workspace(v)
                 if extra:
                     mem.high = max(mem.high, mem.level + extra)
+            for shape, dtype, had in (prog.attrs[v].get("attrs") or {}).get("region_params") or ():
+                if not had:   # reentrant checkpoint: the nested backward fills the region's .grads
+                    nbytes = numel_bytes(shape, dtype)
+                    mem.alloc(nbytes)
+                    out.grads_kept += nbytes
             for g in inputs.values():
                 mem.unref(g)
             if not retain_graph:

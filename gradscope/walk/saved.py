@@ -297,6 +297,11 @@ def _read_custom(node, saved: list, attrs: dict, storages: StorageIds) -> None:
     for key, value in getattr(node, "__dict__", {}).items():
         if not key.startswith("_") and isinstance(value, (int, float, str, bool, tuple, type(None))):
             attrs[key] = plain_value(value)
+    fn = getattr(node, "run_function", None)    # a reentrant checkpoint: its module's parameters get grads
+    module = fn if isinstance(fn, torch.nn.Module) else getattr(fn, "__self__", None)
+    if isinstance(module, torch.nn.Module):
+        attrs["region_params"] = [[list(p.shape), dtype_str(p.dtype), p.grad is not None]
+                                  for p in module.parameters() if p.requires_grad]
 
 
 def _freed_or_none(node, slot: str) -> dict | None:
