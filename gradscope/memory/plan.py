@@ -4,11 +4,14 @@ NOTE [the planner]
 The price of checkpointing a module is the forward it runs again: its FLOPs, estimated from the graph's
 shapes (``cost.py``; the trace records no clock). What it buys is the saved tensors it no longer keeps:
 those of its calls that no node outside it also saves, minus the region inputs the checkpoint keeps
-(``select.region_inputs``). The planner ranks the traced modules by FLOPs per byte bought, cheapest first,
-and adds them one at a time, skipping a module inside (or around) one already chosen and any that does
-not lower the replayed peak (the peak is not a sum: the recompute of the largest region comes back in
-backward); it stops as soon as the replayed peak fits. Then it drops, most expensive first, every chosen
-module the plan fits without. Every number it reports is a replay of the changed step, never the estimate.
+(``select.region_inputs``). A greedy pass ranks candidate modules by FLOPs per byte bought, cheapest
+first, and adds them one at a time, skipping a module inside (or around) one already chosen and any that
+does not lower the replayed peak (the peak is not a sum: the recompute of the largest region comes back
+in backward); it stops as soon as the replayed peak fits, then drops, most expensive first, every chosen
+module the plan fits without. A big parent buys more per FLOP on paper than its children (it keeps one
+input, not one per child) yet recomputes everything at once, so the pass runs over all modules and once
+per depth of the module tree (``blocks.*``, ``blocks.*.*``, ...); the fitting plan with the least
+recompute wins. Every number reported is a replay of the changed step, never the estimate.
 
 Offloading (``save_on_cpu``) recomputes nothing but saves memory only off the CPU (``whatif.py``); with
 ``offload="auto"`` it is used on an accelerator once checkpointing alone cannot fit, never on the CPU.
@@ -231,32 +234,15 @@ def plan(report, budget, optimizer=None, *, batch: float = 1.0, offload="auto", 
     off: list[str] = []
     best = base
     if base.peak > target and floor <= target:
-        for _, name, _, _ in _candidates(report, names):
-            if any(_nested(name, c) for c in chosen):
-                continue
-            trial = peak_of(chosen + [name], off)
-            if trial.peak < best.peak:
-                chosen.append(name)
-                best = trial
-                if best.peak <= target:
-                    break
-        if best.peak > target and can_offload:
-            for _, name, _, _ in _candidates(report, names):
-                if any(_nested(name, c) for c in chosen + off):
-                    continue
-                trial = peak_of(chosen, off + [name])
-                if trial.peak < best.peak:
-                    off.append(name)
-                    best = trial
-                    if best.peak <= target:
-                        break
-        if best.peak <= target:      # prune: most expensive first, keep a removal that still fits
-            costs = {name: cost for _, name, _, cost in _candidates(report, chosen)}
-            for name in sorted(chosen, key=lambda n: -costs.get(n, 0)):
-                trial = peak_of([c for c in chosen if c != name], off)
-                if trial.peak <= target:
-                    chosen.remove(name)
-                    best = trial
+        cands = _candidates(report, names)
+        runs = [cands] + [[c for c in cands if c[1].count(".") == d]
+                          for d in sorted({c[1].count(".") for c in cands})]
+        results = [_greedy(run, peak_of, base, target, can_offload) for run in runs if run]
+        fitting = [r for r in results if r[2].peak <= target]
+        if fitting:
+            chosen, off, best = min(fitting, key=lambda r: (r[2].recompute_flops, r[2].peak))
+        elif results:
+            chosen, off, best = min(results, key=lambda r: (r[2].peak, r[2].recompute_flops))
     fits = best.peak <= limit
     message = "" if fits else _not_fit(best, limit, floor, bool(chosen or off))
     order = {n: i for i, n in enumerate(names)}
@@ -266,6 +252,40 @@ def plan(report, budget, optimizer=None, *, batch: float = 1.0, offload="auto", 
                 recompute_flops=best.recompute_flops, forward_flops=best.forward_flops, floor=floor,
                 code=plan_code(chosen, off), result=best, seconds=time.perf_counter() - t0, message=message,
                 device=device)
+
+
+def _greedy(cands, peak_of, base: WhatIf, target: int, can_offload: bool):
+    """One pass of NOTE [the planner] over ``cands``: ``(checkpoint, offload, WhatIf)``."""
+    chosen: list[str] = []
+    off: list[str] = []
+    best = base
+    for _, name, _, _ in cands:
+        if any(_nested(name, c) for c in chosen):
+            continue
+        trial = peak_of(chosen + [name], off)
+        if trial.peak < best.peak:
+            chosen.append(name)
+            best = trial
+            if best.peak <= target:
+                break
+    if best.peak > target and can_offload:
+        for _, name, _, _ in cands:
+            if any(_nested(name, c) for c in chosen + off):
+                continue
+            trial = peak_of(chosen, off + [name])
+            if trial.peak < best.peak:
+                off.append(name)
+                best = trial
+                if best.peak <= target:
+                    break
+    if best.peak <= target:      # prune: most expensive first, keep a removal that still fits
+        costs = {name: cost for _, name, _, cost in cands}
+        for name in sorted(chosen, key=lambda n: -costs.get(n, 0)):
+            trial = peak_of([c for c in chosen if c != name], off)
+            if trial.peak <= target:
+                chosen.remove(name)
+                best = trial
+    return chosen, off, best
 
 
 def _floor(report, base: WhatIf) -> int:
