@@ -63,11 +63,24 @@ def _rnn(ts, a, needs, batch):
     return out, [t for t in (x, *ws) if t.requires_grad]
 
 
+def _bthd(spec, requires_grad, batch):
+    """A [B, H, T, D] tensor laid out as [B, T, H, D] (heads split from a projection, then transposed)."""
+    shape, dtype = spec
+    shape = list(shape)
+    if batch is not None:
+        shape[0] = batch
+    base = torch.randn([shape[0], shape[2], shape[1], shape[3]], dtype=getattr(torch, dtype, torch.float32))
+    return base.requires_grad_(requires_grad)
+
+
 def _sdpa(ts, a, needs, batch):
-    q, k, v = (_t(ts[n], i in needs, batch) for i, n in enumerate(("query", "key", "value")))
+    # The usual layout: q, k, v are head-split views of [B, T, H*D] projections and the output goes back
+    # through transpose(1, 2), so its gradient arrives as a [B, T, H, D]-contiguous tensor too.
+    leaves = [_bthd(ts[n], i in needs, batch) for i, n in enumerate(("query", "key", "value"))]
+    q, k, v = (t.transpose(1, 2) for t in leaves)
     out = torch._scaled_dot_product_flash_attention_for_cpu(q, k, v, a.get("dropout_p", 0.0), bool(a.get("is_causal")),
                                                             scale=a.get("scale"))[0]
-    return out, [t for t in (q, k, v) if t.requires_grad]
+    return out, [t for t in leaves if t.requires_grad], "bthd"
 
 
 def _embedding(ts, a, needs, batch):
@@ -107,8 +120,11 @@ def _once(name, tensors, attrs, needs, batch) -> int | None:
         built = BUILDERS[name](tensors, attrs, needs, batch)
         if built is None:
             return None
-        out, leaves = built
-        grad = torch.randn_like(out)
+        out, leaves = built[0], built[1]
+        if len(built) > 2:   # the gradient in the [B, T, H, D] layout
+            grad = torch.randn(out.shape[0], out.shape[2], out.shape[1], out.shape[3]).transpose(1, 2)
+        else:
+            grad = torch.randn_like(out)
         torch.autograd.backward(out, grad)
     tree = prof.profiler.kineto_results.experimental_event_tree()
     from torch._C._profiler import _EventType

@@ -42,6 +42,7 @@ class Program:
         seq: the engine's priority (``_sequence_nr()``; :data:`UINT64_MAX` for leaves).
         leaf: True for gradient accumulators (``kind`` param/input).
         edges: per node, ``(target index, target output)`` in ``next_functions`` order, duplicates kept.
+        needs: per node, the input position of each edge (``next_functions`` index).
         grad_bytes: per node, the bytes of the gradient it receives for each of its forward outputs.
         grad_shapes: the same as shapes.
         saved: per node, the storage keys its saved slots hold (each once).
@@ -78,13 +79,16 @@ class Program:
     needs: list = field(default_factory=list)
 
 
-def _edge_list(pred_v: dict, index: dict) -> list:
-    out = []
+def _edge_list(pred_v: dict, index: dict) -> tuple[list, list]:
+    """``(edges, positions)``: ``(target, target output)`` per edge and its input position (duplicates of
+    one target follow its first position)."""
+    out, pos = [], []
     for u, e in sorted(pred_v.items(), key=lambda kv: kv[1].get("index", 0)):
         outs = e.get("outputs") or [e.get("output", 0)] * int(e.get("count", 1))
-        for k in outs:
+        for j, k in enumerate(outs):
             out.append((index[u], int(k)))
-    return out
+            pos.append(int(e.get("index", 0)) + j)
+    return out, pos
 
 
 def compile_graph(graph) -> Program:
@@ -113,8 +117,9 @@ def compile_graph(graph) -> Program:
         leaf.append(is_leaf)
         attrs.append(d)
         opaque.append(bool(d.get("opaque")))
-        edges.append(_edge_list(pred[nid], index))
-        needs.append(sorted(e.get("index", 0) for e in pred[nid].values()))
+        es, pos = _edge_list(pred[nid], index)
+        edges.append(es)
+        needs.append(pos)
         if is_leaf:
             name.append("AccumulateGrad")
             seq.append(UINT64_MAX)

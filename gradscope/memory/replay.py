@@ -208,7 +208,8 @@ def simulate(prog: Program, *, retain_graph: bool = False, has_grad: dict | None
                     mem.unref(g)
                     del keep
         else:
-            outputs = _outputs(v, names[v], inputs, edges[v], gbytes, mem, grad_scale)
+            outputs = _outputs(v, names[v], inputs, edges[v], prog.needs[v], gbytes, mem, grad_scale,
+                               (prog.attrs[v].get("attrs") or {}).get("alpha", 1))
             if workspace is not None:
                 extra = workspace(v)
                 if extra:
@@ -259,7 +260,8 @@ def simulate(prog: Program, *, retain_graph: bool = False, has_grad: dict | None
     return out
 
 
-def _outputs(v: int, name: str, inputs: dict, edges: list, gbytes: list, mem: _Mem, grad_scale) -> list:
+def _outputs(v: int, name: str, inputs: dict, edges: list, positions: list, gbytes: list, mem: _Mem, grad_scale,
+             alpha=1) -> list:
     """The gradient tensor (impl id) the formula of ``v`` sends along each edge."""
     g0 = inputs.get(0)
     in_bytes = mem.st_bytes.get(mem.impl_storage[g0], -1) if g0 is not None else -1
@@ -278,7 +280,8 @@ def _outputs(v: int, name: str, inputs: dict, edges: list, gbytes: list, mem: _M
             if view:
                 outs.append(mem.view(g0))
                 continue
-            if passes and not (i > 0 and name in _PASS_ONLY_FIRST):
+            pos = positions[i] if i < len(positions) else i
+            if passes and not (pos > 0 and (name in _PASS_ONLY_FIRST or alpha != 1)):
                 outs.append(mem.ref(g0))
                 continue
         outs.append(mem.alloc(nbytes))

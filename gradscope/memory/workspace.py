@@ -110,9 +110,7 @@ def node_workspace(prog, v: int, grad_scale=None) -> int:
         from gradscope.memory.calibrate import measure_workspace
 
         hit = measure_workspace(name, tensors, attrs, needs, dtype, LIMIT)
-        if hit is None:
-            return 0
-        _MEMO[key] = hit
+        _MEMO[key] = hit = hit or 0      # None: the builder does not apply (no broadcast...): no workspace
         _save()
     return int(round(hit * scale)) if scale != 1.0 else int(hit)
 
