@@ -38,10 +38,24 @@ def inspect(root, *, model=None, params=None, trace=None) -> Report:
     """
     roots = flatten_roots(root)
     names = param_names(model, params)
-    graph, index = build(roots, names)
+    graph, index = build(roots, names, _buffers(model))
     if trace is not None:
         _annotate(trace, graph, model, names)
     return Report(graph, run_checks(graph, index["special"]), saved_bytes=index["held"])
+
+
+def _buffers(model) -> list:
+    """The model's buffers (BatchNorm statistics...), for the memory budget; [] without a model."""
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        return []
+    inner = getattr(model, "module", model) if isinstance(
+        model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)) else model
+    try:
+        return list(inner.buffers())
+    except Exception:  # noqa: BLE001 - a module whose buffers() is overridden and raises
+        return []
 
 
 def _annotate(trace, graph, model, names) -> None:

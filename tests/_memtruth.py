@@ -48,6 +48,7 @@ class Truth:
     at_backward: int = 0
     absolute_peak: int = 0
     report: object = None
+    prediction: object = None
     nested: list = field(default_factory=list)
 
 
@@ -96,7 +97,7 @@ def _tokens(tree):
     return out
 
 
-def measure(forward, *, inspect=None, optimizer=None, retain_graph=False, before=()) -> Truth:
+def measure(forward, *, inspect=None, optimizer=None, retain_graph=False, before=(), predict=None) -> Truth:
     """Run ``forward() -> (loss, model)`` then backward (and ``optimizer(model).step()``), profiled.
 
     Args:
@@ -104,6 +105,9 @@ def measure(forward, *, inspect=None, optimizer=None, retain_graph=False, before
         inspect: ``(loss, model) -> report``, called inside the profiled run between forward and backward.
         optimizer: ``model -> torch.optim.Optimizer`` (created before the forward) or an optimizer.
         before: extra tensors alive before the forward (the input batch), for ``absolute_peak``.
+        predict: ``(report, optimizer) -> prediction``, called right after ``inspect`` (before backward
+            and the step); stored as ``truth.prediction``. Warm gradscope's workspace cache first: it
+            does not measure while a profiler runs.
     """
     truth = Truth()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -115,6 +119,8 @@ def measure(forward, *, inspect=None, optimizer=None, retain_graph=False, before
                                      (p.grad for p in model.parameters()), _optimizer_tensors(opt), before)
         if inspect is not None:
             truth.report = inspect(loss, model)
+            if predict is not None:
+                truth.prediction = predict(truth.report, opt)
         with record_function("gs::backward"):
             loss.backward(retain_graph=retain_graph)
         if opt is not None:

@@ -297,5 +297,6 @@ def _base(prog: Program, graph, sizes: dict, drop, has_grad: dict, scale) -> dic
             if has_grad.get(i):
                 g_bytes += nbytes
     loss = sum(numel_bytes(s, "float32") for s in graph.graph.get("root_shapes", ()))
-    return {"parameters": p_bytes, "buffers": int(graph.graph.get("buffer_bytes", 0)), "gradients": g_bytes,
+    buffers = sum(n for sid, n in graph.graph.get("buffers", ()) if sid is None or ("s", sid) not in sizes)
+    return {"parameters": p_bytes, "buffers": buffers, "gradients": g_bytes,
             "saved activations and inputs": act, "leaf inputs": inputs, "loss": loss}

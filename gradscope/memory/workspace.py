@@ -82,7 +82,24 @@ def _spec(prog, v: int):
     outs = d.get("out_shapes") or []
     dts = d.get("out_dtypes") or []
     tensors["grad"] = (list(outs[0]) if outs else [], dts[0] if dts else "float32")
-    return name, tensors, dict(d.get("attrs") or {})
+    attrs = dict(d.get("attrs") or {})
+    if attrs.get("batch_first"):   # only the layer whose output goes through transpose(0, 1) gets it batch-major
+        attrs["grad_batch_major"] = any(prog.name[u] in ("TransposeBackward0", "TransposeBackward1")
+                                   for u in _consumers(prog).get(v, ()))
+    return name, tensors, attrs
+
+
+def _consumers(prog) -> dict:
+    """Node -> the nodes that consumed its output 0 (their gradient flows into it)."""
+    cons = getattr(prog, "_consumers", None)
+    if cons is None:
+        cons = {}
+        for u, es in enumerate(prog.edges):
+            for t, k in es:
+                if k == 0:
+                    cons.setdefault(t, []).append(u)
+        prog._consumers = cons
+    return cons
 
 
 def node_workspace(prog, v: int, grad_scale=None) -> int:
@@ -109,6 +126,10 @@ def node_workspace(prog, v: int, grad_scale=None) -> int:
             return 0
         from gradscope.memory.calibrate import measure_workspace
 
+        import torch
+
+        if torch._C._autograd._profiler_enabled():
+            return 0               # a profiler is running: measure another time (nothing cached)
         hit = measure_workspace(name, tensors, attrs, needs, dtype, LIMIT)
         _MEMO[key] = hit = hit or 0      # None: the builder does not apply (no broadcast...): no workspace
         _save()

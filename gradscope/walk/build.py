@@ -165,7 +165,7 @@ def build_graph(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Ten
     return build(roots, names)[0]
 
 
-def build(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]]) -> tuple[nx.DiGraph, dict]:
+def build(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]], buffers=()) -> tuple[nx.DiGraph, dict]:
     """:func:`build_graph`, and the walk's index for the checks and the report (see ``_walk.walk``)."""
     root_info = []
     no_grad_roots = []
@@ -209,11 +209,27 @@ def build(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]])
         "storage_bytes": list(storages.sizes),
         "params": _params_info(index["param_nodes"], names, storages),
         "external": external(storages.uses, storages.impls),   # NOTE [holder counts]
+        "buffers": _buffers_info(buffers, storages),
     })
     if len(attrs) >= _DEEP:
         del ids[None]  # the walk's sentinel; the other keys are the nodes, root-first
         keep_until_dead([t for i, t in enumerate(roots) if i not in no_grad_roots], list(ids))
     return g, index
+
+
+def _buffers_info(buffers, storages: StorageIds) -> list:
+    """``[storage id or None, bytes]`` per distinct buffer storage (the id when a node saved it too)."""
+    out, seen = [], set()
+    for b in buffers:
+        try:
+            st = b.untyped_storage()
+            ptr, size = st._cdata, st.nbytes()
+        except (RuntimeError, NotImplementedError, TypeError):
+            continue
+        if ptr not in seen:
+            seen.add(ptr)
+            out.append([storages.ids.get(ptr), size])
+    return out
 
 
 def _params_info(where: dict, names, storages: StorageIds) -> dict:
