@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 from gradscope._format import human_bytes
 from gradscope.errors import InputTypeError, InputValueError
-from gradscope.memory.attribution import seq_order, storage_uses
+from gradscope.memory.attribution import storage_uses
 from gradscope.memory.select import module_regions, region_inputs, require_modules
-from gradscope.memory.whatif import WhatIf, step_device, what_if
+from gradscope.memory.whatif import WhatIf, context, step_device, what_if
 
 __all__ = ["Plan", "MaxBatch", "plan", "max_batch", "parse_budget", "plan_code", "span_names"]
 
@@ -162,17 +162,16 @@ class Plan:
 
 def _candidates(report, names: list[str]) -> list[tuple[float, str, int, int]]:
     """``(FLOPs per byte, module, estimated bytes bought, FLOPs)`` of every module worth checkpointing."""
-    from gradscope.memory.cost import forward_flops
     from gradscope.memory.holders import external_storages
 
     graph = report.graph
-    order = seq_order(graph)
-    flops = forward_flops(graph)
+    ctx = context(report)
+    order, flops = ctx["order"], ctx["flops"]
     uses = [u for u in storage_uses(graph, order) if u.category == "held"]
     external = external_storages(graph)
     out = []
     for name in names:
-        regions = module_regions(graph, [name], order)
+        regions = module_regions(graph, [name], order, ctx["regions"])
         inside = {n for _, nodes in regions for n in nodes}
         if not inside:
             continue
@@ -225,8 +224,13 @@ def plan(report, budget, optimizer=None, *, batch: float = 1.0, offload="auto", 
 
     unchanged = replay(report, None, optimizer=optimizer)
 
+    memo: dict = {}
+
     def peak_of(ck, off):
-        return what_if(report, ck, off, batch, optimizer, batch_size, baseline=unchanged)
+        key = (frozenset(ck), frozenset(off))
+        if key not in memo:
+            memo[key] = what_if(report, ck, off, batch, optimizer, batch_size, baseline=unchanged)
+        return memo[key]
 
     base = peak_of([], [])
     floor = _floor(report, base)
@@ -237,7 +241,14 @@ def plan(report, budget, optimizer=None, *, batch: float = 1.0, offload="auto", 
         cands = _candidates(report, names)
         runs = [cands] + [[c for c in cands if c[1].count(".") == d]
                           for d in sorted({c[1].count(".") for c in cands})]
-        results = [_greedy(run, peak_of, base, target, can_offload) for run in runs if run]
+        results = []
+        bound = None      # the least recompute of a fitting plan so far: a pass that spends more stops
+        for run in runs:
+            if run:
+                results.append(_greedy(run, peak_of, base, target, can_offload, bound))
+                if results[-1][2].peak <= target:
+                    cost = sum(c[3] for c in cands if c[1] in results[-1][0])
+                    bound = cost if bound is None else min(bound, cost)
         fitting = [r for r in results if r[2].peak <= target]
         if fitting:
             chosen, off, best = min(fitting, key=lambda r: (r[2].recompute_flops, r[2].peak))
@@ -245,26 +256,32 @@ def plan(report, budget, optimizer=None, *, batch: float = 1.0, offload="auto", 
             chosen, off, best = min(results, key=lambda r: (r[2].peak, r[2].recompute_flops))
     fits = best.peak <= limit
     message = "" if fits else _not_fit(best, limit, floor, bool(chosen or off))
-    order = {n: i for i, n in enumerate(names)}
-    chosen.sort(key=lambda n: order.get(n, 0))
-    off.sort(key=lambda n: order.get(n, 0))
+    first = {nid: i for i, nid in enumerate(context(report)["order"])}
+    starts = {n: first[runs[0][0]] for n, runs in context(report)["regions"].items() if runs}
+    chosen = sorted(chosen, key=lambda n: starts.get(n, 0))
+    off = sorted(off, key=lambda n: starts.get(n, 0))
     return Plan(budget=limit, checkpoint=chosen, offload=off, peak=best.peak, before=base.peak, fits=fits,
                 recompute_flops=best.recompute_flops, forward_flops=best.forward_flops, floor=floor,
                 code=plan_code(chosen, off), result=best, seconds=time.perf_counter() - t0, message=message,
                 device=device)
 
 
-def _greedy(cands, peak_of, base: WhatIf, target: int, can_offload: bool):
-    """One pass of NOTE [the planner] over ``cands``: ``(checkpoint, offload, WhatIf)``."""
+def _greedy(cands, peak_of, base: WhatIf, target: int, can_offload: bool, bound=None):
+    """One pass of NOTE [the planner] over ``cands``: ``(checkpoint, offload, WhatIf)``; the pass gives up
+    once the chosen modules cost more than ``bound`` FLOPs (a cheaper fitting plan is known)."""
     chosen: list[str] = []
     off: list[str] = []
     best = base
-    for _, name, _, _ in cands:
+    spent = 0
+    for _, name, _, cost in cands:
         if any(_nested(name, c) for c in chosen):
+            continue
+        if bound is not None and spent + cost >= bound:
             continue
         trial = peak_of(chosen + [name], off)
         if trial.peak < best.peak:
             chosen.append(name)
+            spent += cost
             best = trial
             if best.peak <= target:
                 break

@@ -37,9 +37,9 @@ def _rng_bytes() -> int:
     return int(torch.get_rng_state().numel())
 
 
-def with_checkpoints(prog, graph, regions: list[tuple[str, list[str]]], device: str = "cpu"):
+def with_checkpoints(prog, graph, regions: list[tuple[str, list[str]]], device: str = "cpu", rank=None):
     """A copy of ``prog`` with each ``(module, node ids)`` region checkpointed (NOTE [a requested
-    checkpoint region])."""
+    checkpoint region]); ``rank``: node index -> position in the engine order, when at hand."""
     if not regions:
         return prog
     index = prog.index
@@ -48,7 +48,7 @@ def with_checkpoints(prog, graph, regions: list[tuple[str, list[str]]], device: 
     shapes = dict(prog.shapes)
     recompute = {k: list(v) for k, v in prog.recompute.items()}
     prog_regions = dict(prog.regions)
-    rank = {v: i for i, v in enumerate(engine_order(prog))}
+    rank = {v: i for i, v in enumerate(engine_order(prog))} if rank is None else rank
     for r, (module, nids) in enumerate(regions):
         members = [index[n] for n in nids if n in index]
         if not members:

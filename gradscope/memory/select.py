@@ -30,7 +30,7 @@ from math import prod
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.memory.attribution import seq_order
 
-__all__ = ["require_modules", "resolve", "module_regions", "region_inputs", "infer_batch", "Scaler"]
+__all__ = ["require_modules", "resolve", "all_regions", "module_regions", "region_inputs", "infer_batch", "Scaler"]
 
 
 def require_modules(graph, what: str) -> list[str]:
@@ -74,26 +74,35 @@ def resolve(graph, value, arg: str, names: list[str]) -> list[str]:
     return [n for n in hits if not any(n.startswith(o + ".") for o in hits if o != n)]
 
 
-def _inside(module: str | None, name: str) -> bool:
-    return module is not None and (module == name or module.startswith(name + "."))
-
-
-def module_regions(graph, names: list[str], order: list[str] | None = None) -> list[tuple[str, list[str]]]:
-    """``[(module name, op node ids of one call)]`` for every call of every named module (NOTE [module
-    calls from sequence numbers]), in forward order."""
+def all_regions(graph, order: list[str] | None = None) -> dict[str, list[list[str]]]:
+    """``{module name: [op node ids of one call, ...]}`` for every module and enclosing module of the
+    traced graph, in one pass over the forward order (NOTE [module calls from sequence numbers])."""
     order = seq_order(graph) if order is None else order
     nodes = graph.nodes
-    out = []
-    for name in names:
-        run: list[str] = []
-        for nid in order:
-            if _inside(nodes[nid].get("module"), name):
-                run.append(nid)
-            elif run:
-                out.append((name, run))
-                run = []
-        if run:
-            out.append((name, run))
+    runs: dict[str, list[list[str]]] = {}
+    last: dict[str, int] = {}
+    for i, nid in enumerate(order):
+        mod = nodes[nid].get("module")
+        if not mod:
+            continue
+        parts = mod.split(".")
+        for j in range(1, len(parts) + 1):
+            name = ".".join(parts[:j])
+            if last.get(name) == i - 1:
+                runs[name][-1].append(nid)
+            else:
+                runs.setdefault(name, []).append([nid])
+            last[name] = i
+    return runs
+
+
+def module_regions(graph, names: list[str], order: list[str] | None = None,
+                   regions: dict | None = None) -> list[tuple[str, list[str]]]:
+    """``[(module name, op node ids of one call)]`` for every call of every named module (NOTE [module
+    calls from sequence numbers]), in forward order; ``regions``: :func:`all_regions`, when at hand."""
+    order = seq_order(graph) if order is None else order
+    regions = all_regions(graph, order) if regions is None else regions
+    out = [(name, run) for name in names for run in regions.get(name, ())]
     first = {nid: i for i, nid in enumerate(order)}
     out.sort(key=lambda r: first[r[1][0]])
     return out

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from gradscope._format import human_bytes, shape_str
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.memory.attribution import seq_order, storage_uses
-from gradscope.memory.select import Scaler, module_regions, require_modules, resolve
+from gradscope.memory.select import Scaler, all_regions, module_regions, require_modules, resolve
 
 __all__ = ["WhatIf", "what_if", "step_device", "change_overrides", "replay_change"]
 
@@ -108,6 +108,34 @@ class WhatIf:
         return curves_svg([("before", self.baseline), (self.change(), self.memory)], path, **kwargs)
 
 
+def context(report) -> dict:
+    """What every what-if on ``report`` shares, computed once (cached on the report; the graph is not
+    changed): forward order, module calls, FLOPs per node, the engine order's ranks, scalers."""
+    c = getattr(report, "_gs_whatif", None)
+    if c is None or c["graph"] is not report.graph:
+        from gradscope.memory.backward import program
+        from gradscope.memory.cost import forward_flops
+        from gradscope.memory.engine import engine_order
+
+        graph = report.graph
+        order = seq_order(graph)
+        c = {"graph": graph, "order": order, "regions": all_regions(graph, order),
+             "flops": forward_flops(graph), "scalers": {}, "device": step_device(graph),
+             "rank": {v: i for i, v in enumerate(engine_order(program(report)))}}
+        try:
+            report._gs_whatif = c
+        except AttributeError:
+            pass
+    return c
+
+
+def _scaler(report, batch_size) -> Scaler:
+    scalers = context(report)["scalers"]
+    if batch_size not in scalers:
+        scalers[batch_size] = Scaler(report.graph, batch_size)
+    return scalers[batch_size]
+
+
 def step_device(graph) -> str:
     """The device most op nodes run on (``"cpu"`` when unknown)."""
     count = Counter(d.get("device") for _, d in graph.nodes(data=True) if d.get("kind") == "op" and d.get("device"))
@@ -142,19 +170,21 @@ def change_overrides(report, checkpoint=(), offload=(), batch: float = 1.0, scal
     from gradscope.memory.backward import Overrides
 
     graph = report.graph
-    order = seq_order(graph)
-    regions = module_regions(graph, list(checkpoint), order)
+    ctx = context(report)
+    order = ctx["order"]
+    regions = module_regions(graph, list(checkpoint), order, ctx["regions"])
     notes = []
     off_nodes: set = set()
     if offload:
-        if step_device(graph) == "cpu":
+        if ctx["device"] == "cpu":
             notes.append("the step runs on the CPU, where save_on_cpu() keeps each saved tensor where it is "
                          "(tensor.cpu() returns the tensor itself): offloading saves no memory")
         else:
-            off_nodes = {nid for _, nodes in module_regions(graph, list(offload), order) for nid in nodes}
+            off_nodes = {nid for _, nodes in module_regions(graph, list(offload), order, ctx["regions"])
+                         for nid in nodes}
     scale = None
     if batch != 1:
-        scaler = scaler or Scaler(graph)
+        scaler = scaler or _scaler(report, None)
         if scaler.batch_size is None:
             raise InputValueError("what_if(batch=...) found no activation whose shape shows the batch size; "
                                   "pass batch_size= (the batch of the traced forward).")
@@ -178,7 +208,9 @@ def replay_change(report, ov, regions, optimizer=None):
     from gradscope.memory.rewrite import with_checkpoints
 
     if regions:
-        report = _Rewritten(report, with_checkpoints(program(report), report.graph, regions, step_device(report.graph)))
+        ctx = context(report)
+        prog = with_checkpoints(program(report), report.graph, regions, ctx["device"], ctx["rank"])
+        report = _Rewritten(report, prog)
     return replay(report, ov, optimizer=optimizer)
 
 
@@ -229,7 +261,6 @@ def what_if(report, checkpoint=None, offload=None, batch: float = 1.0, optimizer
         InputTypeError: an argument of the wrong type.
     """
     from gradscope.memory.backward import replay
-    from gradscope.memory.cost import forward_flops
 
     graph = report.graph
     names = require_modules(graph, "what_if")
@@ -237,14 +268,15 @@ def what_if(report, checkpoint=None, offload=None, batch: float = 1.0, optimizer
     off = resolve(graph, offload, "offload", names)
     _overlap(ck, off)
     k = _batch_factor(batch)
-    scaler = Scaler(graph, batch_size)
+    scaler = _scaler(report, batch_size)
     ov, notes, regions = change_overrides(report, ck, off, k, scaler)
     before = baseline if baseline is not None else replay(report, None, optimizer=optimizer)
     after = replay_change(report, ov, regions, optimizer)
-    flops = forward_flops(graph)
+    flops = context(report)["flops"]
     recompute = sum(flops.get(n, 0) for _, nodes in regions for n in nodes)
     scaled, fixed, examples = _batch_split(scaler, graph) if k != 1 else (0, 0, [])
     return WhatIf(peak=after.absolute_peak, before=before.absolute_peak, checkpoint=ck, offload=off, batch=k,
                   batch_size=scaler.batch_size, memory=after, baseline=before,
                   recompute_flops=int(recompute * k), forward_flops=int(sum(flops.values()) * k),
-                  scaled=scaled, fixed=fixed, fixed_examples=examples, device=step_device(graph), notes=notes)
+                  scaled=scaled, fixed=fixed, fixed_examples=examples, device=context(report)["device"],
+                  notes=notes)
