@@ -165,3 +165,65 @@ def test_bad_input_is_one_clear_error():
         report.plan(budget="lots")
     assert report.plan(budget="16 GB").budget == 16 * 10**9
     assert report.plan(budget="12GiB").budget == 12 * 2**30
+
+
+def test_cli_plan_text_and_exit_code(tmp_path):
+    from gradscope.cli.planning import print_plan
+
+    report, model, *_ = _traced(CASES["gpt"][0])
+    lines: list[str] = []
+    budget = int(report.what_if().peak * 0.7)
+    assert print_plan(report, budget, svg=str(tmp_path / "plan.svg"), echo=lines.append) == 0
+    text = "\n".join(lines)
+    assert "checkpoint: blocks." in text and "model.get_submodule(name)" in text
+    assert "largest batch that fits" in text and "with the plan" in text
+    assert (tmp_path / "plan.svg").read_text().count("<polyline") == 2
+    lines.clear()
+    params = sum(p.numel() * 4 for p in model.parameters())
+    assert print_plan(report, params // 2, echo=lines.append) == 1
+    assert "Nothing fits" in "\n".join(lines)
+
+
+def test_planned_modules_marked_on_the_graph(tmp_path):
+    report, *_ = _traced(CASES["gpt"][0])
+    p = report.plan(budget=int(report.what_if().peak * 0.7))
+    path = tmp_path / "g.dot"
+    p.render(report, str(path))
+    dot = path.read_text()
+    assert "plan: checkpoint" in dot and "gs-planned" in dot
+    marked = dot.count("plan: checkpoint")
+    nodes = sum(1 for _, d in report.graph.nodes(data=True)
+                if d.get("module") and any(d["module"].startswith(c) for c in p.checkpoint))
+    assert 0 < marked <= nodes
+    assert not any("planned" in d for _, d in report.graph.nodes(data=True))     # the marks are gone
+
+
+def _gpt2_hf(batch=4, device="cpu"):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(n_layer=4, n_embd=64, n_head=4, vocab_size=256, n_positions=64, attn_pdrop=0.0,
+                     embd_pdrop=0.0, resid_pdrop=0.0)
+    with torch.device(device):
+        model = GPT2LMHeadModel(cfg)
+    idx = torch.randint(0, 256, (batch, 64), device=device)
+    return model, (idx,), lambda m, i: m(i, labels=i).loss
+
+
+SLOW = {"gpt2_hf": (_gpt2_hf, ["transformer.h.*"], []),
+        "gpt_deep": (lambda batch=8, device="cpu": CASES["gpt"][0](batch, n_layer=8, d=96, heads=4, ctx=64,
+                                                                   device=device), ["blocks.*"], [])}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change", ["checkpoint", "batch2", "batch4"])
+@pytest.mark.parametrize("name", list(SLOW))
+def test_what_if_bigger_models(name, change):
+    pytest.importorskip("transformers")
+    build, ck, _ = SLOW[name]
+    report, model, _, _, opt, loss = _traced(build, optimizer=True)
+    k = {"batch2": 2, "batch4": 4}.get(change, 1)
+    wi = report.what_if(checkpoint=ck if change == "checkpoint" else None, batch=k, optimizer=opt)
+    state = {k_: v.clone() for k_, v in model.state_dict().items()}
+    del report, loss
+    measured = _measure(build, state, _batch(build) * k, wi.checkpoint, (), True)
+    assert abs(wi.peak - measured) <= TOL * measured, (str(wi), measured)

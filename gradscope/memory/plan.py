@@ -151,6 +151,22 @@ class Plan:
         return (f"<gradscope.Plan {'fits' if self.fits else 'does not fit'} {human_bytes(self.budget)}: "
                 f"checkpoint {len(self.checkpoint)}, offload {len(self.offload)}, peak {human_bytes(self.peak)}>")
 
+    def render(self, report, path, **kwargs):
+        """``report.render(path)`` with the planned modules' op nodes marked (``plan: checkpoint`` /
+        ``plan: offload`` in the label, class ``gs-planned``); the marks are removed afterwards."""
+        from gradscope.memory.select import module_regions
+
+        graph = report.graph
+        marked = [(n, what) for what, names in (("checkpoint", self.checkpoint), ("offload", self.offload))
+                  for _, nodes in module_regions(graph, names) for n in nodes]
+        for n, what in marked:
+            graph.nodes[n]["planned"] = what
+        try:
+            return report.render(path, **kwargs)
+        finally:
+            for n, _ in marked:
+                graph.nodes[n].pop("planned", None)
+
     def to_svg(self, path=None, **kwargs) -> str:
         """Before/after backward curves and the budget line in one SVG."""
         from gradscope.memory.planview import curves_svg

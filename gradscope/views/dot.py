@@ -132,7 +132,9 @@ class _Builder:
             lines += _saved_lines(d["saved"])
         for f in self.flagged.get(n, ()):
             lines.append(f"!! {f.kind}")
-        classes = ["gs-op"] + (["gs-root"] if d.get("root") else [])
+        if d.get("planned"):        # set by Plan.render(): the module is checkpointed / offloaded
+            lines.append(f"plan: {d['planned']}")
+        classes = ["gs-op"] + (["gs-root"] if d.get("root") else []) + (["gs-planned"] if d.get("planned") else [])
         attrs = {"fillcolor": _shade(d["saved_bytes"], top)}
         if d.get("root"):
             attrs.update(peripheries="2", penwidth="2")
