@@ -89,6 +89,17 @@ class BackwardMemory:
     names: list = field(default_factory=list)
     locations: dict = field(default_factory=dict)
     parts: dict = field(default_factory=dict)
+    _contributors: object = field(default=None, repr=False, compare=False)
+
+    def contributors(self) -> list[tuple[str, str, int]]:
+        """What is alive at the peak, beyond what was alive when backward started: ``(module, kind, bytes)``
+        rows, largest first (kind: ``gradients``, ``recomputed activations``, ``workspace``, ``seed``)."""
+        if self._contributors is None:
+            return []
+        got = self._contributors
+        if callable(got):
+            got = self._contributors = got()
+        return got
 
     @property
     def peak_module(self) -> str | None:
@@ -222,7 +233,13 @@ def replay(report, overrides: Overrides | None = None, *, optimizer=None, retain
         loc = prog.attrs[prog.index[nid]].get("location")
         if loc:
             locs[nid] = loc
+    def contributors() -> dict:
+        snap = simulate(prog, retain_graph=retain_graph, has_grad=has_grad, storage_bytes=sizes, grad_scale=grad_scale,
+                        workspace=ws.get if ws else None, drop=drop, snapshot_at=tr.peak_at)
+        return _by_module(prog, snap.snapshot or {}, snap.origin)
+
     return BackwardMemory(
+        _contributors=contributors,
         order=[ids[v] for v in tr.order], levels=list(tr.levels), peak=tr.peak,
         peak_node=None if tr.peak_at is None else ids[tr.peak_at], end=tr.end, base=base,
         absolute_peak=base + max(high, 0), step=step, modules=[prog.module[v] for v in tr.order],
@@ -300,3 +317,25 @@ def _base(prog: Program, graph, sizes: dict, drop, has_grad: dict, scale) -> dic
     buffers = sum(n for sid, n in graph.graph.get("buffers", ()) if sid is None or ("s", sid) not in sizes)
     return {"parameters": p_bytes, "buffers": buffers, "gradients": g_bytes,
             "saved activations and inputs": act, "leaf inputs": inputs, "loss": loss}
+
+
+def _by_module(prog: Program, snapshot: dict, origin: dict) -> list:
+    """Group the peak's live storages that backward created by the module of the node that made them."""
+    out: dict = {}
+    for key, nbytes in snapshot.items():
+        kind = None
+        node = None
+        if key[0] == "g":
+            node, kind = origin.get(key), "gradients"
+        elif key[0] == "w":
+            node, kind = key[1], "workspace"
+        elif key[0] == "r":
+            region = prog.regions.get(key[1]) or ()
+            node, kind = (min(region) if region else None), "recomputed activations"
+        if kind is None or not nbytes:
+            continue
+        mod = (prog.module[node] if node is not None else None) or ("(seed)" if node is None else "(no module)")
+        if node is not None and prog.leaf[node]:
+            mod = prog.attrs[node].get("module") or prog.attrs[node].get("name") or "(no module)"
+        out[(mod, kind)] = out.get((mod, kind), 0) + nbytes
+    return sorted(((m, k, b) for (m, k), b in out.items()), key=lambda r: -r[2])

@@ -43,7 +43,7 @@ class Trace:
     """What one replay produced (indices into the program; :mod:`backward` turns them into ids)."""
 
     __slots__ = ("order", "levels", "inner", "peak", "peak_at", "end", "allocated", "freed", "grads_kept",
-                 "saved_freed")
+                 "saved_freed", "snapshot", "origin")
 
     def __init__(self) -> None:
         self.order: list[int] = []
@@ -61,7 +61,8 @@ class Trace:
 class _Mem:
     """Tensors and storages alive in the simulated backward."""
 
-    __slots__ = ("level", "high", "impl_refs", "impl_storage", "impl_view", "st_refs", "st_bytes", "next_id")
+    __slots__ = ("level", "high", "impl_refs", "impl_storage", "impl_view", "st_refs", "st_bytes", "next_id",
+                 "origin", "cur", "snap", "snap_at")
 
     def __init__(self) -> None:
         self.level = 0
@@ -72,6 +73,10 @@ class _Mem:
         self.st_refs: dict = {}
         self.st_bytes: dict = {}
         self.next_id = 0
+        self.origin: dict = {}        # gradient storage -> the node that made it
+        self.cur = None
+        self.snap = None              # live storages at the highest point of node ``snap_at``
+        self.snap_at = None
 
     def alloc(self, nbytes: int) -> int:
         """A new dense tensor (one reference) on a new storage; returns its impl id."""
@@ -79,12 +84,15 @@ class _Mem:
         st = ("g", i)
         self.st_refs[st] = 1
         self.st_bytes[st] = nbytes
+        self.origin[st] = self.cur
         self.impl_refs[i] = 1
         self.impl_storage[i] = st
         self.impl_view[i] = False
         self.level += nbytes
         if self.level > self.high:
             self.high = self.level
+            if self.cur is not None and self.cur == self.snap_at:
+                self.snap = dict(self.st_bytes)
         return i
 
     def view(self, impl: int, kind: str = "view") -> int:
@@ -139,7 +147,7 @@ class _Mem:
 
 def simulate(prog: Program, *, retain_graph: bool = False, has_grad: dict | None = None,
              storage_bytes: dict | None = None, grad_scale=None, workspace=None, drop: frozenset = frozenset(),
-             recompute: dict | None = None) -> Trace:
+             recompute: dict | None = None, snapshot_at: int | None = None) -> Trace:
     """Replay backward over ``prog`` (see NOTE [what one node does to memory]).
 
     Args:
@@ -151,11 +159,14 @@ def simulate(prog: Program, *, retain_graph: bool = False, has_grad: dict | None
         drop: storage keys that are not on the device during backward (offloaded): never counted.
         recompute: node index -> ``[(storage key, bytes)]`` re-created at the node's first run within its
             region (default ``prog.recompute``); keys shared by a region are created once.
+        snapshot_at: a node index: ``trace.snapshot`` is then ``{storage key: bytes}`` of what is alive at
+            that node's highest point, and ``trace.origin`` the node that made each gradient storage.
     """
     has_grad = prog.has_grad if has_grad is None else has_grad
     sizes = prog.storages if storage_bytes is None else storage_bytes
     recompute = prog.recompute if recompute is None else recompute
     mem = _Mem()
+    mem.snap_at = snapshot_at
     external = prog.external
     for v, keys in enumerate(prog.saved):
         for key in keys:
@@ -181,6 +192,9 @@ def simulate(prog: Program, *, retain_graph: bool = False, has_grad: dict | None
     def run(v: int) -> None:
         before = mem.level
         mem.high = before
+        mem.cur = v
+        if v == snapshot_at:
+            mem.snap = dict(mem.st_bytes)
         inputs = buffers.pop(v, {})
         alloc0 = mem.level
         if v in recompute:
@@ -213,6 +227,8 @@ def simulate(prog: Program, *, retain_graph: bool = False, has_grad: dict | None
             if workspace is not None:
                 extra = workspace(v)
                 if extra:
+                    if v == snapshot_at and mem.level + extra >= mem.high:
+                        mem.snap = {**mem.st_bytes, ("w", v): extra}
                     mem.high = max(mem.high, mem.level + extra)
             for shape, dtype, had in (prog.attrs[v].get("attrs") or {}).get("region_params") or ():
                 if not had:   # reentrant checkpoint: the nested backward fills the region's .grads
@@ -251,6 +267,8 @@ def simulate(prog: Program, *, retain_graph: bool = False, has_grad: dict | None
         del alloc0
 
     engine_order(prog, run)
+    out.snapshot = mem.snap
+    out.origin = mem.origin
     for impl in seeds:
         mem.unref(impl)
     out.end = mem.level
