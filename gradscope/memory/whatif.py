@@ -75,10 +75,12 @@ class WhatIf:
 
     def change(self) -> str:
         parts = []
+        from gradscope.memory.plan import span_names
+
         if self.checkpoint:
-            parts.append("checkpoint " + ", ".join(self.checkpoint))
+            parts.append("checkpoint " + span_names(self.checkpoint))
         if self.offload:
-            parts.append("offload " + ", ".join(self.offload))
+            parts.append("offload " + span_names(self.offload))
         if self.batch != 1:
             parts.append(f"batch x{self.batch:g}" + (f" ({self.batch_size} -> {round(self.batch_size * self.batch)})"
                                                       if self.batch_size else ""))
@@ -134,6 +136,16 @@ def _scaler(report, batch_size) -> Scaler:
     if batch_size not in scalers:
         scalers[batch_size] = Scaler(report.graph, batch_size)
     return scalers[batch_size]
+
+
+def _forward_order(report, names: list[str]) -> list[str]:
+    """``names`` sorted by their first call in the forward (``blocks.2`` before ``blocks.10``)."""
+    ctx = context(report)
+    first = ctx.get("first")
+    if first is None:
+        pos = {nid: i for i, nid in enumerate(ctx["order"])}
+        first = ctx["first"] = {n: pos[runs[0][0]] for n, runs in ctx["regions"].items() if runs}
+    return sorted(names, key=lambda n: (first.get(n, len(first)), n))
 
 
 def step_device(graph) -> str:
@@ -264,8 +276,8 @@ def what_if(report, checkpoint=None, offload=None, batch: float = 1.0, optimizer
 
     graph = report.graph
     names = require_modules(graph, "what_if")
-    ck = resolve(graph, checkpoint, "checkpoint", names)
-    off = resolve(graph, offload, "offload", names)
+    ck = _forward_order(report, resolve(graph, checkpoint, "checkpoint", names))
+    off = _forward_order(report, resolve(graph, offload, "offload", names))
     _overlap(ck, off)
     k = _batch_factor(batch)
     scaler = _scaler(report, batch_size)
