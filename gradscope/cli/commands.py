@@ -278,3 +278,14 @@ def _register_diff() -> None:
 
 
 _register_diff()
+
+
+def _register_memory() -> None:
+    if importlib.util.find_spec("gradscope.cli.memory") is None:
+        return
+    from gradscope.cli.memory import memory_cmd
+
+    main.add_command(memory_cmd, "memory")
+
+
+_register_memory()
