@@ -84,10 +84,10 @@ def _mse(model, x, y):
     return F.mse_loss(model(x), y)
 
 
-def encoder(batch=8, layers=3, d=48, heads=4, seq=48, device="cpu"):
-    """``nn.TransformerEncoder`` (dropout off so that recompute is deterministic)."""
+def encoder(batch=8, layers=3, d=48, heads=4, seq=48, device="cpu", norm_first=True):
+    """``nn.TransformerEncoder``, pre-LN by default (dropout off so that recompute is deterministic)."""
     with torch.device(device):
-        layer = nn.TransformerEncoderLayer(d, heads, 2 * d, dropout=0.0, batch_first=True)
+        layer = nn.TransformerEncoderLayer(d, heads, 2 * d, dropout=0.0, batch_first=True, norm_first=norm_first)
         model = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
     x = torch.randn(batch, seq, d, device=device)
     return model, (x, torch.randn(batch, seq, d, device=device)), _mse

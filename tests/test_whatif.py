@@ -227,3 +227,27 @@ def test_what_if_bigger_models(name, change):
     del report, loss
     measured = _measure(build, state, _batch(build) * k, wi.checkpoint, (), True)
     assert abs(wi.peak - measured) <= TOL * measured, (str(wi), measured)
+
+
+def test_cli_memory_plan_exit_codes():
+    from click.testing import CliRunner
+
+    from gradscope.cli.commands import main
+    from tests._plan_target import make
+
+    _, model = make()
+    target = "tests/_plan_target.py:make"
+    runner = CliRunner()
+    peak = runner.invoke(main, ["memory", target])
+    assert peak.exit_code == 0, peak.output
+    torch.manual_seed(0)
+    report, *_ = _traced(CASES["gpt"][0])
+    budget = int(report.what_if().peak * 0.7)
+    fits = runner.invoke(main, ["memory", target, "--budget", str(budget), "--plan"])
+    assert fits.exit_code == 0, fits.output
+    assert "checkpoint: blocks." in fits.output and "(fits)" in fits.output
+    params = sum(p.numel() * 4 for p in model.parameters())
+    none = runner.invoke(main, ["memory", target, "--budget", str(params // 2), "--plan"])
+    assert none.exit_code == 1 and "Nothing fits" in none.output
+    bad = runner.invoke(main, ["memory", target, "--budget", "lots", "--plan"])
+    assert bad.exit_code == 2 and "Traceback" not in bad.output
