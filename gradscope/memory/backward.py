@@ -213,7 +213,9 @@ def replay(report, overrides: Overrides | None = None, *, optimizer=None, retain
                 has_grad[i] = bool(ov.has_grad[prog.attrs[i]["name"]])
     ws = {}
     if workspace:
-        for i in range(len(prog.ids)):
+        from gradscope.memory.calibrate import BUILDERS
+
+        for i in (i for i, name in enumerate(prog.name) if name in BUILDERS):
             w = node_workspace(prog, i, grad_scale)
             if w:
                 ws[i] = w

@@ -129,6 +129,10 @@ def _reached(graph) -> set:
     for p in graph.graph.get("params", {}).values():
         if p.get("node") is not None and p.get("requires_grad") and p.get("pid") is not None:
             out.add(p["pid"])
+    for _, d in graph.nodes(data=True):   # parameters inside a reentrant checkpoint get grads too
+        for entry in (d.get("attrs") or {}).get("region_params") or ():
+            if len(entry) > 3:
+                out.add(entry[3])
     return out
 
 

@@ -39,6 +39,9 @@ _EXPAND_OPS = frozenset({"SumBackward0", "SumBackward1"})
 _PASS_ONLY_FIRST = frozenset({"SubBackward0"})
 
 
+_EMPTY: dict = {}
+
+
 class Trace:
     """What one replay produced (indices into the program; :mod:`backward` turns them into ids)."""
 
@@ -222,15 +225,16 @@ def simulate(prog: Program, *, retain_graph: bool = False, has_grad: dict | None
                     mem.unref(g)
                     del keep
         else:
+            extra_attrs = prog.attrs[v].get("attrs") or _EMPTY
             outputs = _outputs(v, names[v], inputs, edges[v], prog.needs[v], gbytes, mem, grad_scale,
-                               (prog.attrs[v].get("attrs") or {}).get("alpha", 1))
+                               extra_attrs.get("alpha", 1))
             if workspace is not None:
                 extra = workspace(v)
                 if extra:
                     if v == snapshot_at and mem.level + extra >= mem.high:
                         mem.snap = {**mem.st_bytes, ("w", v): extra}
                     mem.high = max(mem.high, mem.level + extra)
-            for shape, dtype, had in (prog.attrs[v].get("attrs") or {}).get("region_params") or ():
+            for shape, dtype, had, *_ in extra_attrs.get("region_params") or ():
                 if not had:   # reentrant checkpoint: the nested backward fills the region's .grads
                     nbytes = numel_bytes(shape, dtype)
                     mem.alloc(nbytes)

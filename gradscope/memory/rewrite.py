@@ -104,3 +104,39 @@ def _dtype(d) -> str:
         if e.get("dtype") and str(e["dtype"]).startswith(("float", "bfloat")):
             return e["dtype"]
     return "float32"
+
+
+def with_offload(prog, nodes):
+    """A copy of ``prog`` with the saved tensors of op nodes ``nodes`` (ids) under ``save_on_cpu()`` on an
+    accelerator: a storage only those nodes saved leaves the device until backward (a parameter or a tensor
+    held outside the graph stays); each node's unpack (``tensor.to(device)``) makes a device copy that lives
+    while the node runs (key ``("r", ("o", node), key)``, created and freed by that node alone)."""
+    index = prog.index
+    off = {index[n] for n in nodes if n in index}
+    if not off:
+        return prog
+    saved = [list(keys) for keys in prog.saved]
+    storages = dict(prog.storages)
+    shapes = dict(prog.shapes)
+    recompute = {k: list(v) for k, v in prog.recompute.items()}
+    regions = dict(prog.regions)
+    for v in sorted(off):
+        rid = ("o", v)
+        new, fresh = [], []
+        for key in saved[v]:
+            if key in prog.external or key[0] == "r":
+                new.append(key)
+                continue
+            copy = ("r", rid, key)
+            storages[copy] = prog.storages.get(key, 0)
+            shapes[copy] = prog.shapes.get(key)
+            new.append(copy)
+            fresh.append((copy, storages[copy]))
+        saved[v] = new
+        if fresh:
+            recompute[v] = recompute.get(v, []) + fresh
+            regions[rid] = {v}
+    keys_left = {k for keys in saved for k in keys}
+    storages = {k: b for k, b in storages.items() if k in keys_left}
+    return replace(prog, saved=[tuple(s) for s in saved], storages=storages, shapes=shapes,
+                   recompute=recompute, regions=regions)

@@ -117,8 +117,8 @@ def node_workspace(prog, v: int, grad_scale=None) -> int:
         k = tensors["grad"]
         full = numel_bytes(k[0], k[1])
         scale = grad_scale(v, 0, full) / full if full else 1.0
-    key = json.dumps([name, tensors, attrs, needs, _threads(), prog.attrs[v].get("device") or "cpu"],
-                     sort_keys=True, default=str)
+    key = repr((name, sorted(tensors.items()), sorted(attrs.items()), needs, _threads(),
+                prog.attrs[v].get("device") or "cpu"))
     _load()
     hit = _MEMO.get(key)
     if hit is None:

@@ -300,7 +300,7 @@ def _read_custom(node, saved: list, attrs: dict, storages: StorageIds) -> None:
     fn = getattr(node, "run_function", None)    # a reentrant checkpoint: its module's parameters get grads
     module = fn if isinstance(fn, torch.nn.Module) else getattr(fn, "__self__", None)
     if isinstance(module, torch.nn.Module):
-        attrs["region_params"] = [[list(p.shape), dtype_str(p.dtype), p.grad is not None]
+        attrs["region_params"] = [[list(p.shape), dtype_str(p.dtype), p.grad is not None, id(p)]
                                   for p in module.parameters() if p.requires_grad]
 
 
