@@ -251,3 +251,25 @@ def test_cli_memory_plan_exit_codes():
     assert none.exit_code == 1 and "Nothing fits" in none.output
     bad = runner.invoke(main, ["memory", target, "--budget", "lots", "--plan"])
     assert bad.exit_code == 2 and "Traceback" not in bad.output
+
+
+def test_meta_device_what_if_and_accelerator_offload():
+    """A forward on meta tensors (an accelerator stand-in) gives the CPU's prediction, less the host-side RNG
+    state each checkpoint call keeps; offloading there lowers the device peak (on the CPU it cannot)."""
+    def traced(device):
+        torch.manual_seed(0)
+        model, inputs, loss_fn = CASES["gpt"][0](device=device)
+        with gradscope.trace(model) as tr:
+            loss = loss_fn(model, *inputs)
+        return gradscope.inspect(loss, model=model, trace=tr), loss
+
+    (cpu, l1), (meta, l2) = traced("cpu"), traced("meta")
+    ck = ["blocks.1", "blocks.2"]
+    assert meta.what_if(batch=2).peak == cpu.what_if(batch=2).peak
+    rng = torch.get_rng_state().numel()
+    assert cpu.what_if(checkpoint=ck).peak - meta.what_if(checkpoint=ck).peak == 2 * rng
+    off = meta.what_if(offload=["blocks.0"])
+    held0 = sum(u.nbytes for u in storage_uses(meta.graph) if u.category == "held"
+                and all((meta.graph.nodes[n].get("module") or "").startswith("blocks.0") for n in u.users))
+    assert 0 < off.before - off.peak <= held0 and not off.notes
+    assert cpu.what_if(offload=["blocks.0"]).peak == cpu.what_if().peak

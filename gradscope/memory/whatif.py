@@ -178,7 +178,8 @@ def _scale(scaler: Scaler, graph, k: float):
 
 
 def change_overrides(report, checkpoint=(), offload=(), batch: float = 1.0, scaler: Scaler | None = None):
-    """``(Overrides, notes, regions)`` for checkpointed / offloaded module names (already resolved)."""
+    """``(Overrides, notes, checkpoint regions, offloaded node ids)`` for checkpointed / offloaded module
+    names (already resolved)."""
     from gradscope.memory.backward import Overrides
 
     graph = report.graph
@@ -201,8 +202,7 @@ def change_overrides(report, checkpoint=(), offload=(), batch: float = 1.0, scal
             raise InputValueError("what_if(batch=...) found no activation whose shape shows the batch size; "
                                   "pass batch_size= (the batch of the traced forward).")
         scale = _scale(scaler, graph, batch)
-    ov = Overrides(offload=frozenset(off_nodes), scale=scale)     # regions: rewrite.with_checkpoints
-    return ov, notes, regions
+    return Overrides(scale=scale), notes, regions, frozenset(off_nodes)   # rewrite.py applies the last two
 
 
 class _Rewritten:
@@ -214,15 +214,15 @@ class _Rewritten:
         self._gs_program = (report.graph, prog)
 
 
-def replay_change(report, ov, regions, optimizer=None):
+def replay_change(report, ov, regions, off=frozenset(), optimizer=None):
     """The replay of the step with ``change_overrides``' result applied."""
     from gradscope.memory.backward import program, replay
-    from gradscope.memory.rewrite import with_checkpoints
+    from gradscope.memory.rewrite import with_checkpoints, with_offload
 
-    if regions:
+    if regions or off:
         ctx = context(report)
         prog = with_checkpoints(program(report), report.graph, regions, ctx["device"], ctx["rank"])
-        report = _Rewritten(report, prog)
+        report = _Rewritten(report, with_offload(prog, off))
     return replay(report, ov, optimizer=optimizer)
 
 
@@ -281,9 +281,9 @@ def what_if(report, checkpoint=None, offload=None, batch: float = 1.0, optimizer
     _overlap(ck, off)
     k = _batch_factor(batch)
     scaler = _scaler(report, batch_size)
-    ov, notes, regions = change_overrides(report, ck, off, k, scaler)
+    ov, notes, regions, off_nodes = change_overrides(report, ck, off, k, scaler)
     before = baseline if baseline is not None else replay(report, None, optimizer=optimizer)
-    after = replay_change(report, ov, regions, optimizer)
+    after = replay_change(report, ov, regions, off_nodes, optimizer)
     flops = context(report)["flops"]
     recompute = sum(flops.get(n, 0) for _, nodes in regions for n in nodes)
     scaled, fixed, examples = _batch_split(scaler, graph) if k != 1 else (0, 0, [])
