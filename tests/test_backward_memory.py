@@ -198,3 +198,64 @@ def test_nothing_is_kept_alive_and_nothing_allocated():
     del loss
     gc.collect()
     assert ref() is None
+
+
+def _numel(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _traced(name="hf_gpt2"):
+    torch.manual_seed(0)
+    model, inputs, loss_fn = MODELS[name]()
+    with gradscope.trace(model) as tr:
+        loss = loss_fn(model, *inputs)
+    report = gradscope.inspect(loss, model=model, trace=tr)
+    return report, report.backward_memory(optimizer=torch.optim.AdamW(model.parameters())), loss
+
+
+def test_print_names_the_peak_module_and_the_budget():
+    report, bm, _ = _traced()
+    text = str(bm)
+    i = bm.order.index(bm.peak_node)
+    assert bm.modules[i] and bm.modules[i] in text            # the module, in the user's words
+    assert bm.names[i] in text and "absolute peak of the step" in text and "AdamW.step()" in text
+    rows = dict(bm.table())
+    assert rows["absolute peak of the step"] == bm.absolute_peak
+    assert rows["parameters"] == sum(4 * _numel(p["shape"]) for p in report.graph.graph["params"].values())
+    contributors = bm.contributors()
+    assert contributors and contributors[0][2] > 0
+    assert abs(sum(b for _, _, b in contributors) - bm.peak) <= 4      # the rows explain the peak
+
+
+def test_curve_svg_is_a_picture_of_the_levels():
+    import xml.etree.ElementTree as ET
+
+    _, bm, _ = _traced()
+    root = ET.fromstring(bm.to_svg())
+    ns = "{http://www.w3.org/2000/svg}"
+    assert root.tag == ns + "svg" and int(root.get("width")) == 720
+    level = next(e for e in root.iter(ns + "polyline") if e.get("class") == "level")
+    pts = [tuple(map(float, p.split(","))) for p in level.get("points").split()]
+    assert len(pts) == len(bm.levels)
+    peak = next(e for e in root.iter(ns + "circle") if e.get("class") == "peak")
+    inner = next(e for e in root.iter(ns + "polyline") if e.get("class") == "inner")
+    ys = [float(p.split(",")[1]) for p in inner.get("points").split()]
+    assert abs(float(peak.get("cy")) - min(ys)) < 0.2             # the highest point is the marked one
+    bands = [e for e in root.iter(ns + "rect") if e.get("class") == "band"]
+    assert 1 < len(bands) <= 12                                    # module bands, readable
+    labels = [e.text for e in root.iter(ns + "text") if e.get("class") == "peak-label"]
+    assert labels and bm.names[bm.order.index(bm.peak_node)] in labels[0]
+
+
+def test_peak_node_is_marked_on_the_rendered_graph(tmp_path):
+    import xml.etree.ElementTree as ET
+
+    report, bm, _ = _traced("mlp")
+    bm.render(tmp_path / "g.svg")
+    root = ET.parse(tmp_path / "g.svg").getroot()
+    marked = [g for g in root.iter("{http://www.w3.org/2000/svg}g") if "gs-memory-peak" in (g.get("class") or "")]
+    assert [g.get("id") for g in marked] == [bm.peak_node]
+    assert "memory_peak" not in report.graph.nodes[bm.peak_node]   # the mark is not left behind

@@ -90,10 +90,12 @@ class BackwardMemory:
     locations: dict = field(default_factory=dict)
     parts: dict = field(default_factory=dict)
     _contributors: object = field(default=None, repr=False, compare=False)
+    _report: object = field(default=None, repr=False, compare=False)
 
     def contributors(self) -> list[tuple[str, str, int]]:
-        """What is alive at the peak, beyond what was alive when backward started: ``(module, kind, bytes)``
-        rows, largest first (kind: ``gradients``, ``recomputed activations``, ``workspace``, ``seed``)."""
+        """What backward made that is alive at its peak, by module: ``(module, kind, bytes)`` rows, largest
+        first (kind: ``gradients``, ``recomputed activations``, ``workspace``), then the saved tensors freed
+        before the peak as a negative row: the rows sum to ``peak``."""
         if self._contributors is None:
             return []
         got = self._contributors
@@ -124,6 +126,23 @@ class BackwardMemory:
         from gradscope.memory.views import curve_svg
 
         return curve_svg(self, path, **kwargs)
+
+    def render(self, path, **kwargs):
+        """``report.render(path)`` with the peak node marked (label ``memory peak: ...``, class
+        ``gs-memory-peak`` in SVG and HTML); needs the report this replay came from to be alive."""
+        report = self._report() if self._report is not None else None
+        if report is None:
+            raise InputValueError("render() needs the report backward_memory() was called on; keep it.")
+        from gradscope._format import human_bytes
+
+        node = report.graph.nodes.get(self.peak_node) if self.peak_node is not None else None
+        if node is not None:
+            node["memory_peak"] = f"memory peak: +{human_bytes(self.peak)}"
+        try:
+            return report.render(path, **kwargs)
+        finally:
+            if node is not None:
+                node.pop("memory_peak", None)
 
     def __str__(self) -> str:
         from gradscope.memory.views import text
@@ -238,10 +257,16 @@ def replay(report, overrides: Overrides | None = None, *, optimizer=None, retain
     def contributors() -> dict:
         snap = simulate(prog, retain_graph=retain_graph, has_grad=has_grad, storage_bytes=sizes, grad_scale=grad_scale,
                         workspace=ws.get if ws else None, drop=drop, snapshot_at=tr.peak_at)
-        return _by_module(prog, snap.snapshot or {}, snap.origin)
+        return _by_module(prog, snap.snapshot or {}, snap.origin, sizes, drop)
 
+    import weakref
+
+    try:
+        ref = weakref.ref(report)
+    except TypeError:
+        ref = None
     return BackwardMemory(
-        _contributors=contributors,
+        _contributors=contributors, _report=ref,
         order=[ids[v] for v in tr.order], levels=list(tr.levels), peak=tr.peak,
         peak_node=None if tr.peak_at is None else ids[tr.peak_at], end=tr.end, base=base,
         absolute_peak=base + max(high, 0), step=step, modules=[prog.module[v] for v in tr.order],
@@ -321,9 +346,12 @@ def _base(prog: Program, graph, sizes: dict, drop, has_grad: dict, scale) -> dic
             "saved activations and inputs": act, "leaf inputs": inputs, "loss": loss}
 
 
-def _by_module(prog: Program, snapshot: dict, origin: dict) -> list:
-    """Group the peak's live storages that backward created by the module of the node that made them."""
+def _by_module(prog: Program, snapshot: dict, origin: dict, sizes: dict, drop) -> list:
+    """Group the peak's live storages that backward created by the module of the node that made them; a last
+    row gives the saved tensors freed before the peak (negative), so that the rows sum to the peak."""
     out: dict = {}
+    held = {k for keys in prog.saved for k in keys if k[0] != "r" and k not in drop and k not in prog.external}
+    freed = sum(sizes.get(k, 0) for k in held if k not in snapshot)
     for key, nbytes in snapshot.items():
         kind = None
         node = None
@@ -340,4 +368,7 @@ def _by_module(prog: Program, snapshot: dict, origin: dict) -> list:
         if node is not None and prog.leaf[node]:
             mod = prog.attrs[node].get("module") or prog.attrs[node].get("name") or "(no module)"
         out[(mod, kind)] = out.get((mod, kind), 0) + nbytes
-    return sorted(((m, k, b) for (m, k), b in out.items()), key=lambda r: -r[2])
+    rows = sorted(((m, k, b) for (m, k), b in out.items()), key=lambda r: -r[2])
+    if freed:
+        rows.append(("(saved tensors freed before the peak)", "freed", -freed))
+    return rows

@@ -51,9 +51,10 @@ def text(bm, top: int = 5) -> str:
     width = max(len(k) for k, _ in budget_rows(bm))
     for k, v in budget_rows(bm):
         lines.append(f"  {k:<{width}}  {human_bytes(v):>10}")
-    rows = bm.contributors()[:top]
+    every = bm.contributors()
+    rows = [r for r in every if r[2] > 0][:top] + [r for r in every if r[2] < 0]
     if rows:
-        lines.append("alive at the peak beyond backward's start, by module:")
+        lines.append("the peak, by module (what backward made and still holds there, minus what it freed):")
         mw = max(len(m) for m, _, _ in rows)
         for m, kind, b in rows:
             lines.append(f"  {m:<{mw}}  {kind:<24} {human_bytes(b):>10}")

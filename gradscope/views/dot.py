@@ -136,6 +136,10 @@ class _Builder:
             lines.append(f"plan: {d['planned']}")
         classes = ["gs-op"] + (["gs-root"] if d.get("root") else []) + (["gs-planned"] if d.get("planned") else [])
         attrs = {"fillcolor": _shade(d["saved_bytes"], top)}
+        if d.get("memory_peak"):    # set by BackwardMemory.render(): backward's memory peak is here
+            lines.append(d["memory_peak"])
+            classes.append("gs-memory-peak")
+            attrs.update(color=COLORS["finding"], penwidth="3")
         if d.get("root"):
             attrs.update(peripheries="2", penwidth="2")
         info = {"kind": "op", "name": d["name"], "node": n, "module": self.view.module_of.get(n),
