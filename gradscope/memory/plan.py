@@ -19,79 +19,18 @@ Offloading (``save_on_cpu``) recomputes nothing but saves memory only off the CP
 
 from __future__ import annotations
 
-import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gradscope._format import human_bytes
-from gradscope.errors import InputTypeError, InputValueError
+from gradscope.errors import InputValueError
+from gradscope.memory.maxbatch import MaxBatch, max_batch
+from gradscope.memory.plancode import parse_budget, plan_code, span_names
 from gradscope.memory.attribution import storage_uses
 from gradscope.memory.select import module_regions, region_inputs, require_modules
 from gradscope.memory.whatif import WhatIf, _forward_order, context, step_device, what_if
 
 __all__ = ["Plan", "MaxBatch", "plan", "max_batch", "parse_budget", "plan_code", "span_names"]
-
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-          "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_budget(budget) -> int:
-    """``"12GiB"``, ``"16 GB"``, ``"512MiB"`` or an int of bytes -> bytes (GB = 10^9, GiB = 2^30)."""
-    if isinstance(budget, bool) or not isinstance(budget, (int, float, str)):
-        raise InputTypeError(f"budget= takes a size such as '12GiB' or a number of bytes, got {budget!r:.60}.")
-    if isinstance(budget, str):
-        m = _SIZE.match(budget)
-        unit = m.group(2).lower() if m else None
-        if m is None or unit not in _UNITS:
-            raise InputValueError(f"budget={budget!r} is not a size: write it like '12GiB', '16 GB' or '512MiB'.")
-        budget = float(m.group(1)) * _UNITS[unit]
-    if not budget > 0:
-        raise InputValueError(f"budget= must be positive, got {budget!r}.")
-    return int(budget)
-
-
-def span_names(names: list[str]) -> str:
-    """``['blocks.4', ..., 'blocks.11'] -> 'blocks.4-11'`` (consecutive numbered siblings joined)."""
-    out, run = [], []
-
-    def flush():
-        if len(run) > 2:
-            out.append(f"{run[0][0]}.{run[0][1]}-{run[-1][1]}")
-        else:
-            out.extend(f"{p}.{i}" for p, i in run)
-        run.clear()
-    for n in names:
-        head, _, tail = n.rpartition(".")
-        if head and tail.isdigit() and run and run[-1][0] == head and run[-1][1] + 1 == int(tail):
-            run.append((head, int(tail)))
-            continue
-        flush()
-        if head and tail.isdigit():
-            run.append((head, int(tail)))
-        else:
-            out.append(n)
-    flush()
-    return ", ".join(out)
-
-
-def plan_code(checkpoint: list[str], offload: list[str], model: str = "model") -> str:
-    """The lines to add after building ``model``: the plan applied with torch's own APIs."""
-    lines = []
-    if checkpoint:
-        lines += ["from functools import partial", "from torch.utils.checkpoint import checkpoint", "",
-                  f"for name in {checkpoint!r}:",
-                  f"    module = {model}.get_submodule(name)",
-                  "    module.forward = partial(checkpoint, module.forward, use_reentrant=False)"]
-    if offload:
-        lines += ([""] if lines else []) + [
-            "import torch", "", "def offloaded(forward):", "    def run(*args, **kwargs):",
-            "        with torch.autograd.graph.save_on_cpu(pin_memory=True):",
-            "            return forward(*args, **kwargs)", "    return run", "",
-            f"for name in {offload!r}:", f"    module = {model}.get_submodule(name)",
-            "    module.forward = offloaded(module.forward)"]
-    return "\n".join(lines)
-
 
 @dataclass
 class Plan:
@@ -339,68 +278,3 @@ def _not_fit(best: WhatIf, limit: int, floor: int, tried: bool) -> str:
     return (f"No plan fits: the best found{' (checkpointing every module that helps)' if tried else ''} peaks at "
             f"{b(best.peak)}, {b(best.peak - limit)} over the budget. A smaller batch may fit "
             "(report.max_batch(budget=...)), or a budget of at least " + b(best.peak) + ".")
-
-
-@dataclass
-class MaxBatch:
-    """The largest batch whose predicted step fits ``budget`` (see :func:`max_batch`)."""
-
-    batch: int
-    peak: int
-    budget: int
-    batch_size: int | None
-    per_sample: int
-    checkpoint: list[str] = field(default_factory=list)
-    offload: list[str] = field(default_factory=list)
-
-    @property
-    def fits(self) -> bool:
-        return self.batch >= 1
-
-    def __str__(self) -> str:
-        b = human_bytes
-        if not self.fits:
-            return (f"no batch fits {b(self.budget)}: a batch of 1 needs {b(self.peak)}")
-        return (f"largest batch that fits {b(self.budget)}: {self.batch} (traced: {self.batch_size}), predicted "
-                f"peak {b(self.peak)}; each sample adds {b(self.per_sample)}")
-
-    __repr__ = __str__
-
-
-def max_batch(report, budget, optimizer=None, *, checkpoint=None, offload=None, batch_size=None,
-              margin: float = 0.02) -> MaxBatch:
-    """The largest integer batch whose predicted peak fits ``budget`` less ``margin`` (the prediction's
-    tolerance, as in :func:`plan`), with the given changes applied.
-
-    The peak is a replay per candidate batch: two points give the bytes per sample, then the neighbours of
-    the linear estimate are replayed until the largest fitting batch is pinned down.
-    """
-    budget = parse_budget(budget)
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 0.5:
-        raise InputValueError(f"margin= is a share of the budget in [0, 0.5), got {margin!r}.")
-    limit = int(budget * (1 - margin))
-    one = what_if(report, checkpoint, offload, 1.0, optimizer, batch_size)
-    b0 = one.batch_size
-    if not b0:
-        raise InputValueError("max_batch() found no activation whose shape shows the batch size; "
-                              "pass batch_size= (the batch of the traced forward).")
-
-    def at(n):
-        return what_if(report, checkpoint, offload, n / b0, optimizer, b0)
-
-    two = at(2 * b0)
-    per = max(1, (two.peak - one.peak) // b0)
-    n = max(1, b0 + (limit - one.peak) // per)
-    cache = {b0: one, 2 * b0: two}
-
-    def peak(n):
-        if n not in cache:
-            cache[n] = at(n)
-        return cache[n].peak
-    while n > 1 and peak(n) > limit:
-        n -= 1
-    while peak(n + 1) <= limit:
-        n += 1
-    if peak(n) > limit:
-        return MaxBatch(0, peak(1), budget, b0, per, one.checkpoint, one.offload)
-    return MaxBatch(n, peak(n), budget, b0, per, one.checkpoint, one.offload)

@@ -75,7 +75,7 @@ class WhatIf:
 
     def change(self) -> str:
         parts = []
-        from gradscope.memory.plan import span_names
+        from gradscope.memory.plancode import span_names
 
         if self.checkpoint:
             parts.append("checkpoint " + span_names(self.checkpoint))
