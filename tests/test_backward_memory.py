@@ -259,3 +259,20 @@ def test_peak_node_is_marked_on_the_rendered_graph(tmp_path):
     marked = [g for g in root.iter("{http://www.w3.org/2000/svg}g") if "gs-memory-peak" in (g.get("class") or "")]
     assert [g.get("id") for g in marked] == [bm.peak_node]
     assert "memory_peak" not in report.graph.nodes[bm.peak_node]   # the mark is not left behind
+
+
+def test_meta_attention_model_equals_cpu_with_cpu_kernels():
+    from gradscope.memory import cpu_kernels_on_meta
+
+    out = {}
+    for device in ("cpu", "meta"):
+        torch.manual_seed(0)
+        with torch.device(device):
+            model, (tok, y), loss_fn = MODELS["gpt_sdpa"]()
+            tok, y = torch.zeros(tok.shape, dtype=torch.long), torch.zeros(y.shape, dtype=torch.long)
+        with cpu_kernels_on_meta():
+            loss = loss_fn(model, tok, y)
+        out[device] = gradscope.inspect(loss, model=model).backward_memory(
+            optimizer=torch.optim.AdamW(model.parameters()))
+    assert out["meta"].names == out["cpu"].names and out["meta"].levels == out["cpu"].levels
+    assert out["meta"].absolute_peak == out["cpu"].absolute_peak
