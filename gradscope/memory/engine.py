@@ -184,10 +184,9 @@ class _Heap:
     def __len__(self) -> int:
         return len(self.a)
 
-    def push(self, v: int) -> None:
+    def _sift_up(self, hole: int, v: int) -> None:
+        """libstdc++ ``__push_heap``: move ``v`` up from ``hole`` while its parent compares less."""
         a, key = self.a, self.key
-        a.append(v)
-        hole = len(a) - 1
         kv = key[v]
         parent = (hole - 1) // 2
         while hole > 0 and key[a[parent]] < kv:
@@ -195,6 +194,10 @@ class _Heap:
             hole = parent
             parent = (hole - 1) // 2
         a[hole] = v
+
+    def push(self, v: int) -> None:
+        self.a.append(v)
+        self._sift_up(len(self.a) - 1, v)
 
     def pop(self) -> int:
         a, key = self.a, self.key
@@ -214,13 +217,7 @@ class _Heap:
         if (n & 1) == 0 and child == n:
             a[hole] = a[child - 1]
             hole = child - 1
-        kv = key[value]
-        parent = (hole - 1) // 2
-        while hole > 0 and key[a[parent]] < kv:
-            a[hole] = a[parent]
-            hole = parent
-            parent = (hole - 1) // 2
-        a[hole] = value
+        self._sift_up(hole, value)
         return top
 
 
