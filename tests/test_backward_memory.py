@@ -18,8 +18,6 @@ warnings.filterwarnings("ignore", message=".*loss_type=None.*")
 PEAK_MISSES = {
     ("gru", False): "GRU cell's in-place gate ops: a gradient sum torch does out of place, the replay in place",
     ("gru", True): "GRU cell's in-place gate ops: a gradient sum torch does out of place, the replay in place",
-    ("transformer_encoder", False): "nn.MultiheadAttention's [T, B*H, D] layout: attention workspace is "
-                                    "measured for the head-split [B, T, H, D] layout",
     ("checkpoint_reentrant", False): "the nested backward's transient activations are not replayed",
     ("checkpoint_reentrant", True): "the nested backward's transient activations are not replayed",
 }

@@ -76,8 +76,14 @@ def _bthd(spec, requires_grad, batch):
 
 
 def _sdpa(ts, a, needs, batch):
-    # The usual layout: q, k, v are head-split views of [B, T, H*D] projections and the output goes back
-    # through transpose(1, 2), so its gradient arrives as a [B, T, H, D]-contiguous tensor too.
+    # Heads split by .transpose(1, 2) (HF, nanoGPT): q, k, v are head-split views of [B, T, H*D]
+    # projections and the output goes back through transpose(1, 2), so its gradient arrives as a
+    # [B, T, H, D]-contiguous tensor too. Otherwise (nn.MultiheadAttention) plain tensors.
+    if not a.get("heads_transposed", True):
+        q, k, v = (_t(ts[n], i in needs, batch) for i, n in enumerate(("query", "key", "value")))
+        out = torch._scaled_dot_product_flash_attention_for_cpu(q, k, v, a.get("dropout_p", 0.0),
+                                                                bool(a.get("is_causal")), scale=a.get("scale"))[0]
+        return out, [t for t in (q, k, v) if t.requires_grad]
     leaves = [_bthd(ts[n], i in needs, batch) for i, n in enumerate(("query", "key", "value"))]
     q, k, v = (t.transpose(1, 2) for t in leaves)
     out = torch._scaled_dot_product_flash_attention_for_cpu(q, k, v, a.get("dropout_p", 0.0), bool(a.get("is_causal")),

@@ -86,6 +86,9 @@ def _spec(prog, v: int):
     if attrs.get("batch_first"):   # only the layer whose output goes through transpose(0, 1) gets it batch-major
         attrs["grad_batch_major"] = any(prog.name[u] in ("TransposeBackward0", "TransposeBackward1")
                                    for u in _consumers(prog).get(v, ()))
+    if name.startswith("ScaledDotProduct"):    # heads split by .transpose(1, 2) (HF, nanoGPT) or not (nn.MHA)
+        q = [u for (u, _), pos in zip(prog.edges[v], prog.needs[v]) if pos == 0]
+        attrs["heads_transposed"] = bool(q) and prog.name[q[0]] in ("TransposeBackward0", "TransposeBackward1")
     return name, tensors, attrs
 
 
