@@ -340,7 +340,9 @@ def _base(prog: Program, graph, sizes: dict, drop, has_grad: dict, scale) -> dic
             inputs += int(scale(prog.grad_shapes[i][0], "float32", nbytes)) if scale else nbytes
             if has_grad.get(i):
                 g_bytes += nbytes
-    loss = sum(numel_bytes(s, "float32") for s in graph.graph.get("root_shapes", ()))
+    shapes, stored = graph.graph.get("root_shapes", ()), graph.graph.get("root_storage_bytes") or ()
+    loss = sum(stored[i] if i < len(stored) and stored[i] is not None else numel_bytes(s, "float32")
+               for i, s in enumerate(shapes))      # the loss's storage: MSE's scalar views its whole buffer
     buffers = sum(n for sid, n in graph.graph.get("buffers", ()) if sid is None or ("s", sid) not in sizes)
     return {"parameters": p_bytes, "buffers": buffers, "gradients": g_bytes,
             "saved activations and inputs": act, "leaf inputs": inputs, "loss": loss}

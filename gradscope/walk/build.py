@@ -160,6 +160,13 @@ def _root_node(t: torch.Tensor, index: int):
         "or from inputs that do not require grad. Inspect the loss before any .detach()/.item().")
 
 
+def _root_storage_bytes(t: torch.Tensor) -> int | None:
+    try:
+        return int(t.untyped_storage().nbytes())
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+
+
 def build_graph(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]]) -> nx.DiGraph:
     """Walk from ``roots`` and return the metadata graph (see the module docstring)."""
     return build(roots, names)[0]
@@ -205,6 +212,7 @@ def build(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]],
     g.graph.update({
         "roots": roots_ids,
         "root_shapes": [shape for _, _, shape in root_info],
+        "root_storage_bytes": [_root_storage_bytes(roots[i]) for i, _, _ in root_info],   # a scalar loss may view a big buffer
         "no_grad_roots": no_grad_roots,
         "storage_bytes": list(storages.sizes),
         "params": _params_info(index["param_nodes"], names, storages),
