@@ -16,12 +16,10 @@ warnings.filterwarnings("ignore", message=".*loss_type=None.*")
 
 #: Known misses, each asserted to still miss (strict xfail) so that a fix is noticed.
 PEAK_MISSES = {
-    ("gru", False): "GRU cell's in-place gate ops: a gradient sum torch does out of place, the replay in place",
-    ("gru", True): "GRU cell's in-place gate ops: a gradient sum torch does out of place, the replay in place",
     ("checkpoint_reentrant", False): "the nested backward's transient activations are not replayed",
     ("checkpoint_reentrant", True): "the nested backward's transient activations are not replayed",
 }
-LEVEL_MISSES = {"gru"}
+LEVEL_MISSES: set = set()
 
 _CACHE: dict = {}
 

@@ -28,11 +28,13 @@ VIEW_OPS = frozenset({
     "PermuteBackward0", "SqueezeBackward0", "SqueezeBackward1", "SqueezeBackward2", "SqueezeBackward3",
     "SqueezeBackward4", "UnsqueezeBackward0", "UnsqueezeBackward1", "ReshapeAliasBackward0",
     "AliasBackward0", "SumBackward0", "SumBackward1", "ExpandBackward0", "ViewAsRealBackward0",
-    "ViewAsComplexBackward0", "UnbindBackward0", "NumpyTBackward0", "MvlgammaBackward0",
+    "ViewAsComplexBackward0", "NumpyTBackward0",
 })
 #: Formulas that send the incoming gradient tensor itself (when the bytes and dtype match).
 PASS_OPS = frozenset({"AddBackward0", "AddBackward1", "CloneBackward0", "ToCopyBackward0", "SubBackward0",
                       "SubBackward1", "LiftFreshBackward0", "DetachBackward0"})
+#: Formulas whose gradients are pieces of the incoming gradient: ``cat`` narrows it, ``stack`` selects.
+_PIECE_OPS = frozenset({"CatBackward0", "StackBackward0"})
 #: Formulas whose gradient is the incoming gradient expanded (``sum``: ``grad.expand(self_sizes)``).
 _EXPAND_OPS = frozenset({"SumBackward0", "SumBackward1"})
 #: Outputs of PASS_OPS that are not passed on (``SubBackward0``'s ``other`` gets ``-grad``).
@@ -289,12 +291,16 @@ def _outputs(v: int, name: str, inputs: dict, edges: list, positions: list, gbyt
     in_bytes = mem.st_bytes.get(mem.impl_storage[g0], -1) if g0 is not None else -1
     view = name in VIEW_OPS
     expand = name in _EXPAND_OPS and len(inputs) == 1
+    pieces = name in _PIECE_OPS and len(inputs) == 1
     passes = name in PASS_OPS
     outs = []
     for i, (u, k) in enumerate(edges):
         nbytes = gbytes[u][k] if k < len(gbytes[u]) else 0
         if grad_scale is not None:
             nbytes = grad_scale(u, k, nbytes)
+        if g0 is not None and pieces:
+            outs.append(mem.view(g0))
+            continue
         if g0 is not None and expand:
             outs.append(mem.view(g0, "expand"))    # grad.expand(sizes): a stride-0 view of the incoming grad
             continue
