@@ -276,7 +276,15 @@ def replay(report, overrides: Overrides | None = None, *, optimizer=None, retain
 
 def backward_memory(report, retain_graph: bool = False, optimizer=None) -> BackwardMemory:
     """``report.backward_memory()``: the unchanged step (see :class:`BackwardMemory`)."""
-    return replay(report, None, optimizer=optimizer, retain_graph=retain_graph)
+    import gc
+
+    enabled = gc.isenabled()
+    gc.disable()   # the replay allocates many small objects; generational passes would dominate its time
+    try:
+        return replay(report, None, optimizer=optimizer, retain_graph=retain_graph)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _sizes(prog: Program, scale):
