@@ -226,6 +226,19 @@ def replay_change(report, ov, regions, off=frozenset(), optimizer=None):
     return replay(report, ov, optimizer=optimizer)
 
 
+def _loss_buffer(graph, k: float) -> int:
+    """Bytes the loss's storage grows by with the batch scaled by ``k``: a scalar loss that views a bigger
+    buffer (MSE's mean over the elementwise losses) keeps a buffer of the batch's size."""
+    from gradscope.memory.engine import numel_bytes
+
+    if k == 1:
+        return 0
+    shapes, stored = graph.graph.get("root_shapes", ()), graph.graph.get("root_storage_bytes") or ()
+    extra = sum(b - numel_bytes(s, "float32") for s, b in zip(shapes, stored)
+                if b is not None and b > numel_bytes(s, "float32"))
+    return int(round(extra * (k - 1)))
+
+
 def _overlap(ck: list[str], off: list[str]) -> None:
     for a in ck:
         for b in off:
@@ -284,6 +297,11 @@ def what_if(report, checkpoint=None, offload=None, batch: float = 1.0, optimizer
     ov, notes, regions, off_nodes = change_overrides(report, ck, off, k, scaler)
     before = baseline if baseline is not None else replay(report, None, optimizer=optimizer)
     after = replay_change(report, ov, regions, off_nodes, optimizer)
+    grown = _loss_buffer(graph, k)
+    if grown:       # a scalar loss viewing its elementwise buffer (MSE): the buffer has the batch's shape
+        after.base += grown
+        after.absolute_peak += grown
+        after.parts["loss"] = after.parts.get("loss", 0) + grown
     flops = context(report)["flops"]
     recompute = sum(flops.get(n, 0) for _, nodes in regions for n in nodes)
     scaled, fixed, examples = _batch_split(scaler, graph) if k != 1 else (0, 0, [])
