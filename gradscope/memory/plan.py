@@ -83,7 +83,7 @@ class Plan:
         if self.message:
             lines.append("  " + self.message)
         if self.code and self.fits:
-            lines += ["", "Add after building the model:", *("    " + ln for ln in self.code.splitlines())]
+            lines += ["", "Add after building the model:", *(("    " + ln).rstrip() for ln in self.code.splitlines())]
         return "\n".join(lines)
 
     def __repr__(self) -> str:
