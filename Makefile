@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 # torch is pinned to the CPU wheel that lies on these machines; an unpinned torch pulls a CUDA build.
 TORCH   := torch==2.13.0
 
-.PHONY: install demo test bench fuzz-slow clean system-deps
+.PHONY: install demo test lint bench fuzz-slow clean system-deps
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -29,7 +29,13 @@ install: system-deps $(STAMP)
 demo: install
 	$(BIN)/gradscope demo -o demo.svg
 
-test: install
+# The gates: lint (ruff.toml), format check, types (setup.cfg [mypy]), then the tests (doctests included).
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check gradscope
+	$(BIN)/mypy
+
+test: lint
 	$(BIN)/python -m pytest
 
 bench: install

@@ -4,7 +4,8 @@ Each repeat times the plain forward, the traced forward (entering and leaving ``
 and the floor back to back, alternating the order; the table shows medians and their ratios to the
 plain forward. ``floor`` is the same forward under no-op global module hooks and a TorchFunctionMode
 that only forwards each call: the cost of the mechanism itself, which any tracer built on them pays.
-Target: at most 1.3x on the GPT-2-small-like and ResNet-18-like models (CPU, real data). The tiny GPT
+Target: at most 1.3x on the GPT-2-small-like and ResNet-18-like models (CPU, real data); the exit status
+is 1 when a target is missed. The tiny GPT
 and the MLP are the worst case: so little compute per op that the fixed cost of the hooks and the mode
 (a few microseconds per module call and per torch function call) shows on its own.
 
@@ -27,8 +28,9 @@ from torch.overrides import TorchFunctionMode
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import gradscope  # noqa: E402
-from _models import gpt2_small_like, mlp, resnet18_like  # noqa: E402
+from _models import gpt2_small_like, mlp, resnet18_like
+
+import gradscope
 
 
 def _gpt(**kwargs):
@@ -57,6 +59,10 @@ CASES = {
     "gpt tiny (2 layers, d=64, ctx 16)": lambda: _gpt(n_layer=2, d=64, heads=4, vocab=512, ctx=16),
     "mlp (4 x Linear(256), batch 32)": _mlp,
 }
+
+
+#: The stated targets: model -> the highest trace()/forward ratio we accept. The small models have none.
+TARGETS = {"gpt2_small_like": 1.3, "resnet18_like": 1.3}
 
 
 class _EmptyMode(TorchFunctionMode):
@@ -115,14 +121,22 @@ def main(argv=None) -> int:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), median of {args.repeat} "
           "interleaved repeats")
     print(f"{'model':<36} {'calls':>6} {'forward':>10} {'trace()':>10} {'ratio':>7} {'floor':>7}")
+    missed = []
     for name, build in CASES.items():
         model, forward = build()
         model.train()
         plain, traced, bare, calls = measure(model, forward, args.repeat)
+        target = TARGETS.get(name)
+        verdict = "" if target is None else (f"  <= {target}x ok" if traced / plain <= target else
+                                             f"  MISSED (target {target}x)")
+        if target is not None and traced / plain > target:
+            missed.append(name)
         print(f"{name:<36} {calls:>6} {plain * 1e3:>8.2f}ms {traced * 1e3:>8.2f}ms {traced / plain:>6.2f}x "
-              f"{bare / plain:>6.2f}x")
+              f"{bare / plain:>6.2f}x{verdict}")
         del model, forward
-    return 0
+    if missed:
+        print(f"target missed on {', '.join(missed)}")
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":

@@ -7,15 +7,21 @@
 
 from __future__ import annotations
 
-from gradscope.errors import (GradientError, GradscopeError, InputTypeError, InputValueError, NoGradRootError,
-                     RenderError, UnknownParameterError)
+from gradscope.compare import Diff, diff
+from gradscope.errors import (
+    GradientError,
+    GradscopeError,
+    InputTypeError,
+    InputValueError,
+    NoGradRootError,
+    RenderError,
+    UnknownParameterError,
+)
 from gradscope.findings import KINDS, Finding
 from gradscope.inspection import inspect
-from gradscope.report import Report
+from gradscope.report import Report, load
 from gradscope.tracing.recorder import trace
 from gradscope.watching.guard import Watch, watch
-from gradscope.views.serialize import load
-from gradscope.compare import Diff, diff
 
 __version__ = "0.1.0"
 

@@ -47,7 +47,7 @@ class Finding:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Finding":
+    def from_dict(cls, d: dict) -> Finding:
         return cls(d["kind"], d["severity"], d["message"], d.get("node"), tuple(d.get("params") or ()),
                    d.get("location"))
 

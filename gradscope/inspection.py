@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from gradscope.checks import run_checks
-from gradscope.walk.build import build, flatten_roots, param_names
 from gradscope.report import Report
+from gradscope.walk.build import build, flatten_roots, param_names
+from gradscope.walk.records import CompactGraph, node_id
 
 __all__ = ["inspect"]
 
@@ -38,10 +39,12 @@ def inspect(root, *, model=None, params=None, trace=None) -> Report:
     """
     roots = flatten_roots(root)
     names = param_names(model, params)
-    graph, index = build(roots, names, _buffers(model))
+    records = build(roots, names, _buffers(model))
+    graph = CompactGraph(records)   # the DiGraph is built only when report.graph is first read
     if trace is not None:
         _annotate(trace, graph, model, names)
-    return Report(graph, run_checks(graph, index["special"]), saved_bytes=index["held"])
+    special = [node_id(i) for i in records.special]
+    return Report(graph, run_checks(graph, special), saved_bytes=records.held_total)
 
 
 def _buffers(model) -> list:

@@ -2,35 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import networkx as nx
 
 from gradscope.findings import Finding
-from gradscope.walk.saved import HELD
+from gradscope.graph import held_bytes
 
-__all__ = ["Report", "held_bytes"]
-
-
-
-def held_bytes(graph, nodes=None) -> int:
-    """Bytes held by saved tensors in ``graph`` (or only in ``nodes``), each storage counted once.
-
-    Wrapped Python scalars are left out, as are slots that hold nothing on the device (recomputed,
-    offloaded, freed).
-    """
-    seen: set = set()
-    total = 0
-    attrs = graph.nodes
-    for data in (attrs.values() if nodes is None else (attrs[n] for n in nodes)):
-        for e in data["saved"]:
-            if e["status"] not in HELD or e.get("scalar"):
-                continue
-            sid = e["storage"]
-            if sid is not None:
-                if sid in seen:
-                    continue
-                seen.add(sid)
-            total += e["nbytes"]
-    return total
+__all__ = ["Report", "held_bytes", "load", "report_from_data"]
 
 
 class Report:
@@ -43,10 +22,29 @@ class Report:
     """
 
     def __init__(self, graph: nx.DiGraph, findings: list[Finding], saved_bytes: int | None = None):
-        self.graph = graph
+        # inspect() passes a CompactGraph (NOTE [compact records] in walk/records.py): the DiGraph is
+        # built from it the first time ``graph`` is read, and the compact form is dropped then.
+        self._compact = graph if hasattr(graph, "compact") else None
+        self._graph = None if self._compact is not None else graph
         self.findings = list(findings)
         # inspect() passes the total its walk already summed (the same rule as held_bytes)
         self.saved_bytes = held_bytes(graph) if saved_bytes is None else saved_bytes
+
+    @property
+    def graph(self) -> nx.DiGraph:
+        """``networkx.DiGraph`` of metadata (built on first access, then always the same object)."""
+        if self._graph is None:
+            self._graph = self._compact.compact.digraph()
+            self._compact = None
+        return self._graph
+
+    @graph.setter
+    def graph(self, value: nx.DiGraph) -> None:
+        self._graph, self._compact = value, None
+
+    def _view(self):
+        """The DiGraph once built, else the compact graph (same answers; for summary() and repr)."""
+        return self._graph if self._graph is not None else self._compact
 
     # -- reading ---------------------------------------------------------------------------------
     @property
@@ -134,14 +132,33 @@ class Report:
         return repr_mimebundle(self, include=include, exclude=exclude)
 
     def __repr__(self) -> str:
-        counts = {}
+        counts: dict[str, int] = {}
         for f in self.findings:
             counts[f.severity] = counts.get(f.severity, 0) + 1
         found = ", ".join(f"{n} {s}{'s' if n > 1 else ''}" for s, n in counts.items()) or "no findings"
         from gradscope._format import human_bytes
 
-        return (f"<gradscope.Report: {self.graph.number_of_nodes()} nodes, "
+        return (f"<gradscope.Report: {self._view().number_of_nodes()} nodes, "
                 f"{human_bytes(self.saved_bytes)} saved, {found}>")
 
     def __str__(self) -> str:
         return self.summary()
+
+
+def report_from_data(data: dict) -> Report:
+    """Rebuild a :class:`Report` from ``report.to_json()`` data (checks are not re-run: findings are stored)."""
+    from gradscope.views.serialize import graph_from_data
+
+    graph, findings = graph_from_data(data)
+    return Report(graph, findings)
+
+
+def load(path: str | os.PathLike) -> Report:
+    """Read a report written by ``report.render("x.json")``.
+
+    Raises:
+        InputValueError: the file is missing, is not JSON, or is not a gradscope report.
+    """
+    from gradscope.views.serialize import read_json
+
+    return report_from_data(read_json(path))

@@ -66,6 +66,13 @@ def test_quickstart_executes_top_to_bottom(tmp_path, monkeypatch):
     shown = [c for c in code if c.source.strip() == "report"]
     assert shown and any({"text/html", "image/svg+xml"} & set(o.get("data", {}))
                          for o in shown[0].outputs)
+    html = next(o["data"]["text/html"] for o in shown[0].outputs if "text/html" in o.get("data", {}))
+    # one list of findings (no table repeating it), each finding once, next to the interactive graph
+    listing = next(c for c in code if c.source.startswith("for f in report.findings:"))
+    kinds = [line for line in _text(listing).splitlines() if line.startswith(("error ", "warning "))]
+    assert "<table" not in html and html.count('<ol class="gs-findings">') == 1
+    assert html.count('<li class="gs-') == len(kinds) > 0
+    assert 'data-auto-height="1"' in html and "gs-search" in html and "<svg" in html
     # render("quickstart.svg") wrote a real SVG in the notebook's folder
     svg = work / "quickstart.svg"
     assert ET.parse(svg).getroot().tag.endswith("svg")

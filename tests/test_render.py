@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import gradscope
-from gradscope.views.dot import COLORS
-from gradscope.views.serialize import load
 from gradscope.errors import InputTypeError, InputValueError, RenderError
+from gradscope.report import load
+from gradscope.views.dot import COLORS
 from tests._render_models import planted, tied
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
@@ -166,13 +166,60 @@ def test_show_saved_toggles_saved_tensor_lines(report):
     assert without.count("[label=") == with_saved.count("[label=")
 
 
-def test_fill_is_shaded_by_saved_bytes(report):
+def test_fill_is_shaded_by_the_activations_a_node_holds(report):
+    """Fill = bytes the node's saved activations hold (each storage once, parameters saved by reference
+    left out): b's addmm saves h (owned by the sigmoid that saved it first) and b.weight.t() (a
+    parameter), so it holds nothing of its own and stays white."""
+    from gradscope.memory.attribution import node_bytes
+
     src = report.to_dot().source
-    top = max(d["saved_bytes"] for _, d in report.graph.nodes(data=True))
-    biggest = next(n for n, d in report.graph.nodes(data=True) if d["saved_bytes"] == top)
-    empty = next(n for n, d in report.graph.nodes(data=True) if d["kind"] == "op" and not d["saved_bytes"])
+    own = node_bytes(report.graph)
+    biggest = max(own, key=own.get)
     assert re.search(rf'\b{biggest} \[[^\]]*fillcolor="{COLORS["shades"][-1]}"', src)
-    assert re.search(rf'\b{empty} \[[^\]]*fillcolor="{COLORS["shades"][0]}"', src)
+    g = report.graph
+    by_ref_only = [n for n, d in g.nodes(data=True) if d["kind"] == "op" and d["saved_bytes"] and not own.get(n)]
+    assert by_ref_only, "the planted model has an op that saves only shared or parameter storages"
+    for n in by_ref_only:
+        assert re.search(rf'\b{n} \[[^\]]*fillcolor="{COLORS["shades"][0]}"', src), g.nodes[n]["name"]
+
+
+def test_summary_picture_and_memory_tell_the_same_story():
+    """ResNet-18: the top saved-memory entries are the first layers (they hold the big activations),
+    not layer4's convs, which save only their weights (by reference); the summary, the picture's fill
+    and report.memory() agree."""
+    from tests._render_models import resnet18
+    from gradscope.views.render import drawing
+
+    loss, model = resnet18()
+    report = gradscope.inspect(loss, model=model)
+    text = report.summary()
+    top = text.split("Top saved memory")[1].splitlines()[1:6]
+    assert all("ConvolutionBackward0" not in line or "layer4" not in line for line in top)
+    mem = report.memory()
+    assert mem.row("layer4.0.conv2").held == 0 and mem.row("layer4.0.conv2").params > 0
+    assert max(r.held for r in mem if r.name != "(no module)") == mem.row("bn1").held
+    assert f"{mem.row('bn1').held / 1024:.1f} KiB" in top[0]
+    d = drawing(report, collapse=False)
+    fills = {n: re.search(r'fillcolor="([^"]+)"', d.dot.source.split(f"\t{n} [", 1)[1]).group(1)
+             for n, dd in report.graph.nodes(data=True) if dd["kind"] == "op"}
+    conv4 = [n for n, dd in report.graph.nodes(data=True) if dd["name"] == "ConvolutionBackward0"
+             and any(report.graph.nodes[p]["name"].startswith("layer4.") for p in report.graph.predecessors(n))]
+    assert conv4 and all(fills[n] == COLORS["shades"][0] for n in conv4)
+    first = top[0].split()[2]                      # node id of the biggest holder
+    assert fills[first] == COLORS["shades"][-1]
+
+
+def test_one_input_saved_by_every_step_is_listed_once():
+    """An LSTM reads x[t], a view of one 50 KiB input, at each of its 200 steps: one storage."""
+    torch.manual_seed(0)
+    cell = torch.nn.LSTMCell(1, 5)
+    xs = torch.randn(200, 64, 1)                   # 200 * 64 * 4 B = 50 KiB
+    h = c = torch.zeros(64, 5)
+    for t in range(200):
+        h, c = cell(xs[t], (h, c))
+    report = gradscope.inspect(h.sum(), model=cell)
+    top = report.summary().split("Top saved memory")[1]
+    assert top.count("50.0 KiB") == 1, top
 
 
 def test_traced_cut_is_drawn_next_to_the_parameters_it_cut():

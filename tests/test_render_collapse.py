@@ -83,15 +83,16 @@ def test_collapse_depth_folds_deeper_modules_into_boxes(deep):
     assert _dot_nodes(src) < _dot_nodes(full)
 
 
-def test_collapsed_box_carries_its_worst_finding():
+def test_a_finding_keeps_its_module_open_at_any_depth():
     class Bad(nn.Module):
         def __init__(self):
             super().__init__()
             self.enc = nn.Sequential(nn.Linear(3, 3), nn.Sigmoid(), nn.Linear(3, 1))
+            self.other = nn.Sequential(nn.Linear(3, 3), nn.Tanh())
 
         def forward(self, x):
             h = self.enc[1](self.enc[0](x))
-            out = self.enc[2](h)
+            out = self.enc[2](h) + self.other(x).sum()
             h.add_(1)
             return out.sum()
 
@@ -101,8 +102,11 @@ def test_collapsed_box_carries_its_worst_finding():
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
     src = report.to_dot(collapse=0).source
-    box = re.search(r'\[label="enc  \(collapsed\)[^"]*"[^\]]*\]', src).group(0)
-    assert "!! inplace-hazard" in box and "gs-finding" in box
+    assert 'label="enc  (collapsed)' not in src          # the module holding the finding stays open
+    assert re.search(r'label="SigmoidBackward0[^"]*!! inplace-hazard"[^\]]*gs-finding', src)
+    assert 'label="other  (collapsed)' in src            # its sibling without a finding is boxed
+    clean = build_view(report.graph, [], collapse=0)     # without the finding, enc is boxed too
+    assert {"module:enc", "module:other"} <= set(clean.groups)
 
 
 def test_find_folds_on_a_periodic_string():
@@ -119,7 +123,7 @@ def test_unrolled_lstm_folds_into_one_xN_box_by_default():
     src = report.to_dot().source
     assert _dot_nodes(src) < 60                          # far fewer drawn nodes than graph nodes
     assert re.search(r'label="x(199|200)  repeated block', src)
-    assert "Auto-collapsed" in src and "collapse=False" in src
+    assert "Drawn to fit a page" in src and "collapse=False" in src
     view = build_view(report.graph, report.findings)
     fold = next(g for g in view.groups.values() if g.kind == "fold")
     assert fold.reps in (199, 200) and fold.module == "cell"
@@ -141,12 +145,52 @@ def test_long_chain_folds_and_small_graphs_do_not():
     src = report.to_dot().source
     assert re.search(r'label="x7\d\d  repeated block \(2 ops each\)', src)
     assert _dot_nodes(src) < 10
-    small = report.to_dot(limit=10_000).source           # under the threshold: nothing folded
-    assert "repeated block" not in small and "Auto-collapsed" not in small
+    small = report.to_dot(fold=False, collapse=False).source     # asked for: nothing folded
+    assert "repeated block" not in small and "Drawn to fit" not in small
+
+
+def test_small_graphs_are_drawn_in_full_by_default(deep):
+    report, _ = deep
+    src = report.to_dot().source
+    assert "gs-group" not in src and "Drawn to fit" not in src
+    n_ops = sum(1 for _, d in report.graph.nodes(data=True) if d["kind"] == "op")
+    assert src.count('class="gs-op') == n_ops
 
 
 def test_auto_collapse_uses_module_depth_when_needed(deep):
     report, _ = deep
-    src = report.to_dot(limit=20, fold=False).source
-    assert "Auto-collapsed" in src and "collapsed" in src
-    assert _dot_nodes(src) < report.graph.number_of_nodes()
+    src = report.to_dot(limit=20, fold=False).source     # at most 20 elements: modules boxed
+    assert "Drawn to fit a page" in src and "(collapsed)" in src
+    assert _dot_nodes(src) <= 20 < report.graph.number_of_nodes()
+
+
+def test_a_module_called_twice_gets_one_box_per_call():
+    """torchvision's BasicBlock calls one ReLU module twice: one box per call, so no cycle."""
+    import networkx as nx
+    from tests._render_models import BasicBlock
+
+    block = BasicBlock(3, 3)
+    with gradscope.trace() as tr:
+        loss = block(torch.randn(1, 3, 4, 4)).sum()
+    report = gradscope.inspect(loss, model=block, trace=tr)
+    view = build_view(report.graph, report.findings, collapse=0)
+    relu = [g for g in view.groups.values() if g.title == "relu"]
+    assert sorted(g.gid for g in relu) == ["module:relu", "module:relu#2"]
+    drawn = nx.DiGraph()
+    for u, v in report.graph.edges():
+        drawn.add_edge(view.owner.get(u, u), view.owner.get(v, v))
+    drawn.remove_edges_from(nx.selfloop_edges(drawn))
+    assert nx.is_directed_acyclic_graph(drawn)
+
+
+def test_the_module_holding_a_finding_is_open_down_to_its_node():
+    from tests._render_models import hf_model
+
+    pytest.importorskip("transformers")
+    loss, model = hf_model("gpt2", 2, planted=True)
+    report = gradscope.inspect(loss, model=model)
+    hazard = next(f for f in report.findings if f.kind == "inplace-hazard")
+    for depth in range(0, 4):
+        view = build_view(report.graph, report.findings, collapse=depth, fold=True)
+        assert hazard.node not in view.owner             # never inside a box
+        assert view.module_of[hazard.node] in view.keep_open

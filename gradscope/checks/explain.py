@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import difflib
 
-from gradscope.checks.unused import _cuts_by_param, describe_cut, opaque_nodes
+from gradscope.checks.unused import cuts_by_param, describe_cut, opaque_nodes
 from gradscope.errors import UnknownParameterError
+from gradscope.graph import CALLED_MODULES, PARAMS
 
 __all__ = ["explain"]
 
@@ -20,7 +21,7 @@ _FIX_CUT = "Remove the cut, or freeze the parameter (requires_grad_(False)) if t
 def explain(report, param: str) -> str:
     """Why ``param`` gets (or does not get) a gradient; see :meth:`gradscope.Report.explain`."""
     g = report.graph
-    params = g.graph.get("params", {})
+    params = g.graph.get(PARAMS, {})
     if not isinstance(param, str):
         raise UnknownParameterError(f"explain() takes a parameter name (str), got {type(param).__name__}.")
     info = params.get(param)
@@ -37,7 +38,7 @@ def explain(report, param: str) -> str:
                 "never flags it.")
     if info.get("node") is not None:
         return _reached(report, param, info["node"])
-    cut = _cuts_by_param(g).get(param)
+    cut = cuts_by_param(g).get(param)
     if cut is not None:
         return _cut(g, param, cut)
     opaque = opaque_nodes(g)
@@ -66,7 +67,7 @@ def _reached(report, param: str, nid: str) -> str:
 
 def _cut(g, param: str, ev: dict) -> str:
     inside = f" inside {ev['module']}" if ev.get("module") else ""
-    params = g.graph["params"]
+    params = g.graph[PARAMS]
     others = [p for p in ev.get("params", ()) if p != param and params.get(p, {}).get("node") is None]
     also = f" The same cut also drops {_list(others)}." if others else ""
     return (f"{param} gets no gradient (.grad stays None): its branch was {describe_cut(ev)}"
@@ -75,7 +76,7 @@ def _cut(g, param: str, ev: dict) -> str:
 
 def _unused(g, param: str) -> str:
     module = param.rpartition(".")[0] or None
-    called = g.graph.get("called_modules")
+    called = g.graph.get(CALLED_MODULES)
     fix = "Use it in forward(), or freeze it (requires_grad_(False)) if it is not meant to train."
     if called is not None and module is not None:
         if module not in called:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from gradscope.findings import Finding
 from gradscope.checks._nodes import node_items
+from gradscope.findings import Finding
+from gradscope.graph import EVENTS
 
 __all__ = ["check", "stale_savers"]
 
@@ -16,7 +17,7 @@ def check(graph, nodes=None) -> Iterator[Finding]:
     A tensor saved by several nodes (sigmoid's output, also saved as the next matmul's input) is one
     cause: it gives one finding at the earliest saver that names the others.
     """
-    events = [e for e in graph.graph.get("events", ()) if e["kind"] == "inplace"]
+    events = [e for e in graph.graph.get(EVENTS, ()) if e["kind"] == "inplace"]
     groups: dict = {}
     for nid, data in node_items(graph, nodes):
         stale = [e for e in data["saved"] if e["status"] == "stale"]
@@ -76,14 +77,16 @@ def _what(name: str, slot: str) -> str:
 def _matching_event(events, data, slot):
     """The recorded in-place event that made ``slot`` stale, or None.
 
-    A candidate was recorded after the node was created (its ``seq`` is above the node's) and, when versions are known, left the
-    tensor at a version in ``(saved_version, version]``; among those the earliest write wins (it is the
-    one that broke the slot). Same shape first; a write through a view of another shape comes second.
+    A candidate was recorded after the node was created (its ``seq`` is above the node's) and, when versions
+    are known, left the tensor at a version in ``(saved_version, version]``; among those the earliest write
+    wins (it is the one that broke the slot). Same shape first; a write through a view of another shape
+    comes second.
     """
     seq = data.get("seq")
     saved_v, now_v = slot.get("saved_version"), slot.get("version")
     shape = list(slot.get("shape") or ())
-    same, other = [], []
+    same: list[dict] = []
+    other: list[dict] = []
     for ev in events:
         if seq is not None and ev.get("seq") is not None and ev["seq"] <= seq:
             continue    # event seq is the next number after the write: the node must be older

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from gradscope.findings import Finding
 from gradscope.checks._nodes import node_items
+from gradscope.findings import Finding
+from gradscope.graph import CALLED_MODULES, EVENTS, PARAMS
 
-__all__ = ["check", "opaque_nodes", "describe_cut"]
+__all__ = ["check", "opaque_nodes", "describe_cut", "cuts_by_param"]
 
 _CUT_WORDS = {
     "detach": "cut by .detach()",
@@ -26,12 +27,12 @@ def opaque_nodes(graph, nodes=None) -> list[str]:
 
 def check(graph, nodes=None) -> Iterator[Finding]:
     """Parameters that require grad but no path from the roots reaches."""
-    params = graph.graph.get("params", {})
+    params = graph.graph.get(PARAMS, {})
     missing = [name for name, p in params.items() if p["requires_grad"] and p.get("node") is None]
     if not missing:
         return
-    cuts = _cuts_by_param(graph)
-    called = graph.graph.get("called_modules")
+    cuts = cuts_by_param(graph)
+    called = graph.graph.get(CALLED_MODULES)
     opaque = opaque_nodes(graph, nodes)
     plain: list[str] = []
     by_cut: dict = {}   # one finding per cut: every parameter it drops
@@ -108,9 +109,10 @@ def _group(names: list[str]):
     return list(groups.items())
 
 
-def _cuts_by_param(graph) -> dict:
+def cuts_by_param(graph) -> dict:
+    """Parameter name -> the first trace event (a cut, not an in-place op) that names it."""
     out: dict = {}
-    for ev in graph.graph.get("events", ()):
+    for ev in graph.graph.get(EVENTS, ()):
         if ev["kind"] == "inplace":
             continue
         for p in ev.get("params", ()):

@@ -15,6 +15,7 @@ import shutil
 import sys
 import threading
 import time
+import warnings
 
 import click
 
@@ -25,7 +26,6 @@ __all__ = ["main"]
 
 FORMATS = ("svg", "png", "pdf", "html", "dot", "json", "graphml")
 _NEEDS_DOT = ("svg", "png", "pdf", "html")
-_BIG = 2000  # graphs with more nodes than this get a "laying out..." status line on stderr
 
 
 class UserError(click.ClickException):
@@ -39,17 +39,27 @@ def _status(msg: str) -> None:
 
 
 def _report(target: str, use_trace: bool):
-    from gradscope.cli.target import inspect_target
+    from gradscope.cli.target import load
+    from gradscope.inspection import inspect
 
     t0 = time.perf_counter()
     try:
         with contextlib.redirect_stdout(sys.stderr):   # the target's prints must not mix with our output
-            report = inspect_target(target, use_trace=use_trace)
+            loaded = load(target, use_trace=use_trace)
+            t1 = time.perf_counter()
+            report = inspect(loaded.loss, model=loaded.model, trace=loaded.trace)
     except GradscopeError as exc:
         raise UserError(str(exc)) from None
+    t2 = time.perf_counter()
     n = report.graph.number_of_nodes()
-    _status(f"inspected {n:,} nodes in {time.perf_counter() - t0:.1f} s: {_counts(report)}")
+    _status(f"inspected {n:,} nodes: {_counts(report)} (import + forward {_secs(t1 - t0)}, "
+            f"inspect {_secs(t2 - t1)})")
     return report
+
+
+def _secs(seconds: float) -> str:
+    """``2 ms``, ``1.4 s``: what a person reads at a glance."""
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
 
 
 def _counts(report) -> str:
@@ -90,11 +100,25 @@ def _output_path(output: str, fmt: str | None) -> str:
     return output
 
 
-def _render_kwargs(collapse, expand, show_saved, legend) -> dict:
+def _render_kwargs(collapse, expand, show_saved, legend, layout=None) -> dict:
     """The renderer's keyword arguments for the options given (checked before running the target)."""
     if expand and collapse is not None:
         raise UserError(f"--expand and --collapse {collapse} contradict each other; pass one of them.")
     kwargs = {"collapse": False} if expand else {}
+    rankdir, size, dpi, max_pixels = layout or (None, None, None, None)
+    if rankdir:
+        kwargs["rankdir"] = rankdir.upper()
+    if size:
+        from gradscope.views.options import size_attr as _size_attr
+
+        try:
+            kwargs["size"] = _size_attr(size)
+        except GradscopeError as exc:
+            raise UserError(f"--size: {exc}") from None
+    if dpi:
+        kwargs["dpi"] = dpi
+    if max_pixels is not None:
+        kwargs["max_pixels"] = max_pixels or None
     if collapse is not None:
         kwargs["collapse"] = collapse
     if show_saved is not None:
@@ -105,20 +129,21 @@ def _render_kwargs(collapse, expand, show_saved, legend) -> dict:
 
 
 def _render(report, output: str, kwargs: dict) -> None:
+    from gradscope.views.render import RenderWarning
+
     n = report.graph.number_of_nodes()
     fmt = os.path.splitext(output)[1].lstrip(".").lower()
-    from gradscope.views.render import AUTO_LIMIT
-
-    if n > AUTO_LIMIT and "collapse" not in kwargs and fmt not in ("json", "graphml"):
-        _status(f"{n:,} nodes > {AUTO_LIMIT}: collapsed automatically (repeated blocks folded, deep modules "
-                "boxed); pass --expand to draw every node or --collapse N to keep modules to depth N")
-    slow = n > _BIG and fmt in _NEEDS_DOT
-    if slow:
-        _status(f"laying out a graph of {n:,} nodes with Graphviz dot ...")
     t0 = time.perf_counter()
     try:
-        with _ticker(slow, "still laying out"):
+        with _ticker(fmt in _NEEDS_DOT, f"laying out {n:,} nodes with Graphviz dot"), \
+                warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RenderWarning)
             report.render(output, **kwargs)
+        for w in caught:
+            _status(f"warning: {w.message}")
+        if "collapse" not in kwargs and fmt in _NEEDS_DOT + ("dot",) and _boxed(output, fmt, n):
+            _status("collapsed automatically to fit a page (repeated blocks folded, modules boxed, findings "
+                    "kept open); pass --expand to draw every node or --collapse N to keep modules to depth N")
     except GradscopeError as exc:
         raise UserError(str(exc)) from None
     except OSError as exc:
@@ -129,10 +154,20 @@ def _render(report, output: str, kwargs: dict) -> None:
     _status(f"wrote {output} ({human_bytes(size)}) in {time.perf_counter() - t0:.1f} s")
 
 
+def _boxed(output: str, fmt: str, n: int) -> bool:
+    """Whether the picture written folded or boxed anything (read back from text formats)."""
+    from gradscope.views.render import AUTO_LIMIT
+
+    if fmt in ("png", "pdf"):
+        return n > AUTO_LIMIT
+    with open(output, encoding="utf-8", errors="replace") as f:
+        return "gs-group" in f.read()
+
+
 @contextlib.contextmanager
-def _ticker(active: bool, what: str, every: float = 5.0):
-    """While the body runs, say ``what (N s)`` on stderr every ``every`` seconds (one opaque dot call has
-    no finer progress to report)."""
+def _ticker(active: bool, what: str, every: float = 5.0, first: float = 2.0):
+    """While the body runs, say ``what ... (N s)`` on stderr after ``first`` seconds, then every ``every``
+    seconds (one opaque dot call has no finer progress to report)."""
     if not active:
         yield
         return
@@ -140,8 +175,10 @@ def _ticker(active: bool, what: str, every: float = 5.0):
     t0 = time.perf_counter()
 
     def tick():
-        while not done.wait(every):
-            _status(f"{what} ({time.perf_counter() - t0:.0f} s)")
+        wait = first
+        while not done.wait(wait):
+            _status(f"{what} ... ({time.perf_counter() - t0:.0f} s)")
+            wait = every
 
     thread = threading.Thread(target=tick, daemon=True)
     thread.start()
@@ -159,11 +196,19 @@ _RENDER_OPTIONS = [
     click.option("-f", "--format", "fmt", default=None, metavar="F",
                  help=f"Output format when -o has no suffix: {', '.join(FORMATS)}."),
     click.option("--collapse", type=click.IntRange(min=0), default=None, metavar="N",
-                 help="Fold modules deeper than N into one box each (default: automatic for big graphs)."),
-    click.option("--expand", is_flag=True, help="Draw every node: no automatic collapsing of big graphs."),
+                 help="Box every module deeper than N (default: the drawing that fits a page: repeated "
+                      "blocks folded, modules boxed to the depth that fits, findings kept open)."),
+    click.option("--expand", is_flag=True, help="Draw every node: nothing folded or boxed."),
     click.option("--show-saved/--no-show-saved", default=None,
                  help="Show each op's saved tensors (shape, dtype, bytes)."),
     click.option("--legend/--no-legend", default=None, help="Add a legend box to the picture."),
+    click.option("--rankdir", type=click.Choice(["TB", "LR"], case_sensitive=False), default=None,
+                 help="Layout direction: TB (top to bottom) or LR (left to right); default: what fits."),
+    click.option("--size", default=None, metavar="W,H",
+                 help="Largest picture size in inches, e.g. 8,10 (a bigger drawing is scaled down)."),
+    click.option("--dpi", type=click.FloatRange(min=1), default=None, help="Dots per inch of .png output."),
+    click.option("--max-pixels", type=click.IntRange(min=0), default=None, metavar="N",
+                 help="Scale a .png down to N pixels on its longer side (default 8000; 0: no cap)."),
 ]
 
 
@@ -201,7 +246,7 @@ def main():
 @click.argument("target")
 @_render_options
 @_TRACE_OPTION
-def render(target, output, fmt, collapse, expand, show_saved, legend, use_trace):
+def render(target, output, fmt, collapse, expand, show_saved, legend, rankdir, size, dpi, max_pixels, use_trace):
     """Render TARGET's autograd graph to a file (SVG by default).
 
     \b
@@ -210,10 +255,11 @@ def render(target, output, fmt, collapse, expand, show_saved, legend, use_trace)
       gradscope render mypkg.losses:step -o graph.html          # pan/zoom page
       gradscope render train.py:make_loss -o graph --format pdf --collapse 2
       gradscope render train.py:make_loss -o graph.json         # networkx node-link
-      gradscope render big.py:step -o graph.svg --expand        # no automatic collapsing
+      gradscope render big.py:step -o graph.svg --expand        # every node, nothing folded
+      gradscope render train.py:make_loss -o graph.png --rankdir LR --dpi 150
     """
     output = _output_path(output or f"graph.{(fmt or 'svg').lower().lstrip('.')}", fmt)
-    kwargs = _render_kwargs(collapse, expand, show_saved, legend)
+    kwargs = _render_kwargs(collapse, expand, show_saved, legend, (rankdir, size, dpi, max_pixels))
     report = _report(target, use_trace)
     _render(report, output, kwargs)
     if report.findings:
@@ -248,7 +294,7 @@ def check(target, as_json, fail_on, use_trace):
 @main.command(short_help="Render and check a built-in example with planted bugs.")
 @_render_options
 @_TRACE_OPTION
-def demo(output, fmt, collapse, expand, show_saved, legend, use_trace):
+def demo(output, fmt, collapse, expand, show_saved, legend, rankdir, size, dpi, max_pixels, use_trace):
     """Render a built-in example with two planted bugs and print its findings.
 
     The example (gradscope/demo.py) is a two-head classifier: one head's output is detached, so the
@@ -261,7 +307,8 @@ def demo(output, fmt, collapse, expand, show_saved, legend, use_trace):
       gradscope demo -o demo.html      # interactive page
     """
     output = _output_path(output or f"demo.{(fmt or 'svg').lower().lstrip('.')}", fmt)
-    kwargs = _render_kwargs(collapse, expand, show_saved, True if legend is None else legend)
+    kwargs = _render_kwargs(collapse, expand, show_saved, True if legend is None else legend,
+                            (rankdir, size, dpi, max_pixels))
     report = _report("gradscope.demo:buggy", use_trace)
     _render(report, output, kwargs)
     click.echo(report.summary())

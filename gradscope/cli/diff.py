@@ -32,8 +32,8 @@ def diff_cmd(before: str, after: str, by: str | None, depth: int | None, exit_co
       gradscope render train.py:make_loss_ckpt -o after.json
       gradscope diff before.json after.json --depth 2
     """
-    from gradscope.views.serialize import load
     from gradscope.compare import diff
+    from gradscope.report import load
 
     a, b = _load(load, before), _load(load, after)
     d = diff(a, b, depth=depth)

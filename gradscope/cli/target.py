@@ -24,7 +24,7 @@ from gradscope.errors import InputValueError
 __all__ = ["TargetError", "Loaded", "load", "inspect_target"]
 
 _HINT = "write TARGET as path/to/file.py:function or package.module:function"
-_LIB_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["gradscope"]))
+_LIB_DIRS = tuple(os.path.dirname(m.__file__ or "") + os.sep for m in (torch, sys.modules["gradscope"]))
 
 
 class TargetError(InputValueError):
@@ -102,7 +102,7 @@ def _import_file(path: str):
     sys.modules[name] = module  # dataclasses and pickling look the module up here
     try:
         spec.loader.exec_module(module)
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - any error of the user's module becomes one clear line
         sys.modules.pop(name, None)
         _raise_import_error(path, exc)
     return module
@@ -118,7 +118,7 @@ def _import_module(name: str):
             raise TargetError(f"No module named {exc.name!r} (importing {name!r}); check the spelling, "
                               "install the package, or run from the folder that holds it.") from None
         _raise_import_error(name, exc)
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - any error of the user's module becomes one clear line
         _raise_import_error(name, exc)
 
 
@@ -143,7 +143,8 @@ def _lookup(module, attr: str, target: str):
         obj = getattr(obj, part)
     if not callable(obj):
         kind = type(obj).__name__
-        raise TargetError(f"{target} is {'an' if kind[0] in 'aeiou' else 'a'} {kind}, not a function; TARGET must name a "
+        article = "an" if kind[0] in "aeiou" else "a"
+        raise TargetError(f"{target} is {article} {kind}, not a function; TARGET must name a "
                           "function that takes no arguments and returns a loss or (loss, model).")
     return obj
 

@@ -21,11 +21,8 @@ only counted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from functools import reduce
-
-from gradscope._format import lcp
-from gradscope.walk.saved import HELD
+from gradscope.graph import HELD, StorageUse, forward_order, storage_uses
+from gradscope.graph import node_modules as _node_modules
 
 __all__ = ["NO_MODULE", "HELD", "StorageUse", "seq_order", "storage_uses", "node_modules", "node_bytes",
            "module_bytes"]
@@ -33,119 +30,13 @@ __all__ = ["NO_MODULE", "HELD", "StorageUse", "seq_order", "storage_uses", "node
 #: The group name of op nodes that no module can be found for.
 NO_MODULE = "(no module)"
 
-
-@dataclass(slots=True)
-class StorageUse:
-    """One saved storage, counted once (see NOTE [one storage, one owner])."""
-
-    key: tuple
-    nbytes: int
-    category: str          # "held" | "params" | "offloaded"
-    owner: str             # node id of the first node that saved it
-    device: str | None     # the device it was saved from (for offloaded: the device it left)
-    users: list[str] = field(default_factory=list)   # node ids that saved it, forward order
-
-
-def seq_order(graph) -> list[str]:
-    """Op node ids in forward creation order (``seq``); ties and unknown seqs keep node order."""
-    big = float("inf")
-    ops = [(n, d.get("seq")) for n, d in graph.nodes(data=True) if d.get("kind") == "op"]
-    ops.sort(key=lambda ns: big if ns[1] is None else ns[1])   # stable: ties stay in node-id order
-    return [n for n, _ in ops]
-
-
-def _param_storages(graph) -> set:
-    return {p["storage"] for p in graph.graph.get("params", {}).values() if p.get("storage") is not None}
-
-
-def storage_uses(graph, order: list[str] | None = None) -> list[StorageUse]:
-    """Every saved storage once, in the order its owner was created (see NOTE [one storage, one owner]).
-
-    Args:
-        graph: ``report.graph``.
-        order: :func:`seq_order` of the graph, when the caller already has it.
-    """
-    params = _param_storages(graph)
-    uses: dict[tuple, StorageUse] = {}
-    nodes = graph.nodes
-    for nid in seq_order(graph) if order is None else order:
-        for i, e in enumerate(nodes[nid]["saved"]):
-            status = e["status"]
-            if e.get("scalar") or (status not in HELD and status != "offloaded"):
-                continue
-            sid = e["storage"]
-            if status == "offloaded":
-                cat = "offloaded"
-            else:
-                cat = "params" if sid is not None and sid in params else "held"
-            key = ("s", sid) if sid is not None else ("e", nid, i)
-            use = uses.get(key)
-            if use is None:
-                uses[key] = StorageUse(key, int(e["nbytes"]), cat, nid, e.get("device"), [nid])
-                continue
-            if nid not in use.users:
-                use.users.append(nid)
-            if use.category == "offloaded" and cat != "offloaded":
-                use.category, use.owner, use.device = cat, nid, e.get("device")
-    return list(uses.values())
-
-
-def _owner_module(qualname: str) -> str | None:
-    head, _, _ = qualname.rpartition(".")
-    return head or None
-
-
-def _common(mods: set[str]) -> str | None:
-    """Longest common dotted prefix of the modules; the first one (sorted) when they share nothing."""
-    if not mods:
-        return None
-    ordered = sorted(mods)
-    return reduce(lcp, ordered) or ordered[0]
+#: Op node ids in forward creation order (the one implementation: :func:`gradscope.graph.forward_order`).
+seq_order = forward_order
 
 
 def node_modules(graph) -> dict[str, str]:
-    """The module of every op node.
-
-    The traced module (``module`` attribute, set by :func:`gradscope.trace`) when there is one; otherwise
-    the module of the parameters the node consumes, directly or through a parameter-only view such as
-    ``TBackward0`` (``weight.t()``), or whose storage it saved; otherwise :data:`NO_MODULE`. When the
-    parameters belong to several modules, their longest common dotted prefix is used.
-
-    Returns:
-        ``{node id: module name}`` for every op node.
-    """
-    by_storage = {}
-    for name, p in graph.graph.get("params", {}).items():
-        if p.get("storage") is not None and _owner_module(name):
-            by_storage.setdefault(p["storage"], set()).add(_owner_module(name))
-    nodes = dict(graph.nodes(data=True))
-    pred = getattr(graph, "_pred", None) or graph.pred     # networkx's adjacency dict: no view objects
-    from_params: dict[str, set] = {}        # leaf or parameter-only view (weight.t()) -> its modules
-    for nid, d in nodes.items():
-        kind = d.get("kind")
-        if kind == "param":
-            from_params[nid] = {d["module"]} if d.get("module") else set()
-        elif kind == "op" and not d["saved"] and pred[nid]:
-            preds = [nodes[w] for w in pred[nid]]
-            if all(p.get("kind") == "param" for p in preds):
-                from_params[nid] = {p["module"] for p in preds if p.get("module")}
-    out: dict[str, str] = {}
-    for nid, d in nodes.items():
-        if d.get("kind") != "op":
-            continue
-        if d.get("module"):
-            out[nid] = d["module"]
-            continue
-        mods: set[str] = set()
-        if by_storage:
-            for e in d["saved"]:
-                mods.update(by_storage.get(e.get("storage"), ()))
-        for u in pred[nid]:
-            m = from_params.get(u)
-            if m:
-                mods.update(m)
-        out[nid] = _common(mods) or NO_MODULE
-    return out
+    """The module of every op node, :data:`NO_MODULE` when none (see :func:`gradscope.graph.node_modules`)."""
+    return {n: m or NO_MODULE for n, m in _node_modules(graph).items() if graph.nodes[n]["kind"] == "op"}
 
 
 def node_bytes(graph, *, params: bool = False) -> dict[str, int]:

@@ -15,23 +15,27 @@ from __future__ import annotations
 import os
 import sys
 import weakref
+from types import FrameType
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
+from gradscope._torch import ACCUMULATE_GRAD, FUNCTION_APPLY_CODE, TENSOR_DATA, peek_sequence_nr
+from gradscope._torch import version as tensor_version
 from gradscope.walk.release import keep_until_dead
 
-__all__ = ["CutMode", "user_location", "MAX_EVENTS", "WALK_LIMIT"]
+__all__ = ["CutMode", "user_location", "param_ids", "MAX_EVENTS", "WALK_LIMIT"]
 
 MAX_EVENTS = 10_000     # events kept per recording; later ones are only counted
 WALK_LIMIT = 1_000_000  # nodes visited per event to find its parameters
 _DEEP = 10_000          # from this many nodes on, release our wrappers safely: NOTE [freeing deep graphs]
 
-_peek_seq = torch._C._autograd._get_sequence_nr
-_ACCUMULATE = torch._C._functions.AccumulateGrad
-_DATA = torch._C.TensorBase.__dict__["data"]
+_peek_seq = peek_sequence_nr
+_ACCUMULATE = ACCUMULATE_GRAD
+_DATA = TENSOR_DATA
 _Tensor = torch.Tensor
-_APPLY = torch.autograd.function.Function.apply.__func__.__code__
+_APPLY = FUNCTION_APPLY_CODE
 
 # Categories (NOTE [cheap per-op path]); small ints compare fastest.
 _PLAIN, _GETTER, _DETACH, _DATA_GET, _TO_PYTHON, _INPLACE = range(6)
@@ -113,7 +117,7 @@ _INTERNAL: dict[str, bool] = {}
 
 def user_location(depth: int = 1) -> str | None:
     """``"file.py:LINE"`` (basename) of the first caller frame outside torch and the tracer, or None."""
-    f = sys._getframe(depth + 1)
+    f: FrameType | None = sys._getframe(depth + 1)
     while f is not None:
         filename = f.f_code.co_filename
         internal = _INTERNAL.get(filename)
@@ -132,7 +136,7 @@ class CutMode(TorchFunctionMode):
     def __init__(self, rec):
         super().__init__()
         self.rec = rec
-        self._detached = None   # (weakref to the last detach() output, its event index)
+        self._detached: Any = None   # (weakref to the last detach() output, its event index)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         try:
@@ -194,30 +198,27 @@ class CutMode(TorchFunctionMode):
         # cut; report it as the conversion to Python it was made for, at the detach's location.
         ref, index = self._detached
         if ref() is t:
-            ev = self.rec._events[index]
-            self.rec._events[index] = ("to-python", _op_name(func), *ev[2:])
+            self.rec.relabel_event(index, "to-python", _op_name(func))
             self._detached = None
 
     def _inplace(self, func, t) -> None:
         try:
             shape = list(t.shape)
-            version = t._version
+            version = tensor_version(t)
         except RuntimeError:  # inference tensors have no version counter; nested tensors no shape
             return
         self._record("inplace", _op_name(func), (), shape=shape, version=version)
 
     def _record(self, kind, op, inputs, shape=None, version=None) -> int | None:
-        rec = self.rec
         if kind != "inplace" and _inside_function():
             return None     # NOTE [cuts inside autograd.Function]
-        if len(rec._events) >= MAX_EVENTS:
-            rec._dropped += 1
+        rec = self.rec
+        if rec.full():
+            rec.drop_event()
             return None
         location = user_location(3)
-        params = _param_ids(inputs, rec._leaf_refs) if inputs else ()
-        call = rec._stack[-1] if rec._stack else -1
-        rec._events.append((kind, op, location, params, call, _peek_seq(), shape, version))
-        return len(rec._events) - 1
+        params = param_ids(inputs, rec.leaf_refs) if inputs else ()
+        return rec.record_event(kind, op, location, params, _peek_seq(), shape, version)
 
 
 # NOTE [cuts inside autograd.Function]
@@ -227,7 +228,7 @@ class CutMode(TorchFunctionMode):
 # Function.apply frame is on the stack; inspect reports those parameters as possibly hidden in an opaque
 # node instead. In-place writes there are still recorded.
 def _inside_function() -> bool:
-    f = sys._getframe(2)
+    f: FrameType | None = sys._getframe(2)
     while f is not None:
         if f.f_code is _APPLY:
             return True
@@ -235,10 +236,10 @@ def _inside_function() -> bool:
     return False
 
 
-def _param_ids(inputs, refs: dict) -> tuple[int, ...]:
+def param_ids(inputs, refs: dict) -> tuple[int, ...]:
     """Ids of the leaf tensors (parameters) that feed ``inputs``; each is remembered as a weak reference."""
     found: dict[int, None] = {}
-    stack = []
+    stack: list = []
     for t in inputs:
         node = t.grad_fn
         if node is None:
@@ -246,7 +247,7 @@ def _param_ids(inputs, refs: dict) -> tuple[int, ...]:
         else:
             stack.append(node)
     seen = set()
-    order = []      # discovery (root-first) order, for keep_until_dead
+    order: list = []      # discovery (root-first) order, for keep_until_dead
     while stack and len(order) < WALK_LIMIT:
         node = stack.pop()
         if node in seen:

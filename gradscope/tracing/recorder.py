@@ -17,21 +17,23 @@ from __future__ import annotations
 import threading
 import weakref
 from bisect import bisect_right
+from typing import Literal, NamedTuple
 
 import torch
-from torch.nn.modules import module as _nn_module
 
-from gradscope.tracing.modes import CutMode
+from gradscope import _torch
 from gradscope.errors import InputTypeError, InputValueError
+from gradscope.graph import CALLED_MODULES, EVENTS, EVENTS_DROPPED
+from gradscope.tracing.modes import MAX_EVENTS, CutMode
 
 __all__ = ["Trace", "trace"]
 
-_peek_seq = torch._C._autograd._get_sequence_nr
+_peek_seq = _torch.peek_sequence_nr
 _get_ident = threading.get_ident
-_U64_MAX = 2**64 - 1
+_U64_MAX = _torch.NO_SEQUENCE_NR
 
 
-def trace(model=None) -> "Trace":
+def trace(model=None) -> Trace:
     """Record module attribution and graph cuts during a forward pass, for :func:`gradscope.inspect`.
 
     Args:
@@ -54,6 +56,19 @@ def trace(model=None) -> "Trace":
         ('detach', ['bias', 'weight'])
     """
     return Trace(model)
+
+
+class RecordedEvent(NamedTuple):
+    """One cut or in-place write as the mode records it: ids and numbers only, named in :meth:`Trace.annotate`."""
+
+    kind: str                      # "detach", ".data", "no_grad-region", "to-python", ..., "inplace"
+    op: str                        # the torch function, e.g. "detach", "add_"
+    location: str | None           # the user's "file.py:LINE"
+    params: tuple[int, ...]        # ids of the parameters that fed the cut input (see leaf_refs)
+    call: int                      # the innermost open module call (index into _calls), -1 outside
+    seq: int                       # the next sequence number when it was recorded
+    shape: list[int] | None        # in-place: the written tensor's shape
+    version: int | None            # in-place: its version after the write
 
 
 class Trace:
@@ -81,12 +96,12 @@ class Trace:
         self._seg_seq: list[int] = []               # segment starts (sequence numbers), ascending
         self._seg_call: list[int] = []              # innermost call of each segment, -1 outside
         self._refs: dict[int, weakref.ref] = {}     # id(module) -> weak reference
-        self._leaf_refs: dict[int, weakref.ref] = {}  # id(parameter) -> weak reference (for events)
-        self._events: list[tuple] = []              # see CutMode._record
+        self.leaf_refs: dict[int, weakref.ref] = {}   # id(parameter) -> weak reference, filled by the mode
+        self._events: list[RecordedEvent] = []      # see record_event
         self._dropped = 0
 
     # -- recording ------------------------------------------------------------------------------
-    def __enter__(self) -> "Trace":
+    def __enter__(self) -> Trace:
         if self._active:
             raise InputValueError(
                 "This gradscope.trace() is already recording; it cannot be entered twice at once. "
@@ -95,8 +110,8 @@ class Trace:
         self._tid = threading.get_ident()
         self._segment(-1)
         try:
-            self._handles.append(_nn_module.register_module_forward_pre_hook(self._pre))
-            self._handles.append(_nn_module.register_module_forward_hook(self._post, always_call=True))
+            self._handles.append(_torch.register_module_forward_pre_hook(self._pre))
+            self._handles.append(_torch.register_module_forward_hook(self._post, always_call=True))
             mode = CutMode(self)
             mode.__enter__()
             self._mode = mode
@@ -106,7 +121,7 @@ class Trace:
         self._active = True
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> Literal[False]:
         try:
             self._segment(-1)
             if self._mode is not None:
@@ -164,6 +179,26 @@ class Trace:
                 return
 
     # -- reading --------------------------------------------------------------------------------
+    # -- what the mode records (CutMode) ------------------------------------------------------------
+    def full(self) -> bool:
+        """True once MAX_EVENTS events are kept: later ones are only counted (:meth:`drop_event`)."""
+        return len(self._events) >= MAX_EVENTS
+
+    def drop_event(self) -> None:
+        """Count an event that was not kept."""
+        self._dropped += 1
+
+    def record_event(self, kind: str, op: str, location: str | None, params: tuple[int, ...], seq: int,
+                     shape: list[int] | None = None, version: int | None = None) -> int:
+        """Keep one event, inside the innermost open module call; returns its index."""
+        call = self._stack[-1] if self._stack else -1
+        self._events.append(RecordedEvent(kind, op, location, params, call, seq, shape, version))
+        return len(self._events) - 1
+
+    def relabel_event(self, index: int, kind: str, op: str) -> None:
+        """Change what the event at ``index`` is reported as (a detach made for ``.numpy()``)."""
+        self._events[index] = self._events[index]._replace(kind=kind, op=op)
+
     @property
     def events(self) -> list[dict]:
         """The recorded events as dicts (see :meth:`annotate`), named with the model given to ``trace``."""
@@ -211,13 +246,12 @@ class Trace:
         for data in ops:
             i = bisect_right(starts, data["seq"]) - 1
             data["module"] = call_names.get(self._seg_call[i]) if i >= 0 else None
-        graph.graph["events"] = self._event_dicts(call_names, self._param_names(model, names))
+        graph.graph[EVENTS] = self._event_dicts(call_names, self._param_names(model, names))
         if model is not None or self._live_model() is not None:
-            called = {call_names[i] for i in range(len(self._calls))}
-            called.discard(None)
-            graph.graph["called_modules"] = sorted(called)
+            called = {call_names[i] for i in range(len(self._calls))} - {None}
+            graph.graph[CALLED_MODULES] = sorted(c for c in called if c is not None)
         if self._dropped:
-            graph.graph["events_dropped"] = self._dropped
+            graph.graph[EVENTS_DROPPED] = self._dropped
 
     def _live_model(self):
         return None if self._model is None else self._model()
@@ -225,7 +259,7 @@ class Trace:
     def _names(self, model) -> dict[int, str | None]:
         """call index -> qualified name of the innermost named module of that call (-1 -> None)."""
         model = _unwrap(model) if model is not None else self._live_model()
-        live = {}
+        live: dict = {}
         if model is not None:
             for name, m in model.named_modules(remove_duplicate=False):
                 live.setdefault(id(m), (name, m))
@@ -248,7 +282,7 @@ class Trace:
             for name, p in model.named_parameters():
                 tensors.setdefault(id(p), (name, p))
         out = {}
-        for key, ref in self._leaf_refs.items():
+        for key, ref in self.leaf_refs.items():
             entry = tensors.get(key)
             if entry is not None and ref() is entry[1]:
                 out[key] = entry[0]

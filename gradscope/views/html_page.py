@@ -1,9 +1,11 @@
-"""The interactive view: inline SVG with pan/zoom, the findings list, node details. No network, no CDN.
+"""The interactive view: the drawings with pan/zoom, search, drill-down, minimap; findings; node details.
 
-:func:`widget` is one self-contained fragment (used by the notebook display); :func:`page` wraps it in a
-full HTML document (``report.render("graph.html")``). The script finds elements by the ``id`` attributes
-that :mod:`gradscope.views.dot` puts on every drawn element; a highlighted element gets the class ``gs-hl``
-and the attribute ``data-gs-highlight="1"``.
+:func:`widget` is one self-contained fragment (the notebook display uses it); :func:`page` wraps it in a
+full HTML document (``report.render("graph.html")``). No network, no CDN: the script and style come from
+``gradscope/views/assets`` and are inlined. The script finds elements by the ``id`` attributes that
+:mod:`gradscope.views.dot` puts on every drawn element; a highlighted element gets the class ``gs-hl`` and
+the attribute ``data-gs-highlight="1"``, a search match ``gs-match`` (the current one ``gs-cur``). The
+controls are documented in docs/viewer.md.
 """
 
 from __future__ import annotations
@@ -11,148 +13,110 @@ from __future__ import annotations
 import html
 import itertools
 import json
+from importlib import resources
 
-__all__ = ["page", "widget", "findings_table", "svg_text"]
+from gradscope._format import human_bytes
+from gradscope.views.collapse import finding_nodes
+from gradscope.views.scenes import scenes as _scenes
+from gradscope.views.scenes import search_index, svg_text
+
+__all__ = ["page", "widget", "summary_line", "svg_text", "script_json"]
 
 _COUNTER = itertools.count()
-
-CSS = """
-.gs-view{display:flex;font:13px/1.4 system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;color:#0f172a;
-  border:1px solid #e2e8f0;border-radius:6px;overflow:hidden;background:#fff}
-.gs-side{width:340px;min-width:240px;overflow:auto;border-right:1px solid #e2e8f0;padding:8px 10px;box-sizing:border-box}
-.gs-canvas{flex:1;position:relative;overflow:hidden;cursor:grab;background:#fcfcfd}
-.gs-canvas svg{width:100%;height:100%;display:block;user-select:none}
-.gs-canvas .gs-tools{position:absolute;right:8px;top:8px;display:flex;gap:4px}
-.gs-tools button{border:1px solid #cbd5e1;background:#fff;border-radius:4px;padding:1px 8px;cursor:pointer}
-.gs-findings{list-style:none;margin:0;padding:0}
-.gs-findings li{padding:6px;margin:0 0 6px;border-radius:4px;border-left:4px solid #94a3b8;background:#f8fafc;cursor:pointer}
-.gs-findings li.gs-error{border-left-color:#dc2626}.gs-findings li.gs-warning{border-left-color:#d97706}
-.gs-findings li.gs-active{background:#fef9c3}
-.gs-kind{font-weight:600;font-family:ui-monospace,Menlo,monospace}
-.gs-details{margin-top:10px;padding:6px;background:#f1f5f9;border-radius:4px;white-space:pre-wrap;
-  font-family:ui-monospace,Menlo,monospace;font-size:12px;min-height:2em}
-.gs-view g.node{cursor:pointer}
-.gs-view g.gs-hl>path,.gs-view g.gs-hl>polygon,.gs-view g.gs-hl>ellipse{stroke:#facc15!important;stroke-width:7px!important}
-.gs-table{border-collapse:collapse;margin:0 0 8px;font:13px system-ui,sans-serif}
-.gs-table td,.gs-table th{border:1px solid #e2e8f0;padding:3px 8px;text-align:left;vertical-align:top}
-"""
-
-# Small, hand-written: pan (drag), zoom (wheel, buttons), highlight + centre on finding click, details
-# on node hover/click. Scoped to one container so several views can live on one notebook page.
-JS = r"""
-(function(root){
-  if(!root||root.dataset.gsReady)return; root.dataset.gsReady="1";
-  var data=JSON.parse(root.querySelector("script.gs-data").textContent);
-  var svg=root.querySelector(".gs-canvas svg"), details=root.querySelector(".gs-details");
-  if(!svg)return;
-  var vb=svg.viewBox.baseVal, home={x:vb.x,y:vb.y,w:vb.width,h:vb.height}, box={x:vb.x,y:vb.y,w:vb.width,h:vb.height};
-  svg.removeAttribute("width");svg.removeAttribute("height");
-  function apply(){svg.setAttribute("viewBox",box.x+" "+box.y+" "+box.w+" "+box.h);}
-  function toSvg(cx,cy){var p=svg.createSVGPoint();p.x=cx;p.y=cy;return p.matrixTransform(svg.getScreenCTM().inverse());}
-  function zoom(k,cx,cy){var p=toSvg(cx,cy);box.x=p.x-(p.x-box.x)*k;box.y=p.y-(p.y-box.y)*k;box.w*=k;box.h*=k;apply();}
-  svg.addEventListener("wheel",function(e){e.preventDefault();zoom(e.deltaY>0?1.2:1/1.2,e.clientX,e.clientY);},{passive:false});
-  var drag=null;
-  svg.addEventListener("mousedown",function(e){drag={p:toSvg(e.clientX,e.clientY)};});
-  window.addEventListener("mousemove",function(e){if(!drag)return;var p=toSvg(e.clientX,e.clientY);
-    box.x-=p.x-drag.p.x;box.y-=p.y-drag.p.y;apply();});
-  window.addEventListener("mouseup",function(){drag=null;});
-  function byId(id){var all=svg.querySelectorAll("g[id]");for(var i=0;i<all.length;i++){if(all[i].id===id)return all[i];}return null;}
-  function centre(el){var r=el.getBoundingClientRect(),c=toSvg(r.left+r.width/2,r.top+r.height/2);
-    var k=Math.min(1,Math.max(home.w,home.h)>2000?0.25:1);box.w=home.w*k;box.h=home.h*k;
-    box.x=c.x-box.w/2;box.y=c.y-box.h/2;apply();}
-  function show(id){var d=data.elements[id];if(!d){details.textContent="";return;}
-    var t=[(d.kind||"")+": "+(d.name||"")];
-    if(d.module)t.push("module: "+d.module);
-    if(d.shape)t.push("shape: "+d.shape+" "+(d.dtype||""));
-    if(d.ops!==undefined)t.push(d.ops+" ops, "+d.members+" nodes");
-    if(d.pattern&&d.pattern.length)t.push("pattern: "+d.pattern.join(", "));
-    if(d.bytes)t.push("saved: "+d.bytes);
-    (d.saved||[]).forEach(function(s){t.push("  "+s);});
-    (d.params||[]).forEach(function(s){t.push("  "+s);});
-    if(d.location)t.push("at "+d.location);
-    if(d.worst)t.push("worst finding: "+d.worst);
-    details.textContent=t.join("\n");}
-  function highlight(ids){svg.querySelectorAll(".gs-hl").forEach(function(g){g.classList.remove("gs-hl");g.removeAttribute("data-gs-highlight");});
-    var first=null;ids.forEach(function(id){var g=byId(id);if(g){g.classList.add("gs-hl");g.setAttribute("data-gs-highlight","1");first=first||g;}});
-    return first;}
-  svg.querySelectorAll("g.node").forEach(function(g){
-    g.addEventListener("mouseenter",function(){show(g.id);});
-    g.addEventListener("click",function(){highlight([g.id]);show(g.id);});});
-  root.querySelectorAll(".gs-findings li").forEach(function(li){
-    li.addEventListener("click",function(){
-      root.querySelectorAll(".gs-findings li").forEach(function(x){x.classList.remove("gs-active");});
-      li.classList.add("gs-active");
-      var f=data.findings[+li.dataset.index],el=highlight(f.targets);
-      if(el){centre(el);show(el.id);}else{details.textContent=f.message+"\n(not drawn on the graph)";}});});
-  root.querySelectorAll(".gs-tools button").forEach(function(b){b.addEventListener("click",function(){
-    var r=svg.getBoundingClientRect(),cx=r.left+r.width/2,cy=r.top+r.height/2;
-    if(b.dataset.act==="in")zoom(1/1.4,cx,cy);else if(b.dataset.act==="out")zoom(1.4,cx,cy);
-    else{box={x:home.x,y:home.y,w:home.w,h:home.h};apply();}});});
-})(document.getElementById("__ROOT__"));
-"""
+_KEYS = ("Keys: + / - zoom, 0 fit, arrows pan, / search (Enter, Shift+Enter or arrows step through the "
+         "matches), click a violet box to open it, Esc goes back, m toggles the map.")
 
 
-def svg_text(svg_bytes: bytes) -> str:
-    """The ``<svg>`` element of dot's SVG output (XML prolog, doctype and comments dropped)."""
-    text = svg_bytes.decode("utf-8")
-    return text[text.index("<svg"):]
+def _asset(name: str) -> str:
+    return resources.files("gradscope.views").joinpath("assets", name).read_text(encoding="utf-8")
 
 
-def _findings_data(report, drawing) -> list[dict]:
-    out = []
-    for f, targets in zip(report.findings, drawing.targets):
-        out.append({"kind": f.kind, "severity": f.severity, "message": f.message, "location": f.location,
-                    "params": list(f.params), "node": f.node, "targets": targets})
-    return out
+def script_json(data) -> str:
+    """``data`` as JSON that is inert inside ``<script>``: no ``<``, ``>`` or ``&`` at all.
+
+    HTML5 leaves a script element's data state on ``</script``, and ``<!--`` followed by ``<script`` puts
+    it in the "double escaped" state where even ``</script>`` no longer ends it; a user's parameter name
+    can hold any of these. JSON's ``\\u003c`` escapes decode to the same strings.
+    """
+    text = json.dumps(data, default=str, sort_keys=True, ensure_ascii=False)
+    return (text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
-def findings_table(report) -> str:
-    """An HTML table of the findings (or a one-line 'no findings' note)."""
-    from gradscope._format import human_bytes
-
-    head = (f"<p><b>gradscope</b>: {report.graph.number_of_nodes()} nodes, "
-            f"{html.escape(human_bytes(report.saved_bytes))} saved for backward, "
-            f"{len(report.findings)} finding{'s' if len(report.findings) != 1 else ''}</p>")
-    if not report.findings:
-        return head
-    rows = "".join(
-        f"<tr><td>{html.escape(f.severity)}</td><td><code>{html.escape(f.kind)}</code></td>"
-        f"<td>{html.escape(f.message)}</td><td>{html.escape(f.location or '')}</td></tr>"
-        for f in report.findings)
-    return (head + '<table class="gs-table"><tr><th>severity</th><th>kind</th><th>message</th>'
-            f"<th>where</th></tr>{rows}</table>")
+def _findings_data(report, top) -> list[dict]:
+    return [{"kind": f.kind, "severity": f.severity, "message": f.message, "location": f.location,
+             "params": list(f.params), "node": f.node, "targets": targets,
+             "nodes": finding_nodes(report.graph, f)}
+            for f, targets in zip(report.findings, top.targets)]
 
 
-def widget(report, drawing, svg: str, *, height: str = "100%", side: bool = True) -> str:
-    """The pan/zoom view as one HTML fragment: a ``<div class="gs-view">`` with its style and script."""
+def summary_line(report) -> str:
+    """One line: nodes, bytes saved for backward, findings."""
+    n = len(report.findings)
+    return (f"<p class=\"gs-summary\" style=\"text-align:left\"><b>gradscope</b>: "
+            f"{report.graph.number_of_nodes()} nodes, {html.escape(human_bytes(report.saved_bytes))} saved for "
+            f"backward, {n} finding{'s' if n != 1 else ''}</p>")
+
+
+def _finding_item(i: int, f) -> str:
+    where = f' <span class="gs-where">{html.escape(f.location)}</span>' if f.location else ""
+    return (f'<li class="gs-{html.escape(f.severity)}" data-index="{i}" id="gs-finding-{i}">'
+            f'<span class="gs-kind">{html.escape(f.kind)}</span> ({html.escape(f.severity)}){where}<br>'
+            f'{html.escape(f.message)}</li>')
+
+
+def widget(report, all_scenes, *, height: str = "100%", page: bool = False) -> str:
+    """The viewer as one HTML fragment: a ``<div class="gs-view">`` with its style, data and script.
+
+    ``all_scenes``: :func:`gradscope.views.scenes.scenes` (the default drawing first). ``height``:
+    a CSS height, or ``"auto"`` (the notebook: the pane takes the drawing's height, within limits).
+    """
     root = f"gs-view-{next(_COUNTER)}"
-    data = {"elements": drawing.elements, "findings": _findings_data(report, drawing)}
-    blob = json.dumps(data, default=str, sort_keys=True).replace("</", "<\\/")
-    items = "".join(
-        f'<li class="gs-{html.escape(f.severity)}" data-index="{i}" id="gs-finding-{i}">'
-        f'<span class="gs-kind">{html.escape(f.kind)}</span> ({html.escape(f.severity)})'
-        f'{" at " + html.escape(f.location) if f.location else ""}<br>{html.escape(f.message)}</li>'
-        for i, f in enumerate(report.findings))
-    panel = (f'<div class="gs-side"><b>Findings</b><ol class="gs-findings">{items}</ol>'
-             + ("" if report.findings else "<p>No findings.</p>")
-             + '<b>Details</b> <small>(hover or click a node)</small><div class="gs-details"></div></div>')
-    tools = ('<div class="gs-tools"><button data-act="in" title="zoom in">+</button>'
-             '<button data-act="out" title="zoom out">&minus;</button>'
-             '<button data-act="home" title="fit">fit</button></div>')
-    return (f'<div class="gs-view" id="{root}" style="height:{height}"><style>{CSS}</style>'
-            f'{panel if side else ""}<div class="gs-canvas">{svg}{tools}</div>'
-            f'<script type="application/json" class="gs-data">{blob}</script>'
-            f'<script>{JS.replace("__ROOT__", root)}</script></div>')
+    top = all_scenes[0].drawing
+    data = {"findings": _findings_data(report, top), "index": search_index(report, all_scenes),
+            "scenes": {s.sid: {"title": s.title, "parent": s.parent, "note": s.note,
+                               "elements": s.drawing.elements} for s in all_scenes}}
+    items = "".join(_finding_item(i, f) for i, f in enumerate(report.findings))
+    listing = (f'<h4>Findings ({len(report.findings)})</h4><ol class="gs-findings">{items}</ol>'
+               if report.findings else "<h4>No findings</h4>")
+    panel = (f'<div class="gs-side">{listing}<h4>Details</h4><div class="gs-details">Hover or click a node.'
+             f'</div><div class="gs-keys">{html.escape(_KEYS)}</div></div>')
+    bar = ('<div class="gs-bar"><input type="search" class="gs-search" aria-label="search" '
+           'placeholder="search: op, module, parameter" spellcheck="false"><span class="gs-count"></span>'
+           '<button data-act="prev" title="previous match">&lsaquo;</button>'
+           '<button data-act="next" title="next match">&rsaquo;</button><span class="gs-crumbs"></span>'
+           '<button data-act="in" title="zoom in (+)">+</button>'
+           '<button data-act="out" title="zoom out (-)">&minus;</button>'
+           '<button data-act="fit" title="fit (0)">fit</button>'
+           '<button data-act="map" title="overview map (m)">map</button></div>')
+    views = "".join(f'<div class="gs-scene" data-scene="{html.escape(s.sid)}"{"" if i == 0 else " hidden"}>'
+                    f"{s.svg}</div>" for i, s in enumerate(all_scenes))
+    mini = ('<div class="gs-mini" title="overview: click or drag to move"><svg xmlns="http://www.w3.org/2000/svg">'
+            '<use href=""></use><rect class="gs-vp"></rect></svg></div>')
+    auto = height == "auto"
+    attrs = (f'class="gs-view" id="{root}" tabindex="0" data-lm-suppress-shortcuts="true"'
+             + (' data-auto-height="1"' if auto else "") + (' data-page="1"' if page else "")
+             + f' style="height:{"560px" if auto else height}"')
+    return (f'<div {attrs}><style>{_asset("viewer.css")}</style>{panel}<div class="gs-main">{bar}'
+            f'<div class="gs-note"></div><div class="gs-canvas">{views}{mini}</div></div>'
+            f'<script type="application/json" class="gs-data">{script_json(data)}</script>'
+            f'<script>{_asset("viewer.js").replace("__ROOT__", root)}</script></div>')
+
+
+def build(report, **kwargs) -> list:
+    """The viewer's scenes for ``report`` (``kwargs``: the options of :func:`gradscope.views.render.render`)."""
+    from gradscope.views.drawing import drawing, pipe
+
+    top = drawing(report, **kwargs)
+    opts = {k: v for k, v in kwargs.items() if k in ("show_saved", "clusters", "limit", "rankdir")}
+    return _scenes(report, top, lambda box, within: drawing(report, box=box, within=within, **opts), pipe)
 
 
 def page(report, **kwargs) -> str:
     """A complete, self-contained HTML page of ``report`` (see :func:`gradscope.views.render.render`)."""
-    from gradscope.views.render import _drawing, pipe
-
-    drawing = _drawing(report, **kwargs)
-    svg = svg_text(pipe(drawing.dot, "svg"))
     title = f"gradscope: {report.graph.number_of_nodes()} nodes, {len(report.findings)} findings"
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{html.escape(title)}</title>"
             "<style>html,body{margin:0;height:100%}body{padding:8px;box-sizing:border-box}</style></head>"
-            f"<body>{widget(report, drawing, svg, height='calc(100vh - 16px)')}</body></html>\n")
+            f"<body>{widget(report, build(report, **kwargs), height='calc(100vh - 16px)', page=True)}"
+            "</body></html>\n")

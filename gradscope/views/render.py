@@ -1,89 +1,93 @@
 """Graph views of a report: SVG/PNG/PDF (through Graphviz ``dot``), HTML, DOT, JSON and GraphML.
 
-Legend (the same in every view; see also the README section "Rendering"):
+Legend (the same in every view; docs/pictures.md shows it with pictures):
 
 =====================  ============================================================================
 element                drawing
 =====================  ============================================================================
-parameter              light-blue rounded box, blue border: qualified name, shape, dtype
+parameter              light-blue rounded box, blue border: name, shape, dtype; drawn beside the op
+                       that reads it
 input                  light-green box: a leaf that requires grad but is not a named parameter
 op                     rounded box: backward node name, output shape, saved tensors
-                       (``slot: shape dtype bytes``, toggle with ``show_saved``); the fill goes from
-                       white to orange with its saved bytes (log scale): memory hot spots stand out
+                       (``slot: shape dtype bytes``, toggle with ``show_saved``) and ``holds X``: the
+                       activation bytes it keeps alive (each storage counted once, at its first saver;
+                       parameters saved by reference cost nothing extra and are left out). The fill goes
+                       from white to orange with those bytes: memory hot spots stand out
 root                   an op with a double border, labelled ``root -> shape``
-module                 grey rounded cluster around the ops of one module (from ``trace()``, or
-                       inferred from the parameters the ops consume)
-collapsed module       violet 3-D box: ``NAME (collapsed)``, op count, saved bytes, worst finding
-repetition             violet 3-D box ``x200  repeated block``: an unrolled loop folded into one box
+module                 grey rounded cluster around the ops of one module call (``NAME (call 2)`` for
+                       a module run again later); from ``trace()``, or inferred from parameters
+collapsed module       violet 3-D box: ``NAME (collapsed)``, op count, activation bytes
+repetition             violet 3-D box ``x12  repeated block``: unrolled steps or repeated layers folded
+                       into one box, with the ops of one repetition and the modules it runs over
+chain                  violet 3-D box ``5 ops: Pow, Mean, ...``: a run of ops one after the other
+                       (only when nothing else makes the drawing fit a page)
 shared leaf            small dashed box, ``shared xK``: one stub per use of a leaf used K times
-finding                red thick border and a ``!! kind`` line: the hazard node (``inplace-hazard``)
-unused parameters      red dashed cluster "no gradient": parameters no path from the root reaches
+finding                red thick border, larger text and a ``!! kind`` line: never folded or boxed;
+                       the modules around it stay open down to it
+unused parameters      red dashed cluster "no gradient": parameters no path from the root reaches, one
+                       box per parameter (or per module when there are many), in a grid
 cut                    red octagon ``CUT: detach`` with its ``file:line`` (needs ``trace()``), linked
                        to the parameters it cut off
+outside stub           small dashed box ``from nK ...`` in the drawing of one opened box
+                       (:func:`drawing` with ``box=``): the ops just outside it
 =====================  ============================================================================
 
-Edges point in data-flow direction (inputs at the top, the root at the bottom).
+Edges point in data-flow direction (inputs at the top, the root at the bottom; ``rankdir="LR"``: left
+to right).
 
-Large graphs (more than ``limit`` nodes, 1000 by default) are collapsed automatically: unrolled
-repetition is folded into ``xN`` boxes and modules below some depth into one box each; the caption says
-so and how to expand (``collapse=False``, or ``collapse=N`` to keep modules down to depth ``N``).
+The default drawing is the most detailed one that fits a page (:mod:`gradscope.views.fit`, NOTE [fitting
+a page]); the caption says what was folded or boxed and how to see everything (``collapse=False``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import graphviz
 import networkx as nx
 
-from gradscope.views.collapse import build_view
-from gradscope.views.dot import draw
 from gradscope.errors import InputTypeError, InputValueError, RenderError
+from gradscope.views.boxes import box_part, unmeasured
+from gradscope.views.drawing import AUTO_LIMIT, drawing, pipe
+from gradscope.views.options import MAX_PIXELS, RANKDIRS, RenderWarning, cap_pixels, check, scale
 
-__all__ = ["render", "to_dot", "FORMATS", "AUTO_LIMIT"]
+__all__ = ["render", "to_dot", "drawing", "FORMATS", "RANKDIRS", "AUTO_LIMIT", "MAX_PIXELS", "RenderWarning"]
 
 #: Suffixes :func:`render` understands.
 FORMATS = ("svg", "png", "pdf", "html", "dot", "json", "graphml")
-#: Above this many nodes, the default view collapses.
-AUTO_LIMIT = 1000
-_DOT_INSTALL = ("the Graphviz 'dot' program is not installed or not on PATH; install it with "
-                "'apt-get install graphviz' (Debian/Ubuntu), 'brew install graphviz' (macOS) or "
-                "'conda install graphviz', or write a .dot/.json/.graphml file, which needs no Graphviz.")
-
-
-def _drawing(report, *, collapse=None, show_saved=None, fold=None, clusters=None, legend=False,
-             limit=AUTO_LIMIT):
-    if collapse is not None and collapse is not False and (
-            isinstance(collapse, bool) or not isinstance(collapse, int) or collapse < 0):
-        raise InputValueError(f"collapse must be None (automatic), False (expand all) or a module depth "
-                              f">= 0, got {collapse!r}.")
-    view = build_view(report.graph, report.findings, collapse=collapse, fold=fold, limit=limit)
-    return draw(report, view, show_saved=show_saved, clusters=clusters, legend=legend, limit=limit)
-
-
 def to_dot(report, *, collapse=None, show_saved=None, fold=None, clusters=None,
-           legend: bool = False, limit: int = AUTO_LIMIT) -> graphviz.Digraph:
+           legend: bool = False, limit: int = AUTO_LIMIT, rankdir: str | None = None, size=None,
+           dpi=None) -> graphviz.Digraph:
     """The report's graph as a ``graphviz.Digraph`` (deterministic: same model, same source).
 
     Args:
         report: a :class:`~gradscope.Report`.
-        collapse: ``None`` (default) collapses automatically above ``limit`` nodes; ``N`` keeps module
-            clusters down to depth ``N`` and draws each deeper module as one box; ``False`` expands all.
+        collapse: ``None`` (default): the drawing that fits a page (see :mod:`gradscope.views.fit`:
+            repeated blocks folded, modules boxed to the depth that fits, the module of every finding
+            open down to the finding's node); ``N`` keeps module clusters down to depth ``N`` and draws
+            each deeper module as one box; ``False`` expands everything.
         show_saved: list saved tensors (shape, dtype, bytes) on op labels; ``None`` (default): unless
             more than ``limit`` elements are drawn (long labels make dot several times slower).
-        fold: fold unrolled repetition into ``xN`` boxes (default: when collapsing automatically).
-        clusters: draw module clusters; ``None`` (default): when at most ``limit`` elements are drawn
-            (clusters make dot several times slower on big expanded graphs).
+        fold: fold unrolled repetition into ``xN`` boxes; ``None`` (default): when that is needed to fit
+            the page; ``True`` always, ``False`` never.
+        clusters: draw module clusters; ``None`` (default): when at most ``limit`` elements are drawn.
         legend: add a legend box to the picture.
-        limit: node count above which the default view collapses.
+        limit: the most elements the automatic choice draws; above it labels are shortened and clusters
+            left out (dot's layout time grows fast with long labels and clusters).
+        rankdir: ``"TB"`` (top to bottom) or ``"LR"`` (left to right); ``None``: TB, or LR when that
+            fits the page and TB does not.
+        size: the largest size of the picture, ``(width, height)`` in inches (or ``"W,H"``); a bigger
+            drawing is scaled down to it (Graphviz ``size``).
+        dpi: dots per inch of raster output (.png; Graphviz ``dpi``; default 96).
 
     Returns:
         ``graphviz.Digraph``; every element has an ``id`` (node id, ``fold:nK``, ``module:NAME``,
         ``unused:NAME``, ``cut:LOCATION``) that ends up in the SVG.
 
     Raises:
-        InputValueError: ``collapse`` is not None, False or a non-negative int.
+        InputValueError: ``collapse`` is not None, False or a non-negative int; a bad rankdir/size/dpi.
 
     Example:
         >>> import torch, gradscope
@@ -92,31 +96,23 @@ def to_dot(report, *, collapse=None, show_saved=None, fold=None, clusters=None,
         >>> "AddmmBackward0" in report.to_dot().source
         True
     """
-    return _drawing(report, collapse=collapse, show_saved=show_saved, fold=fold, clusters=clusters,
-                    legend=legend, limit=limit).dot
-
-
-def pipe(dot: graphviz.Digraph, fmt: str) -> bytes:
-    """Run ``dot`` on ``dot`` and return the ``fmt`` output; :class:`RenderError` when it cannot."""
-    try:
-        return dot.pipe(format=fmt, quiet=True)
-    except graphviz.ExecutableNotFound:
-        raise RenderError(_DOT_INSTALL) from None
-    except graphviz.CalledProcessError as exc:
-        err = (exc.stderr or b"").decode("utf-8", "replace").strip().splitlines()
-        raise RenderError(f"Graphviz 'dot' failed to lay out the graph ({err[-1] if err else exc}); "
-                          "write a .dot file instead, or render with a smaller collapse=N.") from None
+    return drawing(report, collapse=collapse, show_saved=show_saved, fold=fold, clusters=clusters,
+                    legend=legend, limit=limit, rankdir=rankdir, size=size, dpi=dpi).dot
 
 
 def render(report, path, *, format: str | None = None, collapse=None, show_saved=None,
-           fold=None, clusters=None, legend: bool = False, limit: int = AUTO_LIMIT) -> str:
+           fold=None, clusters=None, legend: bool = False, limit: int = AUTO_LIMIT, rankdir: str | None = None,
+           size=None, dpi=None, max_pixels: int | None = MAX_PIXELS) -> str:
     """Write the report's graph to ``path``; the format comes from the suffix (or ``format=``).
 
     Args:
         report: a :class:`~gradscope.Report`.
         path: ``str`` or ``os.PathLike``; suffix ``.svg .png .pdf .html .dot .json .graphml``.
         format: one of :data:`FORMATS`, overriding the suffix.
-        collapse, show_saved, fold, clusters, legend, limit: see :func:`to_dot`.
+        collapse, show_saved, fold, clusters, legend, limit, rankdir, size, dpi: see :func:`to_dot`.
+        max_pixels: a .png whose longer side would pass this many pixels is scaled down to it, with a
+            :class:`RenderWarning` (a 10,000 x 30,000 px image helps no one and takes gigabytes to
+            open); ``None`` lifts the cap.
 
     Returns:
         The path written, as a string.
@@ -146,7 +142,9 @@ def render(report, path, *, format: str | None = None, collapse=None, show_saved
                                            else "no suffix")
         raise InputValueError(f"cannot render {path!r}: unknown format {got}. Supported: "
                               f"{', '.join('.' + f for f in FORMATS)} (or pass format='svg').")
-    kw = dict(collapse=collapse, show_saved=show_saved, fold=fold, clusters=clusters, legend=legend, limit=limit)
+    check(collapse, rankdir, size, dpi, max_pixels)
+    kw = dict(collapse=collapse, show_saved=show_saved, fold=fold, clusters=clusters, legend=legend, limit=limit,
+              rankdir=rankdir, size=size, dpi=dpi)
     if fmt == "json":
         from gradscope.views.serialize import report_to_data
 
@@ -155,13 +153,19 @@ def render(report, path, *, format: str | None = None, collapse=None, show_saved
         buf = "\n".join(nx.generate_graphml(graphml_ready(report.graph))) + "\n"
         _write(path, buf.encode("utf-8"))
     elif fmt == "dot":
-        _write(path, to_dot(report, **kw).source.encode("utf-8"))
+        _write(path, drawing(report, **kw).dot.source.encode("utf-8"))
     elif fmt == "html":
         from gradscope.views.html_page import page
 
         _write(path, page(report, **kw).encode("utf-8"))
     else:
-        _write(path, pipe(to_dot(report, **kw), fmt))
+        out = drawing(report, **kw)
+        if fmt == "svg" and out.svg is not None:
+            _write(path, out.svg.encode("utf-8"))
+        else:
+            if fmt == "png":
+                cap_pixels(out, dpi, max_pixels, path)
+            _write(path, pipe(out.dot, fmt))
     return path
 
 

@@ -4,36 +4,57 @@ from __future__ import annotations
 
 import textwrap
 
-from gradscope.walk.saved import HELD
+from gradscope.graph import HELD, PARAMS, ROOT_SHAPES, ROOTS
 from gradscope._format import human_bytes, shape_str
+from gradscope.memory.attribution import node_bytes, storage_uses
 
 __all__ = ["summary", "top_nodes"]
 
 _MARK = {"error": "x", "warning": "!", "info": "i"}
 
 
-def top_nodes(graph, top: int) -> list[tuple[str, dict]]:
-    """The ``top`` op nodes holding the most saved bytes, largest first (ties by node id)."""
-    ops = [(n, d) for n, d in graph.nodes(data=True) if d["saved_bytes"] > 0]
-    ops.sort(key=lambda nd: (-nd[1]["saved_bytes"], int(nd[0][1:]) if nd[0][1:].isdigit() else 0))
+def top_nodes(graph, top: int) -> list[tuple[str, dict, int]]:
+    """The ``top`` op nodes holding the most activation memory, largest first (ties by node id).
+
+    Bytes are what each node's saved activations actually hold: each storage counted once, at its first
+    saver (``memory.attribution.node_bytes``), parameters saved by reference left out. Returns
+    ``(node id, attributes, bytes)`` triples.
+    """
+    own = node_bytes(graph)
+    ops = [(n, graph.nodes[n], b) for n, b in own.items() if b > 0]
+    ops.sort(key=lambda t: (-t[2], int(t[0][1:]) if t[0][1:].isdigit() else 0))
     return ops[:top]
 
 
+def _activation_slots(graph, nid: str, d: dict, owner: dict) -> str:
+    """``slot shape`` of the saved tensors whose storage this node is the owner of."""
+    params = {p["storage"] for p in graph.graph.get(PARAMS, {}).values() if p.get("storage") is not None}
+    return ", ".join(f"{e['slot']} {shape_str(e['shape'])}" for e in d["saved"]
+                     if e["status"] in HELD and not e.get("scalar") and e.get("storage") not in params
+                     and owner.get(e.get("storage"), nid) == nid)
+
+
 def summary(report, top: int = 5) -> str:
-    g = report.graph
+    g = report._view()   # the compact graph until report.graph is read: same answers, no DiGraph built
     kinds = {"op": 0, "param": 0, "input": 0}
-    saved_count = 0
-    for _, d in g.nodes(data=True):
-        kinds[d["kind"]] = kinds.get(d["kind"], 0) + 1
-        saved_count += len(d["saved"])
+    kind_of = dict(g.nodes(data="kind"))
+    for k in kind_of.values():
+        kinds[k] = kinds.get(k, 0) + 1
+    compact = getattr(g, "compact", None)
+    saved_count = compact.n_slots_total() if compact is not None else sum(
+        len(d["saved"]) for _, d in g.nodes(data=True))
     lines = [
         f"gradscope: {g.number_of_nodes()} nodes ({kinds['op']} ops, {kinds['param']} parameters, "
         f"{kinds['input']} inputs), {human_bytes(report.saved_bytes)} held by {saved_count} saved tensors",
     ]
+    acts = sum(node_bytes(g).values())
+    if acts != report.saved_bytes:
+        lines[0] += (f" ({human_bytes(acts)} activations + {human_bytes(report.saved_bytes - acts)} parameters "
+                     "saved by reference)")
     roots = [f"{g.nodes[r]['name']} ({shape_str(s)})"
-             for r, s in zip(g.graph.get("roots", ()), g.graph.get("root_shapes", ()))]
+             for r, s in zip(g.graph.get(ROOTS, ()), g.graph.get(ROOT_SHAPES, ()))]
     lines.append("root: " + ", ".join(roots))
-    params = g.graph.get("params", {})
+    params = g.graph.get(PARAMS, {})
     if params:
         trainable = sum(1 for p in params.values() if p["requires_grad"])
         reached = sum(1 for p in params.values() if p["requires_grad"] and p.get("node") is not None)
@@ -58,14 +79,19 @@ def summary(report, top: int = 5) -> str:
                                        subsequent_indent="        "))
     hot = top_nodes(g, top)
     if hot:
+        uses = storage_uses(g)
+        owner = {u.key[1]: u.owner for u in uses if u.key[0] == "s"}
+        by_ref = sum(u.nbytes for u in uses if u.category == "params")
         lines.append("")
-        lines.append(f"Top saved memory ({len(hot)} of {sum(1 for _ in g.nodes)} nodes):")
-        for nid, d in hot:
+        lines.append(f"Top saved memory (activations, each storage once; {len(hot)} of "
+                     f"{len(kind_of)} nodes):")
+        for nid, d, nbytes in hot:
             where = f" in {d['module']}" if d.get("module") else ""
-            slots = ", ".join(f"{e['slot']} {shape_str(e['shape'])}" for e in d["saved"]
-                              if e["status"] in HELD)
-            lines.append(f"  {human_bytes(d['saved_bytes']):>10}  {nid:<6} {d['name']}{where}: {slots}")
-    if any(d.get("module") for _, d in g.nodes(data=True) if d["kind"] == "op"):
+            slots = _activation_slots(g, nid, d, owner)
+            lines.append(f"  {human_bytes(nbytes):>10}  {nid:<6} {d['name']}{where}: {slots}")
+        if by_ref:
+            lines.append(f"  (plus {human_bytes(by_ref)} of parameters saved by reference: no extra memory)")
+    if any(m for n, m in g.nodes(data="module") if kind_of[n] == "op"):
         from gradscope.memory.attribution import module_bytes
 
         mods = [(m, n) for m, n in module_bytes(g, params=False).items() if n > 0][:top]

@@ -1,4 +1,5 @@
-"""The one pass that touches live autograd objects: roots to a metadata-only ``networkx.DiGraph``.
+"""The one pass that touches live autograd objects: roots to metadata-only compact records, from which
+the ``networkx.DiGraph`` of the contract is built on demand (NOTE [compact records] in ``records.py``).
 
 Node ids are ``"n0", "n1", ...`` in depth-first discovery order from the roots (input 0 first), so the
 same program always gives the same ids. Edges point in data-flow direction: ``u -> v`` means ``v``
@@ -18,6 +19,7 @@ from gradscope.walk.release import keep_until_dead
 from gradscope.errors import InputTypeError, InputValueError, NoGradRootError
 from gradscope.walk.holders import external
 from gradscope.walk.loop import walk
+from gradscope.walk.records import Records, node_id
 from gradscope.walk.saved import _DTYPES, StorageIds, dtype_str
 
 __all__ = ["build", "build_graph", "flatten_roots", "param_names"]
@@ -133,12 +135,25 @@ def _plain_named_parameters(module) -> list | None:
     return out
 
 
+def _shape(t: torch.Tensor) -> list[int] | None:
+    """``list(t.shape)``, or None for a nested tensor (torch gives it no shape)."""
+    try:
+        return list(t.shape)
+    except RuntimeError:
+        return None
+
+
+def _shape_text(t: torch.Tensor) -> str:
+    shape = _shape(t)
+    return "unknown (a nested tensor)" if shape is None else str(tuple(shape))
+
+
 def _root_node(t: torch.Tensor, index: int):
     try:
         grad_fn = t.grad_fn
     except RuntimeError as exc:  # e.g. a no_grad view whose base was later modified in place
         raise InputValueError(
-            f"root {index} (a tensor of shape {tuple(t.shape)}) cannot be differentiated: torch refuses "
+            f"root {index} (a tensor of shape {_shape_text(t)}) cannot be differentiated: torch refuses "
             f"to read its grad_fn ({str(exc).split('. ')[0]}). backward() raises the same; see torch's "
             "message for the fix.") from None
     if grad_fn is not None:
@@ -150,12 +165,12 @@ def _root_node(t: torch.Tensor, index: int):
             # A view of a leaf taken under no_grad reports requires_grad=True without a grad_fn or a
             # gradient accumulator; backward() rejects it as "does not require grad".
             raise NoGradRootError(
-                f"root {index} (a tensor of shape {tuple(t.shape)}) says requires_grad=True but has no "
+                f"root {index} (a tensor of shape {_shape_text(t)}) says requires_grad=True but has no "
                 "grad_fn and is not a leaf torch can accumulate into: it is a view of a parameter taken "
                 "under torch.no_grad(), and backward() rejects it. Take the view with grad enabled."
             ) from None
     raise NoGradRootError(
-        f"root {index} (a tensor of shape {tuple(t.shape)}) has no grad_fn and does not require grad, so "
+        f"root {index} (a tensor of shape {_shape_text(t)}) has no grad_fn and does not require grad, so "
         "backward() has nothing to do: it was computed under torch.no_grad()/inference_mode, detached, "
         "or from inputs that do not require grad. Inspect the loss before any .detach()/.item().")
 
@@ -169,11 +184,17 @@ def _root_storage_bytes(t: torch.Tensor) -> int | None:
 
 def build_graph(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]]) -> nx.DiGraph:
     """Walk from ``roots`` and return the metadata graph (see the module docstring)."""
-    return build(roots, names)[0]
+    return build(roots, names).digraph()
 
 
-def build(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]], buffers=()) -> tuple[nx.DiGraph, dict]:
-    """:func:`build_graph`, and the walk's index for the checks and the report (see ``_walk.walk``)."""
+def build(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]], buffers=(),
+          fast: bool = True) -> Records:
+    """Walk from ``roots`` into compact :class:`~gradscope.walk.records.Records` (NOTE [compact records]).
+
+    ``records.digraph()`` is :func:`build_graph`'s DiGraph; ``buffers``: the model's buffers (for the
+    memory budget: ``graph["buffers"]``); ``fast=False`` reads every node with the general saved-slot
+    reader (for tests).
+    """
     root_info = []
     no_grad_roots = []
     for i, t in enumerate(roots):
@@ -184,45 +205,34 @@ def build(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]],
                 raise
             no_grad_roots.append(i)
             continue
-        root_info.append((i, node, list(t.shape)))
+        root_info.append((i, node, _shape(t)))
     if not root_info:
         raise NoGradRootError(
             f"none of the {len(roots)} roots has a grad_fn or requires grad: there is no graph to inspect.")
     gc_was_enabled = gc.isenabled()
-    gc.disable()  # the walk allocates many small dicts; generational GC passes would dominate its time
+    gc.disable()  # generational GC passes over the walk's allocations would dominate its time
     try:
         storages = StorageIds()
-        ids, attrs, succ, pred, index = walk([node for _, node, _ in root_info], names, storages)
+        records, ids = walk([node for _, node, _ in root_info], names, storages, fast)
+        roots_idx = [ids[node] for _, node, _ in root_info]
+        records.roots = roots_idx
+        records.graph.update({
+            "roots": [node_id(i) for i in roots_idx],
+            "root_shapes": [shape for _, _, shape in root_info],
+            "root_storage_bytes": [_root_storage_bytes(roots[i]) for i, _, _ in root_info],  # a scalar loss may view a big buffer
+            "no_grad_roots": no_grad_roots,
+            "storage_bytes": list(storages.sizes),
+            "params": _params_info(records.param_nodes, names, storages),
+            "external": external(storages.uses, storages.impls),   # NOTE [holder counts]
+            "buffers": _buffers_info(buffers, storages),
+        })
+        if len(ids) >= _DEEP:
+            keep_until_dead([t for i, t in enumerate(roots) if i not in no_grad_roots], list(ids))
+        del ids
     finally:
         if gc_was_enabled:
             gc.enable()
-    g = nx.DiGraph()
-    # NOTE [building the DiGraph]: nodes and edges are inserted through networkx's own dicts (the
-    # documented data structure of DiGraph: _node, _succ/_adj, _pred, one attr dict shared by succ and
-    # pred) because add_node/add_edge cost more than the whole walk. tests/test_inspect_graph.py
-    # checks that the result behaves as a normal DiGraph.
-    g._node.update(attrs)
-    g._succ.update(succ)
-    g._pred.update(pred)
-    roots_ids = []
-    for i, node, shape in root_info:
-        rid = ids[node]
-        attrs[rid]["root"] = True
-        roots_ids.append(rid)
-    g.graph.update({
-        "roots": roots_ids,
-        "root_shapes": [shape for _, _, shape in root_info],
-        "root_storage_bytes": [_root_storage_bytes(roots[i]) for i, _, _ in root_info],   # a scalar loss may view a big buffer
-        "no_grad_roots": no_grad_roots,
-        "storage_bytes": list(storages.sizes),
-        "params": _params_info(index["param_nodes"], names, storages),
-        "external": external(storages.uses, storages.impls),   # NOTE [holder counts]
-        "buffers": _buffers_info(buffers, storages),
-    })
-    if len(attrs) >= _DEEP:
-        del ids[None]  # the walk's sentinel; the other keys are the nodes, root-first
-        keep_until_dead([t for i, t in enumerate(roots) if i not in no_grad_roots], list(ids))
-    return g, index
+    return records
 
 
 def _buffers_info(buffers, storages: StorageIds) -> list:
@@ -249,7 +259,11 @@ def _params_info(where: dict, names, storages: StorageIds) -> dict:
         except (RuntimeError, NotImplementedError):
             sid = None
         dtype = p.dtype
-        out[name] = {"requires_grad": bool(p.requires_grad), "shape": list(p.shape),
+        try:
+            shape = list(p.shape)
+        except RuntimeError:  # a nested tensor
+            shape = None
+        out[name] = {"requires_grad": bool(p.requires_grad), "shape": shape,
                      "dtype": _DTYPES.get(dtype) or dtype_str(dtype), "node": where.get(name), "storage": sid,
                      "grad": p.grad is not None, "pid": id(p)}
     return out

@@ -21,6 +21,9 @@ import torch
 
 __all__ = ["checkpoint_inputs", "raw_slots", "holder_meta"]
 
+# Private torch APIs read here (to move into gradscope/_torch.py): torch.utils.checkpoint's
+# ``_CheckpointFrame`` (found by class name) and its ``saved_args``, the ``_Holder`` class name, and
+# ``SavedTensor.data`` / ``unpack_hook`` / ``unpack()``.
 _MAX_DEPTH = 3
 _VERSION_RE = re.compile(r"is at version (\d+); expected version (\d+)")
 

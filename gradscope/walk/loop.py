@@ -1,74 +1,108 @@
-"""The walk's inner loop: every node visited once, its metadata read, its edges recorded.
+"""The walk's inner loop: every node visited once, its metadata read into compact records.
 
 NOTE [walk fast path]
 ``inspect()`` is meant to cost a small multiple of the bare minimum (visiting every node and reading
 every saved tensor's metadata), so this loop is written for CPython's interpreter: the per-class facts
 (slot attribute names, op name, whether it is a leaf) come from one cache lookup, attributes and bound
 methods are local variables, and the common case of an op node whose saved slots are all plain live
-tensors (no hook, never written in place, a dense storage) is read inline. A node that leaves the fast
-path in any slot (hooks, freed or stale slots, lists of tensors, custom Functions, checkpoint holders)
-is re-read whole by the general code in ``saved.py``, which registers storages in the same order, so ids
-and results are those of the general code. The walk also returns what the checks and the report would
-otherwise recompute by scanning every node: the nodes that are not plain (the only ones that can hold a
-stale, freed or opaque slot or be an opaque region), the node of each named parameter, and the saved
-bytes of the whole graph, each storage counted once.
+tensors (no hook, never written in place, a dense storage) is read inline into the flat records of
+NOTE [compact records] (``records.py``): no dict per node, slot or edge, shapes interned. A node that
+leaves the fast path in any slot (hooks, freed or stale slots, lists of tensors, custom Functions,
+checkpoint holders, nested tensors) is re-read whole by the general code in ``saved.py``, which registers
+storages in the same order, so ids and results are those of the general code (tests/test_compact.py
+checks both readers against each other on every test graph). The walk also records what the checks
+and the report would otherwise recompute by scanning every node: the nodes that are not plain (the only
+ones that can hold a stale, freed or opaque slot or be an opaque region), the node of each named
+parameter, and the saved bytes of the whole graph, each storage counted once.
 """
 
 from __future__ import annotations
 
+from array import array
+from itertools import accumulate
+from operator import attrgetter
+
 import torch
 
 from gradscope.walk.holders import _FAST_REFS, getrefcount, note_impl, storage_uses
-from gradscope.walk.values import _I64_MAX, _U64
+from gradscope.walk.records import Records, node_id
 from gradscope.walk.saved import HELD, _DEVICES, _DTYPES, StorageIds, device_str, dtype_str, node_type, plain_value, read_saved
 
 __all__ = ["walk"]
 
+# Private torch APIs the walk uses (to move into gradscope/_torch.py): the SavedTensor type, and on
+# nodes ``_raw_saved_*`` / ``_saved_*``, ``_input_metadata``, ``_sequence_nr()``, ``next_functions``;
+# on storages ``_cdata`` (the StorageImpl pointer).
 _SavedTensor = torch._C._autograd.SavedTensor
 _SCALAR_DTYPES = frozenset((torch.float64, torch.int64, torch.complex128, torch.bool))
 _STORAGE_ERRORS = (RuntimeError, NotImplementedError, TypeError)
 
 _OP, _LEAF, _OTHER = 0, 1, 2
 _SPECS: dict = {}   # node class -> (code, name, tensor slots, value slots, NodeType)
-_IDS: list[str] = []    # "n0", "n1", ...: the same strings in every walk
-_MAX_CACHED_IDS = 1 << 17
-
-
-def _grow_ids(n: int) -> int:
-    """Make ``_IDS`` hold ``"n0" ... "n{n}"`` (up to the cap) and return its length."""
-    if len(_IDS) <= n < _MAX_CACHED_IDS:
-        _IDS.extend(f"n{i}" for i in range(len(_IDS), min(max(2 * n, 1024), _MAX_CACHED_IDS)))
-    return len(_IDS)
+_SHAPES: dict = {}  # interned shapes and output-shape tuples (plain tuples of ints: no tensor kept)
+_MAX_SHAPES = 1 << 16
+_DTYPE_TUPLES: dict = {}  # torch.dtype -> ("float32",): the out_dtypes of a one-output node, interned
 
 
 def _spec(node) -> tuple:
     info = node_type(node)
     code = _LEAF if info.leaf else (_OTHER if info.custom else _OP)
-    spec = _SPECS[type(node)] = (code, info.name, info.tensor_slots, info.value_slots, info)
+    attrs = [attr for _, attr in info.value_slots]
+    # all value slots in one C call: a tuple, or the value itself for one slot (NOTE [compact records])
+    vget = attrgetter(*attrs) if attrs else None
+    spec = _SPECS[type(node)] = (code, info.name, info.tensor_slots, info.value_slots, info, vget, len(attrs) == 1)
     return spec
 
 
-def walk(starts: list, names: dict, storages: StorageIds):
+def _value(node, attr):
+    try:
+        return getattr(node, attr)
+    except RuntimeError:
+        return None
+
+
+#: Types of saved values kept as read (NOTE [compact records]): they hold no tensor; the records turn
+#: them into the contract's plain values (negative ints, lists) when a node's dict is built.
+_RAW_OK = frozenset((int, tuple, float, bool, type(None), str))
+
+
+def _out_shapes(meta) -> tuple:
+    """Output shapes from ``_input_metadata`` (None for a nested tensor, whose shape torch cannot give)."""
+    out = []
+    for m in meta:
+        try:
+            out.append(tuple(m.shape))
+        except RuntimeError:
+            out.append(None)
+    return tuple(out)
+
+
+def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> tuple[Records, list]:
     """Visit every node reachable from ``starts`` once, depth-first, in discovery order.
 
     Args:
         starts: the root nodes, root 0 first.
         names: ``id(tensor) -> (qualified name, tensor)`` from :func:`gradscope.walk.build.param_names`.
         storages: the walk's :class:`~gradscope.walk.saved.StorageIds`.
+        fast: False reads every node with the general reader (for tests: NOTE [walk fast path]).
 
     Returns:
-        ``(ids, attrs, succ, pred, index)``: ``ids`` maps each live node to its id (``None`` maps to
-        ``None``, a sentinel; the other keys are in discovery order); ``attrs``/``succ``/``pred`` are the
-        DiGraph's node and adjacency dicts; ``index`` holds ``"special"`` (ids of the nodes that left the
-        fast path, in discovery order), ``"param_nodes"`` (param name -> id) and ``"held"`` (saved bytes,
-        each storage once). See NOTE [walk fast path].
+        ``(records, ids)``: the :class:`~gradscope.walk.records.Records` (node ``i`` is the ``i``-th
+        discovered, id ``"n{i}"``; ``special``, ``param_nodes`` and ``held_total`` filled in) and a dict
+        whose keys are the live nodes in discovery order (the caller decides how long to keep them).
     """
-    ids: dict = {None: None}
-    attrs: dict = {}
-    visited: list = []      # (id, next_functions) per node, for the edges
-    visit = visited.append
-    special: list = []
-    param_nodes: dict = {}
+    r = Records()
+    ids: dict = {None: -1}
+    nexts_of: list = []
+    visit = nexts_of.append
+    seqs: list = []
+    held_of: list = []      # both become arrays at the end (list.append is the cheaper one)
+    types_add, seqs_add, dev_add = r.types.append, seqs.append, r.devices.append
+    held_col, saved_add, values_add, outs_add = held_of.append, r.saved.append, r.values.append, r.outs.append
+    dts_add = r.out_dtypes.append
+    dts = _DTYPE_TUPLES
+    dts_get = dts.get
+    leaves, special, param_nodes = r.leaves, r.special, r.param_nodes
     held_sids: set = set()
     held_add = held_sids.add
     held_extra = 0
@@ -78,12 +112,14 @@ def walk(starts: list, names: dict, storages: StorageIds):
     new_size = sizes.append
     new_use = storages.uses.append
     impls = storages.impls
+    new_use = storages.uses.append
+    impls = storages.impls
     specs_get = _SPECS.get
     names_get = names.get
     dtypes_get = _DTYPES.get
     devices_get = _DEVICES.get
-    id_list = _IDS
-    n_cached = _grow_ids(0)
+    shapes = _SHAPES if len(_SHAPES) < _MAX_SHAPES else {}
+    shape_get = shapes.get
     n = 0
     stack = list(reversed(starts))
     pop = stack.pop
@@ -92,12 +128,10 @@ def walk(starts: list, names: dict, storages: StorageIds):
         node = pop()
         if node in ids:
             continue
-        if n == n_cached:
-            n_cached = _grow_ids(n)
-        nid = ids[node] = id_list[n] if n < n_cached else f"n{n}"
+        ids[node] = i = n
         n += 1
         nexts = node.next_functions
-        visit((nid, nexts))
+        visit(nexts)
         for child, _ in reversed(nexts):
             if child not in ids:
                 push(child)
@@ -105,41 +139,47 @@ def walk(starts: list, names: dict, storages: StorageIds):
         if spec is None:
             spec = _spec(node)
         code = spec[0]
+        types_add(spec[4])
         if code == _LEAF:
             var = node.variable
             named = names_get(id(var))
-            if named:
-                qual = named[0]
-                param_nodes[qual] = nid  # the last one, as a dict built over the nodes
-                head = qual.rpartition(".")[0] or None
-                attrs[nid] = {"kind": "param", "name": qual, "saved": [], "saved_bytes": 0, "module": head,
-                              "root": False, "opaque": False, "seq": None}
-            else:
-                attrs[nid] = {"kind": "input", "name": "input", "saved": [], "saved_bytes": 0,
-                              "module": None, "root": False, "opaque": False, "seq": None}
-            a = attrs[nid]
             dt = var.dtype
             dev = var.device
-            a["shape"] = list(var.shape)
-            a["dtype"] = dtypes_get(dt) or dtype_str(dt)
-            a["requires_grad"] = bool(var.requires_grad)
-            a["device"] = devices_get(dev) or device_str(dev)
-            a["grad"] = var.grad is not None   # .grad already set: backward adds in place
+            try:
+                shape = var.shape
+            except RuntimeError:  # a nested tensor
+                shape = None
+            # .grad already set: backward adds into it in place (the last entry)
+            leaf = (None, dtypes_get(dt) or dtype_str(dt), bool(var.requires_grad), devices_get(dev) or device_str(dev),
+                    var.grad is not None)
+            if named:
+                qual = named[0]
+                param_nodes[qual] = node_id(i)  # the last one, as a dict built over the nodes
+                leaves[i] = ("param", qual, qual.rpartition(".")[0] or None, shape, *leaf[1:])
+            else:
+                leaves[i] = ("input", "input", None, shape, *leaf[1:])
+            seqs_add(0)
+            dev_add(leaf[3])
+            held_col(0)
+            saved_add(())
+            values_add(None)
+            outs_add(())
+            dts_add(())
             continue
         # -- saved tensors: NOTE [walk fast path] ------------------------------------------------------
-        saved = []
         held = 0
-        fast = code == _OP
-        if fast:
+        ok = fast and code == _OP
+        if ok:
+            rec = ()   # () + t is t itself: no copy for the common single slot
             node_sids = None
             for s, raw_attr, attr in spec[2]:
                 try:
                     raw = getattr(node, raw_attr)
                 except RuntimeError:
-                    fast = False
+                    ok = False
                     break
                 if type(raw) is not _SavedTensor or raw.unpack_hook is not None:
-                    fast = False
+                    ok = False
                     break
                 data = raw.data
                 if data is None:
@@ -148,19 +188,20 @@ def walk(starts: list, names: dict, storages: StorageIds):
                             continue
                     except RuntimeError:
                         pass
-                    fast = False
+                    ok = False
                     break
                 if data._version:
                     try:  # written in place at some point: stale only if reading the slot raises
                         getattr(node, attr)
                     except RuntimeError:
-                        fast = False
+                        ok = False
                         break
                 try:
                     st = data.untyped_storage()
                     ptr = st._cdata
-                except _STORAGE_ERRORS:
-                    fast = False
+                    shape = data.shape
+                except _STORAGE_ERRORS:  # no plain storage, or a nested tensor: the general reader
+                    ok = False
                     break
                 sid = sids_get(ptr)
                 if sid is None:
@@ -168,47 +209,48 @@ def walk(starts: list, names: dict, storages: StorageIds):
                     new_size(st.nbytes())
                     new_use(storage_uses(ptr) - 1)
                 note_impl(impls, data, sid, getrefcount(data) - _FAST_REFS)  # NOTE [holder counts]
-                size = sizes[sid]
-                shape = data.shape
                 dt = data.dtype
                 dev = data.device
-                e = {"slot": s, "shape": list(shape), "dtype": dtypes_get(dt) or dtype_str(dt),
-                     "device": devices_get(dev) or device_str(dev), "nbytes": size, "status": "live",
-                     "storage": sid}
+                canon = shape_get(shape)
+                if canon is None:
+                    canon = shapes[shape] = shape
                 if not shape and dt in _SCALAR_DTYPES and dev.type == "cpu" and not data.requires_grad:
-                    e["scalar"] = True  # a wrapped Python number: not an activation (saved._is_wrapped_scalar)
-                else:
-                    held_add(sid)
-                    if node_sids is None:
-                        node_sids = [sid]
-                        held = size
-                    elif sid not in node_sids:
-                        node_sids.append(sid)
-                        held += size
-                saved.append(e)
-            if fast:
-                values = {}
-                for s, attr in spec[3]:
+                    # a wrapped Python number: not an activation (saved._is_wrapped_scalar); ~sid marks it
+                    rec += (s, canon, dtypes_get(dt) or dtype_str(dt), devices_get(dev) or device_str(dev), ~sid)
+                    continue
+                rec += (s, canon, dtypes_get(dt) or dtype_str(dt), devices_get(dev) or device_str(dev), sid)
+                held_add(sid)
+                if node_sids is None:
+                    node_sids = [sid]
+                    held = sizes[sid]
+                elif sid not in node_sids:
+                    node_sids.append(sid)
+                    held += sizes[sid]
+            if ok:
+                vget = spec[5]
+                if vget is None:
+                    values = ()
+                elif spec[6]:  # one value slot: the value itself
                     try:
-                        v = getattr(node, attr)
+                        values = vget(node)
                     except RuntimeError:
-                        values[s] = None
-                        continue
-                    tv = type(v)
-                    if tv is int:
-                        if v >= _I64_MAX:
-                            v -= _U64
-                    elif tv is tuple:
-                        try:  # sizes, strides, dims: max() raises on None/mixed/empty
-                            v = list(v) if max(v) < _I64_MAX else plain_value(v)
-                        except (TypeError, ValueError):
-                            v = plain_value(v)
-                    elif not (tv is bool or tv is float or v is None or tv is str):
-                        v = plain_value(v)
-                    values[s] = v
-        if not fast:
-            info = spec[4]
-            saved, values = read_saved(node, info, storages)
+                        values = None
+                    if type(values) not in _RAW_OK:
+                        values = plain_value(values)
+                else:
+                    try:  # raw values: plain Python data (ints, int tuples, floats, bools, None, str)
+                        values = vget(node)
+                    except RuntimeError:
+                        values = tuple(_value(node, attr) for _, attr in spec[3])
+                    if not _RAW_OK.issuperset(map(type, values)):
+                        values = tuple(map(plain_value, values))
+                saved_add(rec)
+                values_add(values)
+        if not ok:
+            data = None   # the fast path's reference would read as a holder outside the graph
+            saved, values = read_saved(node, spec[4], storages)
+            if fast and code == _OP and rec:   # slots the fast path counted before it gave up: counted twice
+                _uncount(node, spec[2], len(rec) // 5, impls)
             held = 0
             seen = set()
             for e in saved:
@@ -221,60 +263,66 @@ def walk(starts: list, names: dict, storages: StorageIds):
                         seen.add(sid)
                         held_add(sid)
                         held += e["nbytes"]
-            special.append(nid)
+            special.append(i)
+            saved_add(saved)
+            values_add(values)
+        held_col(held)
         try:
             meta = node._input_metadata
         except (AttributeError, RuntimeError):
             meta = ()
-        if len(meta) == 1:
+        if meta:
             m = meta[0]
             dev = m.device
-            device = devices_get(dev) or device_str(dev)
-            out_shapes = [list(m.shape)]
-            dt = m.dtype
-            out_dtypes = [dtypes_get(dt) or dtype_str(dt)]
-        elif meta:
-            dev = meta[0].device
-            device = devices_get(dev) or device_str(dev)
-            out_shapes = [list(m.shape) for m in meta]
-            out_dtypes = [dtypes_get(m.dtype) or dtype_str(m.dtype) for m in meta]
+            dev_add(devices_get(dev) or device_str(dev))
+            if len(meta) == 1:
+                try:
+                    key = (tuple(m.shape),)
+                except RuntimeError:  # a nested tensor
+                    key = (None,)
+                dt = m.dtype
+                dkey = dts_get(dt)
+                if dkey is None:
+                    dkey = dts[dt] = (dtypes_get(dt) or dtype_str(dt),)
+            else:
+                key = _out_shapes(meta)
+                dkey = tuple(dtypes_get(m.dtype) or dtype_str(m.dtype) for m in meta)
+            canon = shape_get(key)
+            if canon is None:
+                canon = shapes[key] = key
+            outs_add(canon)
+            dts_add(dkey)
         else:
-            device, out_shapes, out_dtypes = None, [], []
-        if code == _OP:
-            attrs[nid] = {"kind": "op", "name": spec[1], "saved": saved, "saved_bytes": held, "device": device,
-                          "module": None, "root": False, "opaque": False, "seq": node._sequence_nr(),
-                          "attrs": values, "out_shapes": out_shapes, "out_dtypes": out_dtypes}
-        else:
-            a = attrs[nid] = spec[4].template.copy()
-            a["saved"] = saved
-            a["saved_bytes"] = held
-            a["device"] = device
-            a["seq"] = node._sequence_nr()
-            a["attrs"] = values
-            a["out_shapes"] = out_shapes
-            a["out_dtypes"] = out_dtypes
-    succ, pred = _edges(ids, visited)
-    index = {"special": special, "param_nodes": param_nodes,
-             "held": held_extra + sum(sizes[s] for s in held_sids)}
-    return ids, attrs, succ, pred, index
+            dev_add(None)
+            outs_add(())
+            dts_add(())
+        seqs_add(node._sequence_nr())
+    _edges(r, ids, nexts_of)
+    r.seqs = array("Q", seqs)
+    r.held = array("q", held_of)
+    r.held_total = held_extra + sum(sizes[s] for s in held_sids)
+    r.sizes = sizes
+    del ids[None]  # the sentinel; the other keys are the nodes, root-first
+    return r, ids
 
 
-def _edges(ids: dict, visited: list):
-    """Adjacency dicts; edge insertion order: consumers last-discovered first, inputs by index."""
-    succ = {nid: {} for nid, _ in visited}
-    pred = {nid: {} for nid, _ in visited}
-    for nid, nexts in reversed(visited):
-        into = pred[nid]
-        index = 0
-        for child, out_nr in nexts:
-            u = ids[child]
-            if u is not None:
-                if u not in into:
-                    succ[u][nid] = into[u] = {"index": index, "output": out_nr, "count": 1}
-                else:
-                    e = into[u]
-                    e["count"] += 1
-                    if out_nr != e["output"] or "outputs" in e:   # several outputs of u: the replay needs each
-                        e.setdefault("outputs", [e["output"]] * (e["count"] - 1)).append(out_nr)
-            index += 1
-    return succ, pred
+def _uncount(node, slots, n: int, impls: dict) -> None:
+    """Undo the holder count (NOTE [holder counts]) of the first ``n`` saved tensors of ``node``: the fast
+    path counted them before a later slot sent the node to the general reader, which counted them again."""
+    for _, raw_attr, _ in slots:
+        if n <= 0:
+            return
+        data = getattr(node, raw_attr).data
+        if data is not None:
+            n -= 1
+            rec = impls.get(data._cdata)
+            if rec is not None and rec[3] > 1:
+                rec[3] -= 1
+
+
+def _edges(r: Records, ids: dict, nexts_of: list) -> None:
+    """Fill the edge columns (child index or -1, output number) in ``next_functions`` order."""
+    # array(typecode, list) converts in C; array.extend(iterable) costs ~10x more per element
+    r.kid_off = array("q", list(accumulate(map(len, nexts_of), initial=0)))
+    r.kids = array("q", [ids[child] for nexts in nexts_of for child, _ in nexts])
+    r.kid_out = array("q", [out_nr for nexts in nexts_of for _, out_nr in nexts])

@@ -146,6 +146,9 @@ def _is_wrapped_scalar(t: torch.Tensor) -> bool:
 
 _DTYPES: dict = {}
 _DEVICES: dict = {}
+# Private torch APIs read here (to move into gradscope/_torch.py): the SavedTensor type and its
+# ``data`` / ``unpack_hook``; on nodes ``_raw_saved_*`` / ``_saved_*`` (found by dir()),
+# ``_raw_saved_tensors`` / ``saved_tensors`` / ``_forward_cls`` of custom Functions; ``_cdata`` of storages.
 _SavedTensor = torch._C._autograd.SavedTensor
 
 
@@ -167,17 +170,20 @@ def device_str(device) -> str:
 
 def _meta(slot: str, t: torch.Tensor, status: str, storages: StorageIds, device=None) -> dict:
     sid, size = storages.key(t)
-    shape = t.shape
+    try:
+        shape = t.shape
+    except RuntimeError:  # a nested tensor: torch gives no shape (dtype, device and storage it does give)
+        shape = None
     entry = {
         "slot": slot,
-        "shape": list(shape),
+        "shape": None if shape is None else list(shape),
         "dtype": dtype_str(t.dtype),
         "device": device_str(t.device if device is None else device),
         "nbytes": size,
         "status": status,
         "storage": sid,
     }
-    if not shape and _is_wrapped_scalar(t):
+    if shape is not None and not shape and _is_wrapped_scalar(t):
         entry["scalar"] = True
     return entry
 
@@ -248,7 +254,8 @@ def read_saved(node, info: NodeType, storages: StorageIds) -> tuple[list[dict], 
     for s, raw_attr, attr in info.tensor_slots:
         try:
             raw = getattr(node, raw_attr)
-        except RuntimeError:
+        except RuntimeError as exc:  # a list of tensors (an index op's indices) freed by a backward
+            saved.append(_blank(s, "freed" if _FREED_MARK in str(exc) else "opaque"))
             continue
         if type(raw) is not _SavedTensor:
             for i, r in enumerate(raw):
@@ -274,7 +281,11 @@ def read_saved(node, info: NodeType, storages: StorageIds) -> tuple[list[dict], 
 def _read_custom(node, saved: list, attrs: dict, storages: StorageIds) -> None:
     try:
         raws = node._raw_saved_tensors or ()
-    except RuntimeError:
+    except RuntimeError as exc:
+        # Freed by a backward: torch no longer says how many tensors there were, and it raises the same
+        # for a Function that saved none. A backward that reads ctx.saved_tensors will raise.
+        if _FREED_MARK in str(exc) and _reads_saved(node):
+            saved.append(_blank("saved_tensors", "freed"))
         raws = ()
     written = False
     for i, raw in enumerate(raws):
@@ -302,6 +313,20 @@ def _read_custom(node, saved: list, attrs: dict, storages: StorageIds) -> None:
     if isinstance(module, torch.nn.Module):
         attrs["region_params"] = [[list(p.shape), dtype_str(p.dtype), p.grad is not None, id(p)]
                                   for p in module.parameters() if p.requires_grad]
+
+
+_READS_SAVED: dict = {}
+
+
+def _reads_saved(node) -> bool:
+    """Whether the custom Function's ``backward`` can read its saved tensors (True when unsure)."""
+    fwd = getattr(node, "_forward_cls", None)
+    known = _READS_SAVED.get(fwd)
+    if known is None:
+        code = getattr(getattr(fwd, "backward", None), "__code__", None)
+        known = _READS_SAVED[fwd] = code is None or bool(
+            {"saved_tensors", "saved_variables", "_raw_saved_tensors"} & set(code.co_names)) or bool(code.co_freevars)
+    return known
 
 
 def _freed_or_none(node, slot: str) -> dict | None:

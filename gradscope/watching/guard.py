@@ -38,27 +38,33 @@ import fnmatch
 import os
 import sys
 import warnings
+from types import FrameType
+from typing import Any
 
 import torch
 
-from gradscope.watching.step import (WatchedParam, error_message, none_grad_findings, nonfinite, nonfinite_findings,
-                           rank_text)
+from gradscope._torch import current_autograd_node, current_graph_task_id, queue_engine_callback
 from gradscope.errors import GradientError, InputTypeError, InputValueError
 from gradscope.findings import sort_findings
+from gradscope.watching.step import (
+    WatchedParam,
+    error_message,
+    none_grad_findings,
+    nonfinite,
+    nonfinite_findings,
+    rank_text,
+)
 
 __all__ = ["watch", "Watch"]
 
 _INTERNAL = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
-_task_id = torch._C._current_graph_task_id
-_current_node = torch._C._current_autograd_node
-
-
-def _queue(fn) -> None:
-    torch.autograd.Variable._execution_engine.queue_callback(fn)
+_task_id = current_graph_task_id
+_current_node = current_autograd_node
+_queue = queue_engine_callback
 
 
 def watch(model, *, on_error="raise", check_nonfinite=True, ignore=(), every=1, accumulate=1,
-          scaler=None) -> "Watch":
+          scaler=None) -> Watch:
     """Check every backward through ``model`` for parameters that got no gradient and for NaN/Inf.
 
     At the end of each backward that reached the model, every watched parameter (``requires_grad=True``,
@@ -102,7 +108,8 @@ def watch(model, *, on_error="raise", check_nonfinite=True, ignore=(), every=1, 
 
 def _user_stacklevel() -> int:
     """The ``stacklevel`` that points a warning at the user's ``backward()`` call, past torch and us."""
-    frame, level = sys._getframe(1), 1
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL):
         frame, level = frame.f_back, level + 1
     return level
@@ -132,7 +139,7 @@ class Watch:
             raise InputTypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}.")
         patterns = (ignore,) if isinstance(ignore, str) else tuple(ignore)
         ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
-        inner = model.module if ddp or isinstance(model, torch.nn.DataParallel) else model
+        inner: Any = model.module if ddp or isinstance(model, torch.nn.DataParallel) else model
         named = list(inner.named_parameters())
         for pat in patterns:
             if not isinstance(pat, str):
@@ -196,7 +203,7 @@ class Watch:
             return
         node = _current_node()
         if node is not None:                         # NOTE [nested backward]: hand over to the outer task
-            handle = None
+            handle: Any = None
 
             def requeue(_grad_inputs, _grad_outputs):
                 handle.remove()
@@ -233,7 +240,8 @@ class Watch:
         self._check(start, n)
 
     def _check(self, start: int, n: int) -> None:
-        got, missing = [], []
+        got: list = []
+        missing: list = []
         for wp, s in zip(self._params, self._stamp):
             if wp.param.requires_grad:
                 (got if s >= start else missing).append(wp)
@@ -269,7 +277,7 @@ class Watch:
             handle.remove()
         self._handles, self._node_hooks = [], []
 
-    def __enter__(self) -> "Watch":
+    def __enter__(self) -> Watch:
         return self
 
     def __exit__(self, *exc) -> None:

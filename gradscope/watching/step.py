@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 import torch
 
+from gradscope._torch import foreach_norm, sparse_values
 from gradscope.findings import Finding
 
 __all__ = ["WatchedParam", "nonfinite", "none_grad_findings", "nonfinite_findings", "error_message",
@@ -53,7 +54,7 @@ def nonfinite(watched: list[WatchedParam]) -> list[BadGrad]:
         if g is None:
             continue
         if g.is_sparse:
-            g = g._values()
+            g = sparse_values(g)
         if g.numel() == 0:
             continue
         wps, grads = groups.setdefault(g.device, ([], []))
@@ -64,7 +65,7 @@ def nonfinite(watched: list[WatchedParam]) -> list[BadGrad]:
         if grads[0].device.type == "cpu":       # CPU foreach ops loop per tensor anyway; a sum reads fastest
             stacked = torch.stack([g.sum(dtype=torch.float32) for g in grads])
         else:                                   # one fused multi-tensor kernel on accelerators
-            stacked = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32))
+            stacked = torch.stack(foreach_norm(grads, 2, dtype=torch.float32))
         if bool(stacked.isfinite().all().item()):
             continue
         for wp, g, m in zip(wps, grads, stacked.tolist()):

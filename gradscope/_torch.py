@@ -1,0 +1,133 @@
+"""Every private torch API gradscope relies on, in one file to audit on a torch upgrade.
+
+Each entry says what it is and which section of the torch facts (``/work/shared/TORCH-FACTS.md``,
+observed on torch 2.13.0) it relies on. Nothing else in gradscope may touch ``torch._C``, a node's
+``_saved_*`` / ``_raw_saved_*`` / ``_sequence_nr`` / ``_input_metadata`` / ``_forward_cls``, a storage's
+``_cdata`` or the ``nn.Module`` hook globals directly. (The walk, ``gradscope/walk/``, still has its own
+copies of some of these in its hot loop; they are listed in docs/architecture.md until it routes them here.)
+
+When torch changes one of these, fix it here and run ``tests/`` (the facts each entry relies on are what
+the tests check against torch itself).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.nn.modules import module as _nn_module
+
+__all__ = [
+    "peek_sequence_nr", "sequence_nr", "NO_SEQUENCE_NR", "ACCUMULATE_GRAD", "SAVED_TENSOR",
+    "SAVED_PREFIX", "RAW_SAVED_PREFIX", "input_metadata", "forward_cls", "storage_key", "version",
+    "TENSOR_DATA", "FUNCTION_APPLY_CODE", "register_module_forward_pre_hook", "register_module_forward_hook",
+    "current_graph_task_id", "current_autograd_node", "queue_engine_callback", "foreach_norm",
+    "is_checkpoint_holder", "sparse_values",
+]
+
+# -- sequence numbers (forward creation order) -----------------------------------------------------
+#: ``torch._C._autograd._get_sequence_nr()``: the next autograd sequence number of this thread, peeked
+#: without using it (a no_grad op does not advance it). TORCH-FACTS section 1 (``_sequence_nr``) and
+#: section 5 (module attribution by sequence ranges).
+peek_sequence_nr: Callable[[], int] = torch._C._autograd._get_sequence_nr
+
+#: ``node._sequence_nr()`` of an AccumulateGrad node (UINT64_MAX): leaves have no creation order.
+#: TORCH-FACTS section 1 (AccumulateGrad).
+NO_SEQUENCE_NR = 2**64 - 1
+
+
+def sequence_nr(node: Any) -> int:
+    """``node._sequence_nr()``: the node's creation order, per thread (TORCH-FACTS section 1, section 8:
+    every edge points to a node with a smaller number)."""
+    return node._sequence_nr()
+
+
+# -- node classes and saved slots ------------------------------------------------------------------
+#: ``torch._C._functions.AccumulateGrad``: the class of the leaf nodes (``type(node) is ...``);
+#: ``node.variable`` is the leaf tensor. TORCH-FACTS section 1 (AccumulateGrad, ``_functions``).
+ACCUMULATE_GRAD: Any = torch._C._functions.AccumulateGrad  # type: ignore[attr-defined]
+
+#: ``torch._C._autograd.SavedTensor``: what ``node._raw_saved_<slot>`` returns; ``.data`` reads the
+#: stored tensor without a version check or an unpack hook. TORCH-FACTS section 1 (raw SavedTensor), 10.
+SAVED_TENSOR: type = torch._C._autograd.SavedTensor
+
+#: ``node._saved_<slot>``: every saved value of a generated node (raises on a freed or stale tensor);
+#: ``node._raw_saved_<slot>``: only the tensor slots. TORCH-FACTS section 1 (listing saved values), 2, 3.
+SAVED_PREFIX = "_saved_"
+RAW_SAVED_PREFIX = "_raw_saved_"
+
+
+def input_metadata(node: Any) -> tuple:
+    """``node._input_metadata``: shape/dtype/device of each forward output, readable after backward and
+    without keeping a tensor alive. TORCH-FACTS section 1 (other attributes), section 3."""
+    return node._input_metadata
+
+
+def forward_cls(node: Any) -> type | None:
+    """``node._forward_cls``: the ``autograd.Function`` subclass of a custom node (None for generated
+    nodes); tells checkpoint (``CheckpointFunction``) and ``torch.compile`` (``CompiledFunction``) apart.
+    TORCH-FACTS section 4."""
+    return getattr(node, "_forward_cls", None)
+
+
+def is_checkpoint_holder(value: Any) -> bool:
+    """True for ``torch.utils.checkpoint._Holder``, what ``raw.data`` holds for a slot that
+    ``checkpoint(use_reentrant=False)`` recomputes (reading the slot would re-run the forward).
+    TORCH-FACTS section 4 (checkpoint), section 10."""
+    return type(value).__name__ == "_Holder"
+
+
+# -- tensors ---------------------------------------------------------------------------------------
+def storage_key(t: torch.Tensor) -> int:
+    """``t.untyped_storage()._cdata``: the StorageImpl pointer, which tells storages apart on every device,
+    ``meta`` included (where ``data_ptr()`` is 0 for every tensor). TORCH-FACTS section 1 (dedup)."""
+    return t.untyped_storage()._cdata
+
+
+def version(t: torch.Tensor) -> int:
+    """``t._version``: the tensor's in-place version counter (raises RuntimeError on inference tensors).
+    TORCH-FACTS section 2 (versions visible)."""
+    return t._version
+
+
+#: ``torch._C.TensorBase.__dict__["data"]``: the ``.data`` property; a TorchFunctionMode sees ``x.data``
+#: as ``func.__name__ == "__get__"`` with ``func.__self__`` this descriptor. TORCH-FACTS section 6.
+TENSOR_DATA: Any = torch._C.TensorBase.__dict__["data"]
+
+#: The code object of ``torch.autograd.Function.apply``: a frame running it means we are inside a custom
+#: Function's forward (grad disabled by autograd, not by the user). TORCH-FACTS section 4.
+FUNCTION_APPLY_CODE = torch.autograd.function.Function.apply.__func__.__code__  # type: ignore[attr-defined]
+
+# -- module hooks ----------------------------------------------------------------------------------
+#: Global forward (pre-)hooks on every ``nn.Module`` call, from ``torch.nn.modules.module`` (documented
+#: there, not re-exported by ``torch.nn``); both return a removable handle. TORCH-FACTS section 5.
+register_module_forward_pre_hook = _nn_module.register_module_forward_pre_hook
+register_module_forward_hook = _nn_module.register_module_forward_hook
+
+# -- the autograd engine (during backward) ---------------------------------------------------------
+#: ``torch._C._current_graph_task_id()``: the id of the running backward, -1 outside backward.
+#: TORCH-FACTS section 9 (during backward).
+current_graph_task_id: Callable[[], int] = torch._C._current_graph_task_id
+
+#: ``torch._C._current_autograd_node()``: the node the engine is running, None outside backward.
+#: TORCH-FACTS section 9 (during backward).
+current_autograd_node: Callable[[], Any] = torch._C._current_autograd_node
+
+
+def queue_engine_callback(fn: Callable[[], None]) -> None:
+    """``torch.autograd.Variable._execution_engine.queue_callback(fn)``: run ``fn`` once when the current
+    backward finishes (what DDP uses). Only valid during backward. TORCH-FACTS section 7 (a)."""
+    torch.autograd.Variable._execution_engine.queue_callback(fn)
+
+
+#: ``torch._foreach_norm(tensors, ord, dtype=)``: one fused norm per tensor (what
+#: ``torch.nn.utils.clip_grad_norm_`` uses). Not covered by TORCH-FACTS; watch() calls it only for
+#: gradients on an accelerator, so the CPU test suite does not run it.
+foreach_norm: Callable[..., Any] = torch._foreach_norm
+
+
+def sparse_values(t: torch.Tensor) -> torch.Tensor:
+    """``t._values()``: the stored values of a sparse COO tensor, coalesced or not (``values()`` refuses
+    an uncoalesced one). Not covered by TORCH-FACTS, nor yet by a test (watch() on a sparse gradient)."""
+    return t._values()

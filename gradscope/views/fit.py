@@ -1,0 +1,144 @@
+"""The default drawing: chosen from the graph and measured on its layout, so that it is legible.
+
+See NOTE [fitting a page]. :func:`legible` is the rule, :func:`choose` the search, :func:`svg_size` reads
+a laid-out drawing's size.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gradscope.views.collapse import MIN_OPS, MIN_REPS, build_view, depth, infer_modules
+from gradscope.views.dot import FINDING_FONT, draw
+
+__all__ = ["PAGE_PT", "MAX_ASPECT", "WINDOW_PX", "MIN_TEXT_PX", "legible", "svg_size", "choose"]
+
+# NOTE [fitting a page]
+# The default drawing is the most detailed one that passes `legible` on its actual dot layout: at most
+# PAGE_PT on its longer side, an aspect ratio of at most MAX_ASPECT, and the text of every finding at
+# least MIN_TEXT_PX tall when the page is fit to a WINDOW_PX wide window (SVG pt are 4/3 px). Candidates,
+# most detailed first: everything expanded; repetition folded ("xN") with modules kept down to the
+# deepest depth, then one level shallower at a time; then looser folding (x2 and up) the same way. A
+# candidate with more than `limit` drawn elements (or PAGE_ELEMENTS, when smaller) cannot pass and is
+# skipped without a layout. Each candidate is laid out TB, and LR when TB came out too wide (unless the
+# caller fixed rankdir). The module holding a finding is never boxed and a finding's node never folded
+# (collapse.build_view), so whatever is chosen shows every finding's node with its label. When nothing
+# passes, the smallest candidate is drawn and its caption says so.
+
+PAGE_PT = 3000
+MAX_ASPECT = 4.0
+WINDOW_PX = 1600
+MIN_TEXT_PX = 10
+PAGE_ELEMENTS = 400
+_LOOSE = (2, 8)
+CHAIN = 3
+_SIZE = re.compile(rb'<svg width="([\d.]+)pt" height="([\d.]+)pt"')
+
+
+def svg_size(svg: bytes | str) -> tuple[float, float]:
+    """``(width, height)`` in pt of an SVG written by dot."""
+    data = svg.encode() if isinstance(svg, str) else svg
+    m = _SIZE.search(data)
+    if not m:
+        raise ValueError("not an SVG written by Graphviz dot (no width=...pt height=...pt)")
+    return float(m.group(1)), float(m.group(2))
+
+
+def text_px(width_pt: float, font_pt: float = FINDING_FONT) -> float:
+    """How tall ``font_pt`` text is on a ``width_pt`` wide drawing fit to a :data:`WINDOW_PX` window."""
+    scale = min(1.0, WINDOW_PX / (width_pt * 4 / 3))
+    return font_pt * 4 / 3 * scale
+
+
+def legible(width: float, height: float, font_pt: float = FINDING_FONT) -> str | None:
+    """``None`` when a ``width x height`` pt drawing follows NOTE [fitting a page], else the reason."""
+    if max(width, height) > PAGE_PT:
+        return f"{width:.0f} x {height:.0f} pt: longer side over {PAGE_PT} pt"
+    if max(width, height) > MAX_ASPECT * max(min(width, height), 1.0):
+        return f"{width:.0f} x {height:.0f} pt: aspect ratio over {MAX_ASPECT:g}:1"
+    if text_px(width, font_pt) < MIN_TEXT_PX:
+        return f"{width:.0f} pt wide: text under {MIN_TEXT_PX} px in a {WINDOW_PX} px window"
+    return None
+
+
+def _elements(graph, view) -> int:
+    return graph.number_of_nodes() - len(view.owner) + len(view.groups)
+
+
+def candidates(graph, findings, *, fold, collapse, module_of, cache):
+    """Views to try, most detailed first (see NOTE [fitting a page])."""
+    if collapse is not None:
+        stages = [((MIN_REPS, MIN_OPS) if fold else None, None if collapse is False else collapse, None)]
+    else:
+        deepest = max((depth(m) for m in module_of.values()), default=0)
+        depths = [None] + list(range(deepest - 1, -1, -1))
+        folds = {None: [(MIN_REPS, MIN_OPS), _LOOSE], True: [(MIN_REPS, MIN_OPS), _LOOSE]}.get(fold, [None])
+        stages = [(None, None, None)] if fold is None else []
+        stages += [(f, d, None) for f in folds for d in depths]
+        stages += [(folds[-1], d, CHAIN) for d in depths]
+    seen = set()
+    for f, d, chains in stages:
+        view = build_view(graph, findings, collapse=d, fold=f is not None, min_reps=(f or _LOOSE)[0],
+                          min_ops=(f or _LOOSE)[1], module_of=module_of, cache=cache, chains=chains)
+        key = (frozenset(view.owner.items()), d)
+        if key not in seen:
+            seen.add(key)
+            yield view
+
+
+def choose(report, *, pipe, fold=None, collapse=None, rankdir=None, limit=1000, module_of=None, **draw_kw):
+    """The drawing to show: laid out, with ``.svg`` and ``.size`` set (see NOTE [fitting a page]).
+
+    ``collapse``/``fold`` given explicitly fix the view (no search); ``rankdir`` given fixes the
+    direction. ``pipe(dot, "svg")`` runs Graphviz.
+    """
+    graph = report.graph
+    module_of = infer_modules(graph) if module_of is None else module_of
+    cache: dict = {}
+    directions = [rankdir] if rankdir else ["TB", "LR"]
+    fixed = collapse is not None
+    budget = min(limit, PAGE_ELEMENTS)
+    best = None                     # (longer side, view, direction, drawing) of the smallest layout seen
+    tried = []
+    for view in candidates(graph, report.findings, fold=fold, collapse=collapse, module_of=module_of,
+                           cache=cache):
+        if not fixed and _elements(graph, view) > budget:
+            tried.append(view)
+            continue
+        if not fixed and (view.groups or view.depth is not None):
+            view.note = _note(graph, view)
+        for direction in directions:
+            drawing = draw(report, view, rankdir=direction, limit=limit, **draw_kw)
+            drawing.svg = pipe(drawing.dot, "svg").decode("utf-8")
+            drawing.size = svg_size(drawing.svg)
+            w, h = drawing.size
+            if fixed or legible(w, h) is None:
+                return drawing
+            if best is None or max(w, h) < best[0]:
+                best = (max(w, h), view, direction, drawing)
+            if h >= w:              # LR swaps the sides: a drawing too tall in TB is too wide in LR
+                break
+    if best is None:                # every candidate was over budget: draw the smallest one
+        view = min(tried, key=lambda v: _elements(graph, v))
+        direction = directions[0]
+    else:
+        _, view, direction, _ = best
+    view.note = (_note(graph, view) if view.groups else "") + (
+        " No drawing of this graph fits one page: zoom in, or open the .html view.")
+    drawing = draw(report, view, rankdir=direction, limit=limit, **draw_kw)
+    drawing.svg = pipe(drawing.dot, "svg").decode("utf-8")
+    drawing.size = svg_size(drawing.svg)
+    return drawing
+
+
+def _note(graph, view) -> str:
+    what = []
+    folds = [g for g in view.groups.values() if g.kind == "fold"]
+    if folds:
+        what.append("repeated blocks folded (" + ", ".join(g.title for g in folds[:4]) +
+                    (", ..." if len(folds) > 4 else "") + ")")
+    if view.depth is not None and any(g.kind == "module" for g in view.groups.values()):
+        what.append(f"modules deeper than depth {view.depth} boxed")
+    return (f"Drawn to fit a page: {graph.number_of_nodes()} nodes as {_elements(graph, view)} boxes "
+            f"({'; '.join(what) or 'nothing folded'}); findings stay expanded. Everything: "
+            f"render(path, collapse=False) (CLI --expand); collapse=N keeps modules to depth N.")

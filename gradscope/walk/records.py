@@ -1,0 +1,293 @@
+"""The walk's compact result, and the ``networkx.DiGraph`` of the contract built from it on demand.
+
+NOTE [compact records]
+``inspect()`` keeps what the walk read in flat columns, one entry per node index ``i`` (node id
+``"n{i}"``), not in a dict per node, slot and edge: a dict costs ~3x the memory of the values it holds,
+and building hundreds of thousands of them is most of the walk's time and all of the collector's work.
+
+    types[i]    the node's ``saved.NodeType`` (name, slot names, custom/opaque flags), shared per class
+    seqs[i]     ``_sequence_nr()`` (unused for leaves)        held[i]  saved bytes, each storage once
+    devices[i]  device string (interned) or None             outs[i]  output shapes (interned tuples)
+    out_dtypes[i]  output dtype strings (a tuple, interned for one output)
+    saved[i]    a fast-path op: a flat tuple, 5 entries per slot ``(slot, shape, dtype, device, sid)``,
+                status "live", ``nbytes = sizes[sid]``, ``sid < 0`` marks a wrapped scalar (``~sid``);
+                any other node: the list of slot dicts that ``saved.read_saved`` returned
+    values[i]   a fast-path op: the raw saved values, a tuple aligned with ``types[i].value_slots`` (the
+                value itself when there is one slot; plain Python data that ``values.plain_value`` turns
+                into the contract's values); any other op: the dict ``read_saved`` returned
+    leaves      ``i -> (kind, name, module, shape, dtype, requires_grad, device, grad)`` for AccumulateGrad
+                nodes (``grad``: the leaf's ``.grad`` was already set)
+    kid_off / kids / kid_out   the edges: node ``i`` consumed ``kids[k]`` (index, -1 for None) output
+                ``kid_out[k]`` for ``k`` in ``kid_off[i]:kid_off[i+1]``, in ``next_functions`` order
+Shapes are stored as ``torch.Size`` (a plain tuple) and interned; lists are made only when a node's
+attribute dict is built (:meth:`Records.node_attrs`), which gives exactly the dict the contract
+documents. :class:`CompactGraph` answers what the checks and ``summary()`` ask of a graph from these
+columns; anything else builds the DiGraph (:meth:`Records.digraph`) once and asks it.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import networkx as nx
+
+from gradscope.walk.values import plain_value
+
+__all__ = ["Records", "CompactGraph", "node_id"]
+
+_IDS: list[str] = []    # "n0", "n1", ...: the same strings in every walk
+_MAX_CACHED_IDS = 1 << 18
+
+
+def node_id(i: int) -> str:
+    """``3 -> "n3"`` (cached strings for the first 256k indices)."""
+    if i < len(_IDS):
+        return _IDS[i]
+    if i < _MAX_CACHED_IDS:
+        _IDS.extend(f"n{k}" for k in range(len(_IDS), min(max(2 * i, 1024), _MAX_CACHED_IDS)))
+        return _IDS[i]
+    return f"n{i}"
+
+
+def _index(nid) -> int | None:
+    if type(nid) is str and nid[:1] == "n" and nid[1:].isdigit():
+        return int(nid[1:])
+    return None
+
+
+class Records:
+    """The compact form of one walk (see NOTE [compact records])."""
+
+    __slots__ = ("types", "seqs", "devices", "held", "saved", "values", "outs", "out_dtypes", "leaves", "kid_off", "kids",
+                 "kid_out", "sizes", "graph", "roots", "special", "param_nodes", "held_total", "_dicts",
+                 "_digraph", "__weakref__")
+
+    def __init__(self) -> None:
+        self.types: list = []
+        self.seqs = array("Q")
+        self.devices: list = []
+        self.held = array("q")
+        self.saved: list = []
+        self.values: list = []
+        self.outs: list = []
+        self.out_dtypes: list = []
+        self.leaves: dict = {}
+        self.kid_off = array("q", [0])
+        self.kids = array("q")
+        self.kid_out = array("q")
+        self.sizes: list[int] = []       # storage id -> storage bytes
+        self.graph: dict = {}            # the DiGraph's graph attributes (roots, params, ...)
+        self.roots: list[int] = []
+        self.special: list[int] = []     # nodes read by the general reader (NOTE [walk fast path])
+        self.param_nodes: dict = {}      # parameter name -> node id
+        self.held_total = 0
+        self._dicts: dict = {}           # node index -> attribute dict already handed out
+        self._digraph = None
+
+    def __len__(self) -> int:
+        return len(self.types)
+
+    # -- one node ------------------------------------------------------------------------------------
+    def node_attrs(self, i: int) -> dict:
+        """The attribute dict of node ``i``, exactly as the contract documents it (cached: one object)."""
+        d = self._dicts.get(i)
+        if d is None:
+            d = self._dicts[i] = self._make_attrs(i)
+        return d
+
+    def _make_attrs(self, i: int) -> dict:
+        root = i in self.roots
+        leaf = self.leaves.get(i)
+        if leaf is not None:
+            kind, name, module, shape, dtype, requires_grad, device, grad = leaf
+            return {"kind": kind, "name": name, "saved": [], "saved_bytes": 0, "module": module, "root": root,
+                    "opaque": False, "seq": None, "shape": None if shape is None else list(shape),
+                    "dtype": dtype, "requires_grad": requires_grad, "device": device, "grad": grad}
+        t = self.types[i]
+        d = {"kind": "op", "name": t.name, "saved": self.saved_dicts(i), "saved_bytes": self.held[i],
+             "device": self.devices[i], "module": None, "root": root, "opaque": t.opaque, "seq": self.seqs[i],
+             "attrs": self._values(i), "out_shapes": [None if s is None else list(s) for s in self.outs[i]],
+             "out_dtypes": list(self.out_dtypes[i])}
+        if t.function is not None:
+            d["function"] = t.function
+        return d
+
+    def saved_dicts(self, i: int) -> list[dict]:
+        """Node ``i``'s saved slots as the contract's dicts (the cached node's own list once built)."""
+        d = self._dicts.get(i)
+        if d is not None:
+            return d["saved"]
+        rec = self.saved[i]
+        if type(rec) is list:
+            return rec
+        sizes = self.sizes
+        out = []
+        for k in range(0, len(rec), 5):
+            sid = rec[k + 4]
+            scalar = sid < 0
+            if scalar:
+                sid = ~sid
+            e = {"slot": rec[k], "shape": list(rec[k + 1]), "dtype": rec[k + 2], "device": rec[k + 3],
+                 "nbytes": sizes[sid], "status": "live", "storage": sid}
+            if scalar:
+                e["scalar"] = True
+            out.append(e)
+        return out
+
+    def _values(self, i: int) -> dict:
+        vals = self.values[i]
+        if type(vals) is dict:
+            return vals
+        slots = self.types[i].value_slots
+        if len(slots) == 1:   # one value slot: the value itself
+            return {slots[0][0]: plain_value(vals)}
+        return {s: plain_value(v) for (s, _), v in zip(slots, vals)}
+
+    def n_slots(self, i: int) -> int:
+        d = self._dicts.get(i)
+        if d is not None:
+            return len(d["saved"])
+        rec = self.saved[i]
+        return len(rec) if type(rec) is list else len(rec) // 5
+
+    def n_slots_total(self) -> int:
+        """The number of saved-slot entries over all nodes (what ``summary()`` counts)."""
+        if self._dicts:
+            return sum(self.n_slots(i) for i in range(len(self.types)))
+        return sum(len(rec) if type(rec) is list else len(rec) // 5 for rec in self.saved)
+
+    def kind(self, i: int) -> str:
+        leaf = self.leaves.get(i)
+        return "op" if leaf is None else leaf[0]
+
+    def name(self, i: int) -> str:
+        leaf = self.leaves.get(i)
+        return self.types[i].name if leaf is None else leaf[1]
+
+    # -- the DiGraph ---------------------------------------------------------------------------------
+    def digraph(self) -> nx.DiGraph:
+        """The ``networkx.DiGraph`` of the contract, built on first use and then always the same object."""
+        g = self._digraph
+        if g is None:
+            g = self._digraph = self._build()
+        return g
+
+    def _build(self) -> nx.DiGraph:
+        n = len(self.types)
+        ids = [node_id(i) for i in range(n)]
+        g = nx.DiGraph()
+        g.graph = self.graph
+        # NOTE [building the DiGraph]: nodes and edges are inserted through networkx's own dicts (the
+        # documented data structure of DiGraph: _node, _succ/_adj, _pred, one attr dict shared by succ and
+        # pred) because add_node/add_edge cost more than the whole walk. tests/test_inspect_graph.py
+        # checks that the result behaves as a normal DiGraph.
+        attrs = self.node_attrs
+        g._node.update((ids[i], attrs(i)) for i in range(n))
+        succ = [{} for _ in range(n)]
+        pred = [{} for _ in range(n)]
+        off, kids, outs = self.kid_off, self.kids, self.kid_out
+        for v in range(n - 1, -1, -1):   # consumers last-discovered first, inputs by index
+            into = pred[v]
+            vid = ids[v]
+            start = off[v]
+            for k in range(start, off[v + 1]):
+                u = kids[k]
+                if u < 0:
+                    continue
+                uid = ids[u]
+                e = into.get(uid)
+                if e is None:
+                    succ[u][vid] = into[uid] = {"index": k - start, "output": outs[k], "count": 1}
+                else:
+                    e["count"] += 1
+                    out_nr = outs[k]
+                    if out_nr != e["output"] or "outputs" in e:   # several outputs of u: the replay needs each
+                        e.setdefault("outputs", [e["output"]] * (e["count"] - 1)).append(out_nr)
+        g._succ.update(zip(ids, succ))
+        g._pred.update(zip(ids, pred))
+        return g
+
+
+class _Nodes:
+    """``graph.nodes`` of a :class:`CompactGraph`: ``nodes[nid]``, ``nodes(data=...)``, iteration."""
+
+    __slots__ = ("_r",)
+
+    def __init__(self, records: Records) -> None:
+        self._r = records
+
+    def __getitem__(self, nid) -> dict:
+        i = _index(nid)
+        if i is None or i >= len(self._r):
+            raise KeyError(nid)
+        return self._r.node_attrs(i)
+
+    def __contains__(self, nid) -> bool:
+        i = _index(nid)
+        return i is not None and i < len(self._r)
+
+    def __len__(self) -> int:
+        return len(self._r)
+
+    def __iter__(self):
+        return (node_id(i) for i in range(len(self._r)))
+
+    def __call__(self, data=False, default=None):
+        r = self._r
+        n = len(r)
+        if data is False:
+            return [node_id(i) for i in range(n)]
+        if data is True:
+            return [(node_id(i), r.node_attrs(i)) for i in range(n)]
+        if data == "kind" and not r._dicts:
+            return [(node_id(i), r.kind(i)) for i in range(n)]
+        if data == "saved_bytes" and not r._dicts:
+            held, leaves = r.held, r.leaves
+            return [(node_id(i), 0 if i in leaves else held[i]) for i in range(n)]
+        if data == "module" and not r._dicts:   # op modules are None until trace() annotates
+            leaves = r.leaves
+            return [(node_id(i), leaves[i][2] if i in leaves else None) for i in range(n)]
+        return [(node_id(i), r.node_attrs(i).get(data, default)) for i in range(n)]
+
+    def items(self):
+        return self(data=True)
+
+    def values(self):
+        return [d for _, d in self(data=True)]
+
+    def keys(self):
+        return self()
+
+
+class CompactGraph:
+    """The part of the DiGraph API the checks and ``summary()`` use, answered from :class:`Records`.
+
+    ``graph.graph`` is the graph-attribute dict (the same object the DiGraph gets), ``graph.nodes[nid]``
+    the node's attribute dict (the same object the DiGraph gets), ``graph.nodes(data=...)``,
+    ``nid in graph``, ``len(graph)``, ``number_of_nodes()``. Any other attribute is looked up on the
+    DiGraph, which is built then (once). ``compact`` is the :class:`Records`.
+    """
+
+    __slots__ = ("compact", "nodes", "graph")
+
+    def __init__(self, records: Records) -> None:
+        self.compact = records
+        self.nodes = _Nodes(records)
+        self.graph = records.graph
+
+    def __contains__(self, nid) -> bool:
+        return nid in self.nodes
+
+    def __len__(self) -> int:
+        return len(self.compact)
+
+    def __iter__(self):
+        return iter(self.nodes)
+
+    def number_of_nodes(self) -> int:
+        return len(self.compact)
+
+    def __getattr__(self, name):
+        if name.startswith("__") or name in CompactGraph.__slots__:   # copy/pickle probing: no DiGraph
+            raise AttributeError(name)
+        return getattr(self.compact.digraph(), name)
