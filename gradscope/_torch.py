@@ -23,7 +23,7 @@ __all__ = [
     "SAVED_PREFIX", "RAW_SAVED_PREFIX", "input_metadata", "forward_cls", "storage_key", "version",
     "TENSOR_DATA", "FUNCTION_APPLY_CODE", "register_module_forward_pre_hook", "register_module_forward_hook",
     "current_graph_task_id", "current_autograd_node", "queue_engine_callback", "foreach_norm",
-    "is_checkpoint_holder", "sparse_values",
+    "is_checkpoint_holder", "sparse_values", "profiler_enabled", "PROFILER_ALLOCATION",
 ]
 
 # -- sequence numbers (forward creation order) -----------------------------------------------------
@@ -125,6 +125,16 @@ def queue_engine_callback(fn: Callable[[], None]) -> None:
 #: ``torch.nn.utils.clip_grad_norm_`` uses). Not covered by TORCH-FACTS; watch() calls it only for
 #: gradients on an accelerator, so the CPU test suite does not run it.
 foreach_norm: Callable[..., Any] = torch._foreach_norm
+
+
+#: ``torch._C._autograd._profiler_enabled()``: whether a torch.profiler session is running on this thread
+#: (the memory replay's workspace measurement, memory/calibrate.py, runs its own profile only when not).
+profiler_enabled: Callable[[], bool] = torch._C._autograd._profiler_enabled
+
+#: ``torch._C._profiler._EventType.Allocation``: the tag of an allocator event in
+#: ``prof.profiler.kineto_results.experimental_event_tree()`` (``node.typed == (tag, event)``, the event's
+#: ``alloc_size`` negative for a free). memory/calibrate.py sums them in time order for an op's workspace.
+PROFILER_ALLOCATION: Any = torch._C._profiler._EventType.Allocation
 
 
 def sparse_values(t: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ import sys
 
 import click
 
-from gradscope.cli.commands import _TRACE_OPTION, UserError, _status
+from gradscope.cli.common import TRACE_OPTION, UserError, status
 from gradscope.errors import GradscopeError, InputValueError
 
 __all__ = ["memory_cmd", "OPTIMIZERS", "make_optimizer"]
@@ -61,7 +61,7 @@ def _options(fn):
 @click.option("--budget", default=None, metavar="SIZE",
               help="Exit 1 when the predicted absolute peak exceeds SIZE (e.g. 16GiB, '16 GB', 512MiB).")
 @click.option("--svg", "svg", default=None, metavar="PATH", help="Write the memory-over-backward curve to PATH.")
-@_TRACE_OPTION
+@TRACE_OPTION
 @_options
 def memory_cmd(target, opt_name, budget, svg, use_trace, want_plan=False):
     """Predict the memory of TARGET's backward() and training step, before running it.
@@ -89,7 +89,7 @@ def memory_cmd(target, opt_name, budget, svg, use_trace, want_plan=False):
         bm = report.backward_memory(optimizer=opt)
     except GradscopeError as exc:
         raise UserError(str(exc)) from None
-    _status(f"replayed {len(bm.order):,} nodes")
+    status(f"replayed {len(bm.order):,} nodes")
     click.echo(str(bm))
     if svg:
         try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from gradscope.walk.saved import dtype_str
+from gradscope._torch import PROFILER_ALLOCATION, profiler_enabled
 
 __all__ = ["BUILDERS", "measure_workspace"]
 
@@ -138,8 +138,6 @@ def _once(name, tensors, attrs, needs, batch) -> int | None:
             grad = torch.randn_like(out)
         torch.autograd.backward(out, grad)
     tree = prof.profiler.kineto_results.experimental_event_tree()
-    from torch._C._profiler import _EventType
-
     best = None
     stack = list(tree)
     while stack:
@@ -150,7 +148,7 @@ def _once(name, tensors, attrs, needs, batch) -> int | None:
             sub = [node]
             while sub:
                 n = sub.pop()
-                if n.typed[0] == _EventType.Allocation:
+                if n.typed[0] == PROFILER_ALLOCATION:
                     events.append((n.start_time_ns, int(n.typed[1].alloc_size)))
                 sub.extend(n.children)
             for _, b in sorted(events):
@@ -169,7 +167,7 @@ def measure_workspace(name, tensors, attrs, needs, dtype, limit) -> int | None:
     """Workspace of op ``name`` at these shapes (bytes), extrapolated in the batch above ``limit``."""
     if needs is None:
         needs = [0, 1, 2, 3, 4]
-    if torch._C._autograd._profiler_enabled():
+    if profiler_enabled():
         return None            # a profiler is running (the user's): measure another time
     total = sum(_nbytes_of(s) for s in tensors.values())
     try:
@@ -186,7 +184,7 @@ def measure_workspace(name, tensors, attrs, needs, dtype, limit) -> int | None:
         return None
 
 
-_FLOATS = {dtype_str(torch.float32), dtype_str(torch.float64), dtype_str(torch.bfloat16), dtype_str(torch.float16)}
+_FLOATS = {"float32", "float64", "bfloat16", "float16"}   # gradscope dtype strings (graph attributes)
 
 
 def _nbytes_of(spec) -> int:

@@ -19,17 +19,7 @@ __all__ = ["Program", "compile_graph", "engine_order", "UINT64_MAX", "DTYPE_BYTE
 
 UINT64_MAX = (1 << 64) - 1
 
-DTYPE_BYTES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
-               "int8": 1, "uint8": 1, "bool": 1, "complex64": 8, "complex128": 16, "float8_e4m3fn": 1,
-               "float8_e5m2": 1}
-
-
-def numel_bytes(shape, dtype: str | None) -> int:
-    """Dense bytes of a tensor of ``shape`` and ``dtype`` (a gradscope dtype string)."""
-    n = 1
-    for s in shape or ():
-        n *= int(s)
-    return n * DTYPE_BYTES.get(dtype or "float32", 4)
+from gradscope.memory.dtypes import DTYPE_BYTES, numel_bytes  # noqa: E402 - re-exported
 
 
 @dataclass
@@ -96,7 +86,7 @@ def compile_graph(graph) -> Program:
     from gradscope.memory.attribution import node_modules
     from gradscope.memory.holders import external_storages
     from gradscope.memory.regions import recorded_regions
-    from gradscope.walk.saved import HELD
+    from gradscope.graph import HELD
 
     ids = list(graph.nodes)
     index = {n: i for i, n in enumerate(ids)}

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gradscope._torch import storage_key
 from gradscope.memory.engine import numel_bytes
 
 __all__ = ["StepBudget", "step_budget"]
@@ -51,7 +52,7 @@ def _state_bytes(opt) -> int:
         for v in st.values():
             if isinstance(v, torch.Tensor):
                 try:
-                    key = v.untyped_storage()._cdata
+                    key = storage_key(v)
                 except (RuntimeError, NotImplementedError):
                     key = id(v)
                 if key not in seen:

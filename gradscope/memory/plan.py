@@ -28,7 +28,7 @@ from gradscope.memory.maxbatch import MaxBatch, max_batch
 from gradscope.memory.plancode import parse_budget, plan_code, span_names
 from gradscope.memory.attribution import storage_uses
 from gradscope.memory.select import module_regions, region_inputs, require_modules
-from gradscope.memory.whatif import WhatIf, _forward_order, context, step_device, what_if
+from gradscope.memory.whatif import WhatIf, context, in_forward_order, step_device, what_if
 
 __all__ = ["Plan", "MaxBatch", "plan", "max_batch", "parse_budget", "plan_code", "span_names"]
 
@@ -211,7 +211,7 @@ def plan(report, budget, optimizer=None, *, batch: float = 1.0, offload="auto", 
             chosen, off, best = min(results, key=lambda r: (r[2].peak, r[2].recompute_flops))
     fits = best.peak <= limit
     message = "" if fits else _not_fit(best, limit, floor, bool(chosen or off))
-    chosen, off = _forward_order(report, chosen), _forward_order(report, off)
+    chosen, off = in_forward_order(report, chosen), in_forward_order(report, off)
     return Plan(budget=limit, checkpoint=chosen, offload=off, peak=best.peak, before=base.peak, fits=fits,
                 recompute_flops=best.recompute_flops, forward_flops=best.forward_flops, floor=floor,
                 code=plan_code(chosen, off), result=best, seconds=time.perf_counter() - t0, message=message,

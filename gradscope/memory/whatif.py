@@ -25,7 +25,7 @@ from gradscope.errors import InputTypeError, InputValueError
 from gradscope.memory.attribution import seq_order, storage_uses
 from gradscope.memory.select import Scaler, all_regions, module_regions, require_modules, resolve
 
-__all__ = ["WhatIf", "what_if", "step_device", "change_overrides", "replay_change"]
+__all__ = ["WhatIf", "what_if", "step_device", "change_overrides", "replay_change", "in_forward_order"]
 
 
 @dataclass
@@ -138,7 +138,7 @@ def _scaler(report, batch_size) -> Scaler:
     return scalers[batch_size]
 
 
-def _forward_order(report, names: list[str]) -> list[str]:
+def in_forward_order(report, names: list[str]) -> list[str]:
     """``names`` sorted by their first call in the forward (``blocks.2`` before ``blocks.10``)."""
     ctx = context(report)
     first = ctx.get("first")
@@ -289,8 +289,8 @@ def what_if(report, checkpoint=None, offload=None, batch: float = 1.0, optimizer
 
     graph = report.graph
     names = require_modules(graph, "what_if")
-    ck = _forward_order(report, resolve(graph, checkpoint, "checkpoint", names))
-    off = _forward_order(report, resolve(graph, offload, "offload", names))
+    ck = in_forward_order(report, resolve(graph, checkpoint, "checkpoint", names))
+    off = in_forward_order(report, resolve(graph, offload, "offload", names))
     _overlap(ck, off)
     k = _batch_factor(batch)
     scaler = _scaler(report, batch_size)

@@ -129,9 +129,9 @@ def node_workspace(prog, v: int, grad_scale=None) -> int:
             return 0
         from gradscope.memory.calibrate import measure_workspace
 
-        import torch
+        from gradscope._torch import profiler_enabled
 
-        if torch._C._autograd._profiler_enabled():
+        if profiler_enabled():
             return 0               # a profiler is running: measure another time (nothing cached)
         hit = measure_workspace(name, tensors, attrs, needs, dtype, LIMIT)
         _MEMO[key] = hit = hit or 0      # None: the builder does not apply (no broadcast...): no workspace
