@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gradscope.checks import run_checks
 from gradscope.report import Report
-from gradscope.walk.build import build, flatten_roots, param_names
+from gradscope.walk.build import build, flatten_roots, model_buffers, param_names
 from gradscope.walk.records import CompactGraph, node_id
 
 __all__ = ["inspect"]
@@ -39,26 +39,12 @@ def inspect(root, *, model=None, params=None, trace=None) -> Report:
     """
     roots = flatten_roots(root)
     names = param_names(model, params)
-    records = build(roots, names, _buffers(model))
+    records = build(roots, names, model_buffers(model))
     graph = CompactGraph(records)   # the DiGraph is built only when report.graph is first read
     if trace is not None:
         _annotate(trace, graph, model, names)
     special = [node_id(i) for i in records.special]
     return Report(graph, run_checks(graph, special), saved_bytes=records.held_total)
-
-
-def _buffers(model) -> list:
-    """The model's buffers (BatchNorm statistics...), for the memory budget; [] without a model."""
-    import torch
-
-    if not isinstance(model, torch.nn.Module):
-        return []
-    inner = getattr(model, "module", model) if isinstance(
-        model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)) else model
-    try:
-        return list(inner.buffers())
-    except Exception:  # noqa: BLE001 - a module whose buffers() is overridden and raises
-        return []
 
 
 def _annotate(trace, graph, model, names) -> None:

@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn as nn
 
 import gradscope
 from gradscope.errors import InputTypeError, InputValueError
@@ -272,3 +273,21 @@ def test_meta_attention_model_equals_cpu_with_cpu_kernels():
             optimizer=torch.optim.AdamW(model.parameters()))
     assert out["meta"].names == out["cpu"].names and out["meta"].levels == out["cpu"].levels
     assert out["meta"].absolute_peak == out["cpu"].absolute_peak
+
+
+def test_graph_buffers_are_the_models_buffers_each_storage_once():
+    from gradscope.walk.build import model_buffers
+
+    m = nn.Sequential(nn.BatchNorm1d(3), nn.Sequential(nn.BatchNorm1d(4)), nn.Linear(3, 2))
+    m[1].register_buffer("shared", m[0].running_mean)      # one storage under two names
+    m[1].register_buffer("empty", None)
+    assert {id(b) for b in model_buffers(m)} == {id(b) for b in m.buffers()}
+    report = gradscope.inspect(m[2](m[0](torch.randn(4, 3))).sum(), model=m)
+    distinct = {b.untyped_storage().data_ptr(): b.untyped_storage().nbytes() for b in m.buffers()}
+    assert sorted(n for _, n in report.graph.graph["buffers"]) == sorted(distinct.values())
+
+    class Odd(nn.Module):
+        def buffers(self, recurse=True):
+            raise RuntimeError("not today")
+
+    assert model_buffers(nn.Sequential(Odd())) == [] and model_buffers(None) == []

@@ -22,7 +22,7 @@ from gradscope.walk.loop import walk
 from gradscope.walk.records import Records, node_id
 from gradscope.walk.saved import _DTYPES, StorageIds, dtype_str
 
-__all__ = ["build", "build_graph", "flatten_roots", "param_names"]
+__all__ = ["build", "build_graph", "flatten_roots", "param_names", "model_buffers"]
 
 _DEEP = 10_000  # from this many nodes on, release the walk's wrappers safely: NOTE [freeing deep graphs]
 
@@ -132,6 +132,37 @@ def _plain_named_parameters(module) -> list | None:
         subs = [(dot + k, sub) for k, sub in m._modules.items() if sub is not None]
         subs.reverse()
         stack.extend(subs)
+    return out
+
+
+def model_buffers(model) -> list:
+    """The model's buffers (BatchNorm statistics...), for the memory budget; [] without a model.
+
+    ``list(model.buffers())`` without its nested generators (as :func:`_plain_named_parameters`) unless a
+    module on the way overrides the methods it relies on; duplicates are left in (``_buffers_info``
+    counts each storage once).
+    """
+    if not isinstance(model, _MODULE):
+        return []
+    inner = model.module if isinstance(model, (torch.nn.parallel.DistributedDataParallel,
+                                              torch.nn.DataParallel)) else model
+    out: list = []
+    memo: set = set()
+    stack = [inner]
+    while stack:
+        m = stack.pop()
+        if m in memo:
+            continue
+        cls = type(m)
+        if (cls.buffers is not _MODULE.buffers or cls.named_buffers is not _MODULE.named_buffers
+                or cls.named_modules is not _MODULE.named_modules or cls._named_members is not _MODULE._named_members):
+            try:
+                return list(inner.buffers())
+            except Exception:  # noqa: BLE001 - a module whose buffers() is overridden and raises
+                return []
+        memo.add(m)
+        out.extend(b for b in m._buffers.values() if b is not None)
+        stack.extend(sub for sub in m._modules.values() if sub is not None)
     return out
 
 

@@ -67,13 +67,11 @@ def note_impl(impls: dict, t, sid: int, py_extra: int) -> None:
 
 def external(uses: list, impls: dict) -> list[int]:
     """Storage ids that a holder outside the graph keeps alive (see NOTE [holder counts])."""
-    per_storage: dict[int, int] = {}
+    per_storage = [0] * len(uses)     # TensorImpls seen per storage id (every id has its use count)
     out = set()
     for sid, tensor_uses, py_extra, slots, views in impls.values():
-        per_storage[sid] = per_storage.get(sid, 0) + 1
+        per_storage[sid] += 1
         if py_extra > 0 or tensor_uses > slots + views:
             out.add(sid)
-    for sid, n in per_storage.items():
-        if sid < len(uses) and uses[sid] > n:
-            out.add(sid)
+    out.update(sid for sid, (u, n) in enumerate(zip(uses, per_storage)) if n and u > n)
     return sorted(out)
