@@ -47,6 +47,8 @@ __all__ = [
     "set_anomaly",
     "on_next_backward",
     "cancel_next_backward",
+    "profiler_enabled",
+    "PROFILER_ALLOCATION",
 ]
 
 # -- sequence numbers (forward creation order) -----------------------------------------------------
@@ -162,6 +164,16 @@ foreach_norm: Callable[..., Any] = torch._foreach_norm
 #: tests/test_watch_flow.py checks the update/weight ratios they give against a plain computation.
 foreach_mul: Callable[..., Any] = torch._foreach_mul
 foreach_sub_: Callable[..., Any] = torch._foreach_sub_
+
+
+#: ``torch._C._autograd._profiler_enabled()``: whether a torch.profiler session is running on this thread
+#: (the memory replay's workspace measurement, memory/calibrate.py, runs its own profile only when not).
+profiler_enabled: Callable[[], bool] = torch._C._autograd._profiler_enabled
+
+#: ``torch._C._profiler._EventType.Allocation``: the tag of an allocator event in
+#: ``prof.profiler.kineto_results.experimental_event_tree()`` (``node.typed == (tag, event)``, the event's
+#: ``alloc_size`` negative for a free). memory/calibrate.py sums them in time order for an op's workspace.
+PROFILER_ALLOCATION: Any = torch._C._profiler._EventType.Allocation
 
 
 def sparse_values(t: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 import networkx as nx
 
@@ -29,7 +29,7 @@ __all__ = [
     "NodeAttrs", "SavedEntry", "EdgeAttrs", "ParamInfo", "TraceEvent", "GraphAttrs",
     "OP", "PARAM", "INPUT", "HELD", "LIVE", "STALE", "HOOKED", "OFFLOADED", "RECOMPUTED", "OPAQUE", "FREED",
     "ROOTS", "ROOT_SHAPES", "NO_GRAD_ROOTS", "STORAGE_BYTES", "PARAMS", "EVENTS", "CALLED_MODULES",
-    "EVENTS_DROPPED",
+    "EVENTS_DROPPED", "ROOT_STORAGE_BYTES", "EXTERNAL", "BUFFERS",
     "StorageUse", "held_bytes", "forward_order", "node_modules", "storage_uses", "param_storages", "is_traced",
 ]
 
@@ -53,6 +53,9 @@ PARAMS = "params"                  #: qualified name -> ParamInfo, every named p
 EVENTS = "events"                  #: list of TraceEvent (only with trace=)
 CALLED_MODULES = "called_modules"  #: sorted names of the modules the traced forward called (trace=)
 EVENTS_DROPPED = "events_dropped"  #: how many events the trace did not keep (only when > 0)
+ROOT_STORAGE_BYTES = "root_storage_bytes"  #: whole-storage bytes of each root (None: unknown), parallel to ROOTS
+EXTERNAL = "external"              #: storage ids a holder outside the graph keeps alive (NOTE [holder counts])
+BUFFERS = "buffers"                #: ``[storage id or None, bytes]`` per distinct buffer storage of model=
 
 
 class SavedEntry(TypedDict, total=False):
@@ -68,6 +71,8 @@ class SavedEntry(TypedDict, total=False):
     scalar: bool               # present (True) on a wrapped Python number (``x * 2``): not an activation
     version: int               # stale only: the tensor's version now (it was modified in place)
     saved_version: int | None  # stale only: the version backward expects (from torch's error text); None: unknown
+    recompute: dict[str, Any]  # recomputed (checkpoint) only, when the frame tells: {"region", "index", "shape",
+                               # "dtype", "nbytes", "frame_bytes"} of what backward's recompute re-creates
 
 
 class NodeAttrs(TypedDict, total=False):
@@ -84,10 +89,14 @@ class NodeAttrs(TypedDict, total=False):
     seq: int | None            # autograd sequence number (forward creation order); None on leaves
     attrs: dict[str, Any]      # non-tensor saved values (dims, sizes, flags) as plain data
     out_shapes: list[list[int]]
+    out_dtypes: list[str]      # ops: the dtype of each output, parallel to out_shapes
     function: str              # custom autograd.Function: "module.QualName"
     shape: list[int]           # leaves only
     dtype: str                 # leaves only
     requires_grad: bool        # leaves only
+    grad: bool                 # leaves only: .grad was already set when inspected (backward adds into it)
+    planned: str               # only while Plan.render() draws: "checkpoint" / "offload"
+    memory_peak: str           # only while BackwardMemory.render() draws: the peak's label line
 
 
 class EdgeAttrs(TypedDict):
@@ -96,6 +105,7 @@ class EdgeAttrs(TypedDict):
     index: int                 # position in v's next_functions
     output: int                # output number of u (a multi-output op such as split)
     count: int                 # how many of v's inputs are this output
+    outputs: NotRequired[list[int]]  # only when v consumes several outputs of u: each input's output number
 
 
 class ParamInfo(TypedDict):
@@ -106,6 +116,8 @@ class ParamInfo(TypedDict):
     dtype: str
     node: str | None           # the param node, None when the root does not reach it
     storage: int | None
+    grad: bool                 # .grad was already set when inspected
+    pid: int                   # id() of the parameter tensor (matches checkpoint regions' parameters)
 
 
 class TraceEvent(TypedDict, total=False):
@@ -133,6 +145,9 @@ class GraphAttrs(TypedDict, total=False):
     called_modules: list[str]
     events_dropped: int
     checkpoint_params: dict[str, list[int]]   # traced: parameter -> sequence numbers of the reentrant checkpoint regions that used it
+    root_storage_bytes: list[int | None]
+    external: list[int]
+    buffers: list[list]
 
 
 # -- held bytes ------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gradscope.checks import run_checks
 from gradscope.report import Report
-from gradscope.walk.build import build, flatten_roots, param_names
+from gradscope.walk.build import build, flatten_roots, model_buffers, param_names
 from gradscope.walk.records import CompactGraph, node_id
 
 __all__ = ["inspect"]
@@ -39,7 +39,7 @@ def inspect(root, *, model=None, params=None, trace=None) -> Report:
     """
     roots = flatten_roots(root)
     names = param_names(model, params)
-    records = build(roots, names)
+    records = build(roots, names, model_buffers(model))
     graph = CompactGraph(records)   # the DiGraph is built only when report.graph is first read
     if trace is not None:
         _annotate(trace, graph, model, names)

@@ -109,11 +109,12 @@ def test_report_graph_is_exactly_the_contract():
     g = gradscope.inspect(root, params=params).graph
     addmm = next(d for _, d in g.nodes(data=True) if d["name"] == "AddmmBackward0")
     assert list(addmm) == ["kind", "name", "saved", "saved_bytes", "device", "module", "root", "opaque", "seq",
-                           "attrs", "out_shapes"]
+                           "attrs", "out_shapes", "out_dtypes"]
     assert list(addmm["saved"][0]) == ["slot", "shape", "dtype", "device", "nbytes", "status", "storage"]
     assert type(addmm["attrs"]["mat1_sym_sizes"]) is list and type(addmm["out_shapes"][0]) is list
     leaf = next(d for _, d in g.nodes(data=True) if d["kind"] == "param")
     assert list(leaf) == ["kind", "name", "saved", "saved_bytes", "module", "root", "opaque", "seq", "shape",
-                          "dtype", "requires_grad", "device"]
+                          "dtype", "requires_grad", "device", "grad"]
+    assert addmm["out_dtypes"] == ["float32"] and leaf["grad"] is False   # no .grad before backward
     scalars = [e for _, d in g.nodes(data=True) for e in d["saved"] if e.get("scalar")]
     assert scalars and all(e["shape"] == [] and e["status"] == "live" for e in scalars)   # x * 2, / 4.0

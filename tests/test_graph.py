@@ -152,6 +152,8 @@ def test_the_schema_names_every_attribute_the_walk_and_trace_write():
         x = y.sigmoid()
         x.mul_(2)                       # a stale saved tensor and an inplace event
         loss = x.sum() + torch.utils.checkpoint.checkpoint(lambda t: t.sin(), y, use_reentrant=False).sum()
+        a, b = y.chunk(2, -1)
+        loss = loss + (a * b).sum()     # mul consumes two outputs of one split: the edge's "outputs"
     report = gradscope.inspect(loss, model=model, trace=tr)
     g = report.graph
     assert set(g.graph) <= _keys(GraphAttrs)

@@ -20,6 +20,7 @@ import warnings
 import click
 
 from gradscope import __version__
+from gradscope.cli.common import TRACE_OPTION, UserError, status
 from gradscope.errors import GradscopeError
 
 __all__ = ["main"]
@@ -28,14 +29,7 @@ FORMATS = ("svg", "png", "pdf", "html", "dot", "json", "graphml")
 _NEEDS_DOT = ("svg", "png", "pdf", "html")
 
 
-class UserError(click.ClickException):
-    """A user mistake: exit code 2, one line ``Error: ...`` on stderr."""
-
-    exit_code = 2
-
-
-def _status(msg: str) -> None:
-    click.echo(f"gradscope: {msg}", err=True)
+_status = status
 
 
 def _report(target: str, use_trace: bool):
@@ -218,9 +212,7 @@ def _render_options(fn):
     return fn
 
 
-_TRACE_OPTION = click.option("--trace/--no-trace", "use_trace", default=True, show_default=True,
-                             help="Record the forward pass with gradscope.trace() (module names, source "
-                                  "lines of cuts) when available.")
+_TRACE_OPTION = TRACE_OPTION
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -325,3 +317,14 @@ def _register_diff() -> None:
 
 
 _register_diff()
+
+
+def _register_memory() -> None:
+    if importlib.util.find_spec("gradscope.cli.memory") is None:
+        return
+    from gradscope.cli.memory import memory_cmd
+
+    main.add_command(memory_cmd, "memory")
+
+
+_register_memory()

@@ -173,8 +173,14 @@ class _Builder:
             lines.append(f"holds {human_bytes(own)}")
         for f in self.flagged.get(n, ()):
             lines.append(f"!! {f.kind}")
-        classes = ["gs-op"] + (["gs-root"] if d.get("root") else [])
+        if d.get("planned"):        # set by Plan.render(): the module is checkpointed / offloaded
+            lines.append(f"plan: {d['planned']}")
+        classes = ["gs-op"] + (["gs-root"] if d.get("root") else []) + (["gs-planned"] if d.get("planned") else [])
         attrs = {"fillcolor": _shade(own, top)}
+        if d.get("memory_peak"):    # set by BackwardMemory.render(): backward's memory peak is here
+            lines.append(d["memory_peak"])
+            classes.append("gs-memory-peak")
+            attrs.update(color=COLORS["finding"], penwidth="3")
         if d.get("root"):
             attrs.update(peripheries="2", penwidth="2")
         if n in self.context:
@@ -209,6 +215,17 @@ class _Builder:
         lines.append(f"{_count(grp.n_ops, 'op')}, {human_bytes(grp.saved_bytes)} saved")
         if grp.worst is not None:
             lines.append(f"!! {grp.worst.kind}")
+        classes, marks = ["gs-group", f"gs-{grp.kind}"], {}
+        members = [self.g.nodes[m] for m in grp.members]
+        planned = sorted({d["planned"] for d in members if d.get("planned")})   # Plan.render() (see op())
+        if planned:
+            lines.append("plan: " + ", ".join(planned))
+            classes.append("gs-planned")
+        peak = next((d["memory_peak"] for d in members if d.get("memory_peak")), None)   # BackwardMemory.render()
+        if peak:
+            lines.append(peak)
+            classes.append("gs-memory-peak")
+            marks = {"color": COLORS["finding"], "penwidth": "3"}
         info = {"kind": grp.kind, "name": grp.title, "group": gid, "module": grp.module, "ops": grp.n_ops,
                 "bytes": human_bytes(grp.saved_bytes), "held": grp.saved_bytes, "members": len(grp.members),
                 "reps": grp.reps, "expandable": True,
@@ -217,8 +234,8 @@ class _Builder:
                 "pattern": list(grp.pattern[:12]), "worst": grp.worst.message if grp.worst else None}
         shade = _shade(grp.saved_bytes, top)
         fill = COLORS["group"] if shade == COLORS["shades"][0] else shade
-        self.add(gid, cluster, _label(lines), ["gs-group", f"gs-{grp.kind}"], info, shape="box3d",
-                 margin="0.14,0.05", style="filled", fillcolor=fill, color=COLORS["group_line"])
+        self.add(gid, cluster, _label(lines), classes, info, shape="box3d", margin="0.14,0.05", style="filled",
+                 fillcolor=fill, **{"color": COLORS["group_line"], **marks})
 
     def leaf(self, n, d):
         kind = d["kind"]

@@ -17,12 +17,13 @@ import torch
 
 from gradscope.walk.release import keep_until_dead
 from gradscope.errors import InputTypeError, InputValueError, NoGradRootError
+from gradscope.walk.holders import external
 from gradscope.walk.loop import walk
 from gradscope._format import one_line
 from gradscope.walk.records import Records, node_id
 from gradscope.walk.saved import _DTYPES, StorageIds, dtype_str
 
-__all__ = ["build", "build_graph", "flatten_roots", "param_names"]
+__all__ = ["build", "build_graph", "flatten_roots", "param_names", "model_buffers"]
 
 _DEEP = 10_000  # from this many nodes on, release the walk's wrappers safely: NOTE [freeing deep graphs]
 
@@ -134,6 +135,37 @@ def _plain_named_parameters(module) -> list | None:
     return out
 
 
+def model_buffers(model) -> list:
+    """The model's buffers (BatchNorm statistics...), for the memory budget; [] without a model.
+
+    ``list(model.buffers())`` without its nested generators (as :func:`_plain_named_parameters`) unless a
+    module on the way overrides the methods it relies on; duplicates are left in (``_buffers_info``
+    counts each storage once).
+    """
+    if not isinstance(model, _MODULE):
+        return []
+    inner = model.module if isinstance(model, (torch.nn.parallel.DistributedDataParallel,
+                                              torch.nn.DataParallel)) else model
+    out: list = []
+    memo: set = set()
+    stack = [inner]
+    while stack:
+        m = stack.pop()
+        if m in memo:
+            continue
+        cls = type(m)
+        if (cls.buffers is not _MODULE.buffers or cls.named_buffers is not _MODULE.named_buffers
+                or cls.named_modules is not _MODULE.named_modules or cls._named_members is not _MODULE._named_members):
+            try:
+                return list(inner.buffers())
+            except Exception:  # noqa: BLE001 - a module whose buffers() is overridden and raises
+                return []
+        memo.add(m)
+        out.extend(b for b in m._buffers.values() if b is not None)
+        stack.extend(sub for sub in m._modules.values() if sub is not None)
+    return out
+
+
 def _shape(t: torch.Tensor) -> list[int] | None:
     """``list(t.shape)``, or None for a nested tensor (torch gives it no shape)."""
     try:
@@ -174,16 +206,25 @@ def _root_node(t: torch.Tensor, index: int):
         "or from inputs that do not require grad. Inspect the loss before any .detach()/.item().")
 
 
+def _root_storage_bytes(t: torch.Tensor) -> int | None:
+    try:
+        return int(t.untyped_storage().nbytes())
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+
+
 def build_graph(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]]) -> nx.DiGraph:
     """Walk from ``roots`` and return the metadata graph (see the module docstring)."""
     return build(roots, names).digraph()
 
 
-def build(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]], fast: bool = True) -> Records:
+def build(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]], buffers=(),
+          fast: bool = True) -> Records:
     """Walk from ``roots`` into compact :class:`~gradscope.walk.records.Records` (NOTE [compact records]).
 
-    ``records.digraph()`` is :func:`build_graph`'s DiGraph; ``fast=False`` reads every node with the
-    general saved-slot reader (for tests).
+    ``records.digraph()`` is :func:`build_graph`'s DiGraph; ``buffers``: the model's buffers (for the
+    memory budget: ``graph["buffers"]``); ``fast=False`` reads every node with the general saved-slot
+    reader (for tests).
     """
     root_info = []
     no_grad_roots = []
@@ -209,9 +250,12 @@ def build(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]],
         records.graph.update({
             "roots": [node_id(i) for i in roots_idx],
             "root_shapes": [shape for _, _, shape in root_info],
+            "root_storage_bytes": [_root_storage_bytes(roots[i]) for i, _, _ in root_info],  # a scalar loss may view a big buffer
             "no_grad_roots": no_grad_roots,
             "storage_bytes": list(storages.sizes),
             "params": _params_info(records.param_nodes, names, storages),
+            "external": external(storages.uses, storages.impls),   # NOTE [holder counts]
+            "buffers": _buffers_info(buffers, storages),
         })
         if len(ids) >= _DEEP:
             keep_until_dead([t for i, t in enumerate(roots) if i not in no_grad_roots], list(ids))
@@ -220,6 +264,21 @@ def build(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]],
         if gc_was_enabled:
             gc.enable()
     return records
+
+
+def _buffers_info(buffers, storages: StorageIds) -> list:
+    """``[storage id or None, bytes]`` per distinct buffer storage (the id when a node saved it too)."""
+    out, seen = [], set()
+    for b in buffers:
+        try:
+            st = b.untyped_storage()
+            ptr, size = st._cdata, st.nbytes()
+        except (RuntimeError, NotImplementedError, TypeError):
+            continue
+        if ptr not in seen:
+            seen.add(ptr)
+            out.append([storages.ids.get(ptr), size])
+    return out
 
 
 def _params_info(where: dict, names, storages: StorageIds) -> dict:
@@ -236,5 +295,6 @@ def _params_info(where: dict, names, storages: StorageIds) -> dict:
         except RuntimeError:  # a nested tensor
             shape = None
         out[name] = {"requires_grad": bool(p.requires_grad), "shape": shape,
-                     "dtype": _DTYPES.get(dtype) or dtype_str(dtype), "node": where.get(name), "storage": sid}
+                     "dtype": _DTYPES.get(dtype) or dtype_str(dtype), "node": where.get(name), "storage": sid,
+                     "grad": p.grad is not None, "pid": id(p)}
     return out

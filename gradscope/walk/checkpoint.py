@@ -19,7 +19,7 @@ import re
 
 import torch
 
-__all__ = ["checkpoint_inputs", "raw_slots"]
+__all__ = ["checkpoint_inputs", "raw_slots", "holder_meta"]
 
 # Private torch APIs read here (to move into gradscope/_torch.py): torch.utils.checkpoint's
 # ``_CheckpointFrame`` (found by class name) and its ``saved_args``, the ``_Holder`` class name, and
@@ -100,6 +100,7 @@ def checkpoint_inputs(raws, storages, classify) -> list[dict]:
                 continue
         except (RuntimeError, NotImplementedError, TypeError):
             pass
+        del data, tensor   # our references would read as a holder outside the graph (walk/holders.py)
         entry = classify(None, f"checkpoint input[{i}]", None, arg, storages)
         if entry is not None:
             entry.pop("_version", None)
@@ -128,3 +129,55 @@ def _stale(arg, tensor):
         if "its base or another view of its base has been modified inplace" in str(exc):
             return tensor._version, None    # a split/unbind view whose base was written (issue 16)
     return None
+
+
+def holder_meta(unpack_hook, holder, storages) -> dict | None:
+    """What backward's recompute will re-create for one checkpointed slot, from the frame's own records.
+
+    The frame appends, per packed tensor, a weak reference to its ``_Holder`` and (with the default
+    ``determinism_check``) ``{"shape", "dtype", "device"}`` to ``x_metadatas``, in the same order. Returns
+    ``{"region": n, "index": i, "shape", "dtype", "nbytes"}`` (``n`` numbers the frames of this walk), or
+    None when the frame or its metadata cannot be found. Nothing is unpacked.
+    """
+    frame = _frame(unpack_hook)
+    if frame is None:
+        return None
+    regions = storages.regions
+    rec = regions.get(id(frame))
+    if rec is None:
+        index = {}
+        for i, ref in enumerate(getattr(frame, "weak_holders", ())):
+            h = ref()
+            if h is not None:
+                index[id(h)] = i
+        rec = regions[id(frame)] = (len(regions), index, frame, _frame_tensor_bytes(frame))
+    i = rec[1].get(id(holder))
+    metas = getattr(frame, "x_metadatas", None) or ()
+    if i is None or i >= len(metas) or not isinstance(metas[i], dict) or "shape" not in metas[i]:
+        return {"region": rec[0], "index": i, "shape": None, "dtype": None, "nbytes": 0, "frame_bytes": rec[3]}
+    meta = metas[i]
+    shape = [int(s) for s in meta["shape"]]
+    dtype = meta.get("dtype", torch.float32)
+    n = 1
+    for s in shape:
+        n *= s
+    return {"region": rec[0], "index": i, "shape": shape, "dtype": str(dtype).removeprefix("torch."),
+            "nbytes": n * (dtype.itemsize if hasattr(dtype, "itemsize") else 4), "frame_bytes": rec[3]}
+
+
+def _frame_tensor_bytes(frame) -> int:
+    """Bytes of tensors the frame's recompute closure keeps besides its inputs: the RNG states saved by
+    ``preserve_rng_state=True`` (5,056 bytes for the CPU generator), freed with the frame."""
+    total = 0
+    for cell in getattr(getattr(frame, "recompute_fn", None), "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            continue
+        for v in (value if isinstance(value, (list, tuple)) else (value,)):
+            if isinstance(v, torch.Tensor) and not v.requires_grad:
+                try:
+                    total += v.untyped_storage().nbytes()
+                except (RuntimeError, NotImplementedError):
+                    pass
+    return total

@@ -24,6 +24,7 @@ from operator import attrgetter
 
 import torch
 
+from gradscope.walk.holders import _FAST_REFS, getrefcount, note_impl, storage_uses
 from gradscope.walk.records import Records, node_id
 from gradscope.walk.saved import HELD, _DEVICES, _DTYPES, StorageIds, device_str, dtype_str, node_type, plain_value, read_saved
 
@@ -40,6 +41,7 @@ _OP, _LEAF, _OTHER = 0, 1, 2
 _SPECS: dict = {}   # node class -> (code, name, tensor slots, value slots, NodeType)
 _SHAPES: dict = {}  # interned shapes and output-shape tuples (plain tuples of ints: no tensor kept)
 _MAX_SHAPES = 1 << 16
+_DTYPE_TUPLES: dict = {}  # torch.dtype -> ("float32",): the out_dtypes of a one-output node, interned
 
 
 def _spec(node) -> tuple:
@@ -97,6 +99,9 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
     held_of: list = []      # both become arrays at the end (list.append is the cheaper one)
     types_add, seqs_add, dev_add = r.types.append, seqs.append, r.devices.append
     held_col, saved_add, values_add, outs_add = held_of.append, r.saved.append, r.values.append, r.outs.append
+    dts_add = r.out_dtypes.append
+    dts = _DTYPE_TUPLES
+    dts_get = dts.get
     leaves, special, param_nodes = r.leaves, r.special, r.param_nodes
     held_sids: set = set()
     held_add = held_sids.add
@@ -105,6 +110,8 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
     sids = storages.ids
     sizes = storages.sizes
     new_size = sizes.append
+    new_use = storages.uses.append
+    impls = storages.impls
     specs_get = _SPECS.get
     names_get = names.get
     dtypes_get = _DTYPES.get
@@ -140,7 +147,9 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
                 shape = var.shape
             except RuntimeError:  # a nested tensor
                 shape = None
-            leaf = (None, dtypes_get(dt) or dtype_str(dt), bool(var.requires_grad), devices_get(dev) or device_str(dev))
+            # .grad already set: backward adds into it in place (the last entry)
+            leaf = (None, dtypes_get(dt) or dtype_str(dt), bool(var.requires_grad), devices_get(dev) or device_str(dev),
+                    var.grad is not None)
             if named:
                 qual = named[0]
                 param_nodes[qual] = node_id(i)  # the last one, as a dict built over the nodes
@@ -153,6 +162,7 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
             saved_add(())
             values_add(None)
             outs_add(())
+            dts_add(())
             continue
         # -- saved tensors: NOTE [walk fast path] ------------------------------------------------------
         held = 0
@@ -195,6 +205,8 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
                 if sid is None:
                     sid = sids[ptr] = len(sizes)
                     new_size(st.nbytes())
+                    new_use(storage_uses(ptr) - 1)
+                note_impl(impls, data, sid, getrefcount(data) - _FAST_REFS)  # NOTE [holder counts]
                 dt = data.dtype
                 dev = data.device
                 canon = shape_get(shape)
@@ -233,7 +245,10 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
                 saved_add(rec)
                 values_add(values)
         if not ok:
+            data = None   # the fast path's reference would read as a holder outside the graph
             saved, values = read_saved(node, spec[4], storages)
+            if fast and code == _OP and rec:   # slots the fast path counted before it gave up: counted twice
+                _uncount(node, spec[2], len(rec) // 5, impls)
             held = 0
             seen = set()
             for e in saved:
@@ -263,15 +278,22 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
                     key = (tuple(m.shape),)
                 except RuntimeError:  # a nested tensor
                     key = (None,)
+                dt = m.dtype
+                dkey = dts_get(dt)
+                if dkey is None:
+                    dkey = dts[dt] = (dtypes_get(dt) or dtype_str(dt),)
             else:
                 key = _out_shapes(meta)
+                dkey = tuple(dtypes_get(m.dtype) or dtype_str(m.dtype) for m in meta)
             canon = shape_get(key)
             if canon is None:
                 canon = shapes[key] = key
             outs_add(canon)
+            dts_add(dkey)
         else:
             dev_add(None)
             outs_add(())
+            dts_add(())
         seqs_add(node._sequence_nr())
     _edges(r, ids, nexts_of)
     r.seqs = array("Q", seqs)
@@ -280,6 +302,20 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
     r.sizes = sizes
     del ids[None]  # the sentinel; the other keys are the nodes, root-first
     return r, ids
+
+
+def _uncount(node, slots, n: int, impls: dict) -> None:
+    """Undo the holder count (NOTE [holder counts]) of the first ``n`` saved tensors of ``node``: the fast
+    path counted them before a later slot sent the node to the general reader, which counted them again."""
+    for _, raw_attr, _ in slots:
+        if n <= 0:
+            return
+        data = getattr(node, raw_attr).data
+        if data is not None:
+            n -= 1
+            rec = impls.get(data._cdata)
+            if rec is not None and rec[3] > 1:
+                rec[3] -= 1
 
 
 def _edges(r: Records, ids: dict, nexts_of: list) -> None:

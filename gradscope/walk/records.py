@@ -8,13 +8,15 @@ and building hundreds of thousands of them is most of the walk's time and all of
     types[i]    the node's ``saved.NodeType`` (name, slot names, custom/opaque flags), shared per class
     seqs[i]     ``_sequence_nr()`` (unused for leaves)        held[i]  saved bytes, each storage once
     devices[i]  device string (interned) or None             outs[i]  output shapes (interned tuples)
+    out_dtypes[i]  output dtype strings (a tuple, interned for one output)
     saved[i]    a fast-path op: a flat tuple, 5 entries per slot ``(slot, shape, dtype, device, sid)``,
                 status "live", ``nbytes = sizes[sid]``, ``sid < 0`` marks a wrapped scalar (``~sid``);
                 any other node: the list of slot dicts that ``saved.read_saved`` returned
     values[i]   a fast-path op: the raw saved values, a tuple aligned with ``types[i].value_slots`` (the
                 value itself when there is one slot; plain Python data that ``values.plain_value`` turns
                 into the contract's values); any other op: the dict ``read_saved`` returned
-    leaves      ``i -> (kind, name, module, shape, dtype, requires_grad, device)`` for AccumulateGrad nodes
+    leaves      ``i -> (kind, name, module, shape, dtype, requires_grad, device, grad)`` for AccumulateGrad
+                nodes (``grad``: the leaf's ``.grad`` was already set)
     kid_off / kids / kid_out   the edges: node ``i`` consumed ``kids[k]`` (index, -1 for None) output
                 ``kid_out[k]`` for ``k`` in ``kid_off[i]:kid_off[i+1]``, in ``next_functions`` order
 Shapes are stored as ``torch.Size`` (a plain tuple) and interned; lists are made only when a node's
@@ -56,7 +58,7 @@ def _index(nid) -> int | None:
 class Records:
     """The compact form of one walk (see NOTE [compact records])."""
 
-    __slots__ = ("types", "seqs", "devices", "held", "saved", "values", "outs", "leaves", "kid_off", "kids",
+    __slots__ = ("types", "seqs", "devices", "held", "saved", "values", "outs", "out_dtypes", "leaves", "kid_off", "kids",
                  "kid_out", "sizes", "graph", "roots", "special", "param_nodes", "held_total", "_dicts",
                  "_digraph", "__weakref__")
 
@@ -68,6 +70,7 @@ class Records:
         self.saved: list = []
         self.values: list = []
         self.outs: list = []
+        self.out_dtypes: list = []
         self.leaves: dict = {}
         self.kid_off = array("q", [0])
         self.kids = array("q")
@@ -96,14 +99,15 @@ class Records:
         root = i in self.roots
         leaf = self.leaves.get(i)
         if leaf is not None:
-            kind, name, module, shape, dtype, requires_grad, device = leaf
+            kind, name, module, shape, dtype, requires_grad, device, grad = leaf
             return {"kind": kind, "name": name, "saved": [], "saved_bytes": 0, "module": module, "root": root,
                     "opaque": False, "seq": None, "shape": None if shape is None else list(shape),
-                    "dtype": dtype, "requires_grad": requires_grad, "device": device}
+                    "dtype": dtype, "requires_grad": requires_grad, "device": device, "grad": grad}
         t = self.types[i]
         d = {"kind": "op", "name": t.name, "saved": self.saved_dicts(i), "saved_bytes": self.held[i],
              "device": self.devices[i], "module": None, "root": root, "opaque": t.opaque, "seq": self.seqs[i],
-             "attrs": self._values(i), "out_shapes": [None if s is None else list(s) for s in self.outs[i]]}
+             "attrs": self._values(i), "out_shapes": [None if s is None else list(s) for s in self.outs[i]],
+             "out_dtypes": list(self.out_dtypes[i])}
         if t.function is not None:
             d["function"] = t.function
         return d
@@ -197,6 +201,9 @@ class Records:
                     succ[u][vid] = into[uid] = {"index": k - start, "output": outs[k], "count": 1}
                 else:
                     e["count"] += 1
+                    out_nr = outs[k]
+                    if out_nr != e["output"] or "outputs" in e:   # several outputs of u: the replay needs each
+                        e.setdefault("outputs", [e["output"]] * (e["count"] - 1)).append(out_nr)
         g._succ.update(zip(ids, succ))
         g._pred.update(zip(ids, pred))
         return g

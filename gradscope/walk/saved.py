@@ -100,12 +100,15 @@ class StorageIds:
     device, ``meta`` included, where ``data_ptr()`` is 0 for every tensor.
     """
 
-    __slots__ = ("ids", "sizes", "frames")
+    __slots__ = ("ids", "sizes", "frames", "uses", "impls", "regions")
 
     def __init__(self) -> None:
         self.ids: dict[int, int] = {}
         self.sizes: list[int] = []
         self.frames: set[int] = set()   # checkpoint frames already listed this walk (_checkpoint.py)
+        self.uses: list[int] = []       # storage use count at first sight: NOTE [holder counts], walk/holders.py
+        self.impls: dict[int, list] = {}
+        self.regions: dict[int, tuple] = {}   # id(checkpoint frame) -> (region number, {id(holder): i})
 
     def key(self, t: torch.Tensor) -> tuple[int | None, int]:
         """Return ``(storage_id, storage_nbytes)`` of a tensor; id None when it has no plain storage."""
@@ -118,7 +121,13 @@ class StorageIds:
         if sid is None:
             sid = self.ids[ptr] = len(self.sizes)
             self.sizes.append(size)
+            self.uses.append(_storage_uses(ptr) - 1)   # - 1: our `st`
+        note_impl(self.impls, t, sid, getrefcount(t) - _KEY_REFS)
         return sid, size
+
+
+from gradscope.walk.holders import _KEY_REFS, getrefcount, note_impl  # noqa: E402
+from gradscope.walk.holders import storage_uses as _storage_uses  # noqa: E402
 
 
 def _dense_nbytes(t: torch.Tensor) -> int:
@@ -195,7 +204,13 @@ def _classify(node, slot: str, attr: str, raw, storages: StorageIds) -> dict | N
         if isinstance(data, tuple) and len(data) == 2 and isinstance(data[1], torch.Tensor):
             return _meta(slot, data[1], "offloaded", storages, device=data[0])
         if type(data).__name__ == "_Holder":
-            return _blank(slot, "recomputed")
+            from gradscope.walk.checkpoint import holder_meta
+
+            entry = _blank(slot, "recomputed")
+            meta = holder_meta(raw.unpack_hook, data, storages)
+            if meta:
+                entry["recompute"] = meta   # what backward's recompute re-creates (walk/checkpoint.py)
+            return entry
         return _blank(slot, "opaque")
     if data is None:
         try:
@@ -295,6 +310,11 @@ def _read_custom(node, saved: list, attrs: dict, storages: StorageIds) -> None:
     for key, value in getattr(node, "__dict__", {}).items():
         if not key.startswith("_") and isinstance(value, (int, float, str, bool, tuple, type(None))):
             attrs[key] = plain_value(value)
+    fn = getattr(node, "run_function", None)    # a reentrant checkpoint: its module's parameters get grads
+    module = fn if isinstance(fn, torch.nn.Module) else getattr(fn, "__self__", None)
+    if isinstance(module, torch.nn.Module):
+        attrs["region_params"] = [[list(p.shape), dtype_str(p.dtype), p.grad is not None, id(p)]
+                                  for p in module.parameters() if p.requires_grad]
 
 
 _READS_SAVED: dict = {}

@@ -1,0 +1,114 @@
+"""``gradscope memory TARGET [--optimizer adamw] [--budget 16GiB]``: will the training step fit?
+
+Prints the step budget and backward's peak (``report.backward_memory()``); with ``--budget``, exits 1 when
+the predicted absolute peak exceeds it (a CI gate for "this config still fits"). Same TARGET rules as
+``render``/``check``; the optimizer is built over the model TARGET returns.
+
+Hook for planning (issue 13): when ``gradscope/cli/planning.py`` exists, its ``PLAN_OPTION`` adds
+``--plan`` here and ``print_plan(report, budget, optimizer, svg=..., echo=...)`` prints the plan and gives
+the exit code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import sys
+
+import click
+
+from gradscope.cli.common import TRACE_OPTION, UserError, status
+from gradscope.errors import GradscopeError, InputValueError
+
+__all__ = ["memory_cmd", "OPTIMIZERS", "make_optimizer"]
+
+#: ``--optimizer`` names -> (class name in torch.optim, keyword arguments).
+OPTIMIZERS = {"sgd": ("SGD", {"lr": 0.01}), "sgd-momentum": ("SGD", {"lr": 0.01, "momentum": 0.9}),
+              "adam": ("Adam", {}), "adamw": ("AdamW", {}), "rmsprop": ("RMSprop", {}),
+              "adagrad": ("Adagrad", {})}
+
+
+def make_optimizer(name: str, model):
+    """A fresh ``torch.optim`` optimizer named ``name`` over ``model``'s parameters (its state is created
+    by the first step, as in the predicted one)."""
+    import torch
+
+    if model is None:
+        raise InputValueError(f"--optimizer {name} needs the model: make TARGET return (loss, model).")
+    cls, kwargs = OPTIMIZERS[name]
+    return getattr(torch.optim, cls)([p for p in model.parameters() if p.requires_grad], **kwargs)
+
+
+def _plan_hook():
+    if importlib.util.find_spec("gradscope.cli.planning") is None:
+        return None
+    from gradscope.cli import planning
+
+    return planning
+
+
+def _options(fn):
+    hook = _plan_hook()
+    if hook is not None:
+        fn = hook.PLAN_OPTION(fn)
+    return fn
+
+
+@click.command("memory", short_help="Predict TARGET's backward and optimizer-step memory; exit 1 over --budget.")
+@click.argument("target")
+@click.option("--optimizer", "opt_name", type=click.Choice(sorted(OPTIMIZERS), case_sensitive=False), default=None,
+              help="Add optimizer.step() to the budget (state created on the first step, then kept).")
+@click.option("--budget", default=None, metavar="SIZE",
+              help="Exit 1 when the predicted absolute peak exceeds SIZE (e.g. 16GiB, '16 GB', 512MiB).")
+@click.option("--svg", "svg", default=None, metavar="PATH", help="Write the memory-over-backward curve to PATH.")
+@TRACE_OPTION
+@_options
+def memory_cmd(target, opt_name, budget, svg, use_trace, want_plan=False):
+    """Predict the memory of TARGET's backward() and training step, before running it.
+
+    \b
+    Examples:
+      gradscope memory train.py:make_loss
+      gradscope memory train.py:make_loss --optimizer adamw --budget 16GiB   # exit 1 when it won't fit
+      gradscope memory train.py:make_loss --svg curve.svg
+    """
+    from gradscope.cli.target import load
+    from gradscope.inspection import inspect
+    from gradscope._format import human_bytes
+
+    limit = None
+    try:
+        if budget is not None:
+            from gradscope.memory.plan import parse_budget
+
+            limit = parse_budget(budget)
+        with contextlib.redirect_stdout(sys.stderr):   # the target's prints must not mix with our output
+            loaded = load(target, use_trace=use_trace)
+        report = inspect(loaded.loss, model=loaded.model, trace=loaded.trace)
+        opt = make_optimizer(opt_name.lower(), loaded.model) if opt_name else None
+        bm = report.backward_memory(optimizer=opt)
+    except GradscopeError as exc:
+        raise UserError(str(exc)) from None
+    status(f"replayed {len(bm.order):,} nodes")
+    click.echo(str(bm))
+    if svg:
+        try:
+            bm.to_svg(svg, budget=limit)
+        except OSError as exc:
+            raise UserError(f"cannot write {svg!r}: {exc.strerror or exc}.") from None
+        click.echo(f"\ncurve: {svg}")
+    if want_plan:
+        if limit is None:
+            raise UserError("--plan needs --budget SIZE (the memory the plan must fit in).")
+        try:
+            code = _plan_hook().print_plan(report, budget, opt, echo=click.echo)
+        except GradscopeError as exc:
+            raise UserError(str(exc)) from None
+        sys.exit(code)
+    if limit is not None:
+        over = bm.absolute_peak > limit
+        verdict = "does NOT fit" if over else "fits"
+        click.echo(f"\nbudget {human_bytes(limit)}: the step {verdict} (predicted absolute peak "
+                   f"{human_bytes(bm.absolute_peak)}).")
+        if over:
+            sys.exit(1)

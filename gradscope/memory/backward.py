@@ -1,0 +1,384 @@
+"""``report.backward_memory()``: what ``backward()`` (and ``optimizer.step()``) will allocate, before it runs.
+
+Nothing runs and nothing is allocated: the replay reads ``report.graph`` (metadata only) and applies the
+engine's rules (``engine.py`` NOTE [engine order], ``replay.py`` NOTE [what one node does to memory]).
+
+Internal API (for what-if planning, issue 13)
+-------------------------------------------
+::
+
+    from gradscope.memory.backward import replay, Overrides
+
+    res = replay(report, Overrides(...), optimizer=None, retain_graph=False)
+    res.order, res.levels, res.peak, res.peak_node, res.end   # as BackwardMemory (node ids, bytes)
+    res.base           # bytes alive when backward starts (parameters, buffers, inputs, saved tensors,
+                       #   .grads and optimizer state of earlier steps, the loss)
+    res.absolute_peak  # issue 13's "absolute peak": base + the highest level up to the end of backward,
+                       #   or of optimizer.step() when an optimizer is given
+    res.step           # StepBudget or None (optimizer.py)
+
+``Overrides`` (all optional, all by node id / storage key, so modules are the caller's business; use
+``module_nodes(report, patterns)`` to turn qualified names or fnmatch patterns into node ids):
+
+- ``offload``: node ids whose saved tensors are kept off the device (``save_on_cpu``): their storages are
+  neither in ``base`` nor freed by backward (a storage also saved by a node outside the set stays).
+- requested checkpoint regions are written into a copy of the compiled program (``program(report)``,
+  an ``engine.Program``): each region node's ``saved`` keys, ``storages``/``shapes`` for the re-created
+  copies, ``recompute[node] = [(key, bytes)]`` (created at the first of those nodes that runs, each held by
+  the region's nodes that list it in ``saved``) and ``regions[key[1]] = node indices``; see
+  ``rewrite.with_checkpoints``. Regions the graph already has are read the same way (``regions.py``).
+- ``scale``: a callable ``(shape: list[int], dtype: str, nbytes: int) -> int`` applied to every storage
+  and gradient size (e.g. ``batch_scale(k, batch)`` scales tensors whose leading dim is the batch).
+- ``has_grad``: ``{param name: bool}`` overriding whether ``.grad`` is already set.
+
+The same function serves ``report.backward_memory()``: ``BackwardMemory`` is ``replay(report)`` with node
+ids, modules and locations filled in.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+
+from gradscope.errors import InputTypeError, InputValueError
+from gradscope.memory.engine import Program, compile_graph, numel_bytes
+from gradscope.memory.replay import Trace, simulate
+
+__all__ = ["BackwardMemory", "Overrides", "replay", "backward_memory", "module_nodes", "batch_scale", "program"]
+
+
+@dataclass
+class Overrides:
+    """Changes to the step that the replay applies (see the module docstring)."""
+
+    offload: frozenset = frozenset()
+    scale: object = None
+    has_grad: dict | None = None
+
+
+@dataclass
+class BackwardMemory:
+    """The replay's result. Levels are bytes relative to the moment backward starts.
+
+    Attributes:
+        order: node ids in the order autograd's engine will run them.
+        levels: bytes allocated by backward and not yet freed after each node of ``order``.
+        peak: the highest level during backward, workspace included.
+        peak_node: the node id where the peak happens.
+        end: the level after backward.
+        base: bytes alive when backward starts (see :func:`replay`).
+        absolute_peak: ``base`` plus the highest level up to the end of backward, or of
+            ``optimizer.step()`` when an optimizer was given.
+        step: the optimizer step's budget, or None.
+        modules: module name per node of ``order`` (None when unknown).
+        inner: the highest level inside each node (workspace included).
+        workspace: kernel workspace per node id (only nodes that have some).
+    """
+
+    order: list
+    levels: list
+    peak: int
+    peak_node: str | None
+    end: int
+    base: int
+    absolute_peak: int
+    step: object = None
+    modules: list = field(default_factory=list)
+    inner: list = field(default_factory=list)
+    workspace: dict = field(default_factory=dict)
+    names: list = field(default_factory=list)
+    locations: dict = field(default_factory=dict)
+    parts: dict = field(default_factory=dict)
+    _contributors: object = field(default=None, repr=False, compare=False)
+    _report: object = field(default=None, repr=False, compare=False)
+
+    def contributors(self) -> list[tuple[str, str, int]]:
+        """What backward made that is alive at its peak, by module: ``(module, kind, bytes)`` rows, largest
+        first (kind: ``gradients``, ``recomputed activations``, ``workspace``), then the saved tensors freed
+        before the peak as a negative row: the rows sum to ``peak``."""
+        if self._contributors is None:
+            return []
+        got = self._contributors
+        if callable(got):
+            got = self._contributors = got()
+        return got
+
+    @property
+    def peak_module(self) -> str | None:
+        """The module of the peak node (None when unknown)."""
+        if self.peak_node is None:
+            return None
+        return self.modules[self.order.index(self.peak_node)]
+
+    @property
+    def peak_location(self) -> str | None:
+        """``file.py:line`` of the forward call that created the peak node, when traced."""
+        return self.locations.get(self.peak_node)
+
+    def table(self) -> list[tuple[str, int]]:
+        """The step budget as ``(what, bytes)`` rows (see :func:`gradscope.memory.views.budget_rows`)."""
+        from gradscope.memory.views import budget_rows
+
+        return budget_rows(self)
+
+    def to_svg(self, path=None, **kwargs) -> str:
+        """The memory-over-backward curve as SVG (module bands, the peak marked); writes ``path`` when given."""
+        from gradscope.memory.views import curve_svg
+
+        return curve_svg(self, path, **kwargs)
+
+    def render(self, path, **kwargs):
+        """``report.render(path)`` with the peak node marked (label ``memory peak: ...``, class
+        ``gs-memory-peak`` in SVG and HTML); needs the report this replay came from to be alive."""
+        report = self._report() if self._report is not None else None
+        if report is None:
+            raise InputValueError("render() needs the report backward_memory() was called on; keep it.")
+        from gradscope._format import human_bytes
+
+        node = report.graph.nodes.get(self.peak_node) if self.peak_node is not None else None
+        if node is not None:
+            node["memory_peak"] = f"memory peak: +{human_bytes(self.peak)}"
+        try:
+            return report.render(path, **kwargs)
+        finally:
+            if node is not None:
+                node.pop("memory_peak", None)
+
+    def __str__(self) -> str:
+        from gradscope.memory.views import text
+
+        return text(self)
+
+    def _repr_html_(self) -> str:
+        from gradscope.memory.views import repr_html
+
+        return repr_html(self)
+
+
+def program(report) -> Program:
+    """The compiled graph of ``report`` (cached on the report; the graph is not changed)."""
+    prog = getattr(report, "_gs_program", None)
+    if prog is None or prog[0] is not report.graph:
+        prog = (report.graph, compile_graph(report.graph))
+        try:
+            report._gs_program = prog
+        except AttributeError:
+            pass
+    return prog[1]
+
+
+def module_nodes(report, patterns) -> set:
+    """Op node ids whose module matches one of ``patterns`` (qualified names or fnmatch patterns; a name
+    also matches its submodules)."""
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    prog = program(report)
+    out = set()
+    for i, mod in enumerate(prog.module):
+        if mod is None or prog.leaf[i]:
+            continue
+        for p in patterns:
+            if fnmatch.fnmatchcase(mod, p) or mod.startswith(p + ".") or fnmatch.fnmatchcase(mod, p + ".*"):
+                out.add(prog.ids[i])
+                break
+    return out
+
+
+def batch_scale(k: float, batch: int):
+    """A ``scale`` override: tensors whose leading dimension is ``batch`` grow by ``k``."""
+    def scale(shape, dtype, nbytes):
+        if shape and int(shape[0]) == batch:
+            return int(round(nbytes * k))
+        return nbytes
+    return scale
+
+
+def _check_graph(report) -> None:
+    freed = [f for f in getattr(report, "findings", ()) if f.kind == "freed-graph"]
+    if freed:
+        raise InputValueError(
+            "backward_memory() needs a graph that backward() has not freed yet: its saved tensors are gone. "
+            "Call gradscope.inspect(loss) before loss.backward(), or keep the graph with "
+            "backward(retain_graph=True).")
+
+
+def replay(report, overrides: Overrides | None = None, *, optimizer=None, retain_graph: bool = False,
+           workspace: bool = True) -> BackwardMemory:
+    """Replay backward (and the optimizer step) over ``report``'s graph with ``overrides`` applied.
+
+    See the module docstring for the fields; raises :class:`InputTypeError` for an optimizer that is not a
+    ``torch.optim.Optimizer`` and :class:`InputValueError` for a graph already freed by backward.
+    """
+    from gradscope.memory.optimizer import step_budget
+    from gradscope.memory.workspace import node_workspace
+
+    _check_graph(report)
+    if optimizer is not None:
+        import torch
+
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise InputTypeError(
+                f"optimizer= must be a torch.optim.Optimizer (e.g. torch.optim.AdamW(model.parameters())), "
+                f"got {type(optimizer).__name__}.")
+    ov = overrides or Overrides()
+    prog = program(report)
+    graph = report.graph
+    sizes, grad_scale = _sizes(prog, ov.scale)
+    drop = _offloaded(prog, ov)
+    has_grad = dict(prog.has_grad)
+    if ov.has_grad:
+        for i, leaf in enumerate(prog.leaf):
+            if leaf and prog.attrs[i].get("name") in ov.has_grad:
+                has_grad[i] = bool(ov.has_grad[prog.attrs[i]["name"]])
+    ws = {}
+    if workspace:
+        from gradscope.memory.calibrate import BUILDERS
+
+        for i in (i for i, name in enumerate(prog.name) if name in BUILDERS):
+            w = node_workspace(prog, i, grad_scale)
+            if w:
+                ws[i] = w
+    tr: Trace = simulate(prog, retain_graph=retain_graph, has_grad=has_grad, storage_bytes=sizes,
+                         grad_scale=grad_scale, workspace=ws.get if ws else None, drop=drop)
+    parts = _base(prog, graph, sizes, drop, has_grad, ov.scale)
+    step = None
+    high = tr.peak
+    if optimizer is not None:
+        step = step_budget(optimizer, graph, has_grad_names=_grad_names(prog, has_grad), after=tr.end)
+        parts["optimizer state"] = step.state_before
+        high = max(high, tr.end + step.peak)
+    base = sum(parts.values())
+    ids = prog.ids
+    locs = {}
+    for nid in (ids[v] for v in tr.order):
+        loc = prog.attrs[prog.index[nid]].get("location")
+        if loc:
+            locs[nid] = loc
+    def contributors() -> dict:
+        snap = simulate(prog, retain_graph=retain_graph, has_grad=has_grad, storage_bytes=sizes, grad_scale=grad_scale,
+                        workspace=ws.get if ws else None, drop=drop, snapshot_at=tr.peak_at)
+        return _by_module(prog, snap.snapshot or {}, snap.origin, sizes, drop)
+
+    import weakref
+
+    try:
+        ref = weakref.ref(report)
+    except TypeError:
+        ref = None
+    return BackwardMemory(
+        _contributors=contributors, _report=ref,
+        order=[ids[v] for v in tr.order], levels=list(tr.levels), peak=tr.peak,
+        peak_node=None if tr.peak_at is None else ids[tr.peak_at], end=tr.end, base=base,
+        absolute_peak=base + max(high, 0), step=step, modules=[prog.module[v] for v in tr.order],
+        inner=list(tr.inner), workspace={ids[v]: w for v, w in ws.items()},
+        names=[prog.name[v] for v in tr.order], locations=locs, parts=parts)
+
+
+def backward_memory(report, retain_graph: bool = False, optimizer=None) -> BackwardMemory:
+    """``report.backward_memory()``: the unchanged step (see :class:`BackwardMemory`)."""
+    import gc
+
+    enabled = gc.isenabled()
+    gc.disable()   # the replay allocates many small objects; generational passes would dominate its time
+    try:
+        return replay(report, None, optimizer=optimizer, retain_graph=retain_graph)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _sizes(prog: Program, scale):
+    if scale is None:
+        return prog.storages, None
+    sizes = {}
+    for key, nbytes in prog.storages.items():
+        shape = prog.shapes.get(key)
+        sizes[key] = int(scale(shape or [], "float32", nbytes)) if shape is not None else nbytes
+    shapes = prog.grad_shapes
+
+    def grad_scale(u, k, nbytes):
+        sh = shapes[u][k] if k < len(shapes[u]) else None
+        return int(scale(sh or [], "float32", nbytes)) if sh is not None else nbytes
+    return sizes, grad_scale
+
+
+def _offloaded(prog: Program, ov: Overrides) -> frozenset:
+    """Storage keys kept off the device: saved only by offloaded nodes and not held outside the graph."""
+    if not ov.offload:
+        return frozenset()
+    off = {prog.index[n] for n in ov.offload if n in prog.index}
+    holders: dict = {}
+    for u, keys in enumerate(prog.saved):
+        for key in keys:
+            holders.setdefault(key, set()).add(u)
+    return frozenset(key for key, us in holders.items() if us <= off and key not in prog.external)
+
+
+def _grad_names(prog: Program, has_grad: dict) -> set:
+    return {prog.attrs[i].get("name") for i, g in has_grad.items() if g}
+
+
+def _base(prog: Program, graph, sizes: dict, drop, has_grad: dict, scale) -> dict:
+    """What is alive when backward starts, by kind (bytes)."""
+    params = graph.graph.get("params", {})
+    seen = set()
+    p_bytes = g_bytes = 0
+    for name, p in params.items():
+        nbytes = numel_bytes(p.get("shape"), p.get("dtype"))
+        sid = p.get("storage")
+        if sid is None or sid not in seen:
+            p_bytes += nbytes
+            if sid is not None:
+                seen.add(sid)
+    leaf_names = {prog.attrs[i].get("name"): i for i, leaf in enumerate(prog.leaf) if leaf}
+    for name, p in params.items():
+        i = leaf_names.get(name)
+        if (has_grad.get(i) if i is not None else p.get("grad")):
+            g_bytes += numel_bytes(p.get("shape"), p.get("dtype"))
+    param_keys = {("s", p["storage"]) for p in params.values() if p.get("storage") is not None}
+    act = 0
+    for key, nbytes in sizes.items():
+        if key in param_keys or key in drop or key[0] == "r":
+            continue
+        act += nbytes
+    inputs = 0
+    for i, leaf in enumerate(prog.leaf):
+        if leaf and prog.attrs[i].get("kind") == "input":
+            nbytes = prog.grad_bytes[i][0]
+            inputs += int(scale(prog.grad_shapes[i][0], "float32", nbytes)) if scale else nbytes
+            if has_grad.get(i):
+                g_bytes += nbytes
+    shapes, stored = graph.graph.get("root_shapes", ()), graph.graph.get("root_storage_bytes") or ()
+    loss = sum(stored[i] if i < len(stored) and stored[i] is not None else numel_bytes(s, "float32")
+               for i, s in enumerate(shapes))      # the loss's storage: MSE's scalar views its whole buffer
+    buffers = sum(n for sid, n in graph.graph.get("buffers", ()) if sid is None or ("s", sid) not in sizes)
+    return {"parameters": p_bytes, "buffers": buffers, "gradients": g_bytes,
+            "saved activations and inputs": act, "leaf inputs": inputs, "loss": loss}
+
+
+def _by_module(prog: Program, snapshot: dict, origin: dict, sizes: dict, drop) -> list:
+    """Group the peak's live storages that backward created by the module of the node that made them; a last
+    row gives the saved tensors freed before the peak (negative), so that the rows sum to the peak."""
+    out: dict = {}
+    held = {k for keys in prog.saved for k in keys if k[0] != "r" and k not in drop and k not in prog.external}
+    freed = sum(sizes.get(k, 0) for k in held if k not in snapshot)
+    for key, nbytes in snapshot.items():
+        kind = None
+        node = None
+        if key[0] == "g":
+            node, kind = origin.get(key), "gradients"
+        elif key[0] == "w":
+            node, kind = key[1], "workspace"
+        elif key[0] == "r":
+            region = prog.regions.get(key[1]) or ()
+            node, kind = (min(region) if region else None), "recomputed activations"
+        if kind is None or not nbytes:
+            continue
+        mod = (prog.module[node] if node is not None else None) or ("(seed)" if node is None else "(no module)")
+        if node is not None and prog.leaf[node]:
+            mod = prog.attrs[node].get("module") or prog.attrs[node].get("name") or "(no module)"
+        out[(mod, kind)] = out.get((mod, kind), 0) + nbytes
+    rows = sorted(((m, k, b) for (m, k), b in out.items()), key=lambda r: -r[2])
+    if freed:
+        rows.append(("(saved tensors freed before the peak)", "freed", -freed))
+    return rows

@@ -1,0 +1,255 @@
+"""The graph compiled for the backward replay, and the order autograd's engine runs its nodes.
+
+NOTE [engine order] (TORCH-FACTS section 14)
+``torch.autograd.backward`` counts dependencies by a walk from the roots (once per edge, duplicate edges
+twice); then one ready queue on the calling thread (CPU and meta work) pops the ready node with the
+highest ``_sequence_nr()`` first; AccumulateGrad nodes report UINT64_MAX. The queue is a
+``std::priority_queue`` (libstdc++ binary heap), so nodes with equal sequence numbers (several ready
+AccumulateGrads) come out in the heap's order: :class:`_Heap` reproduces libstdc++'s ``push_heap`` /
+``pop_heap`` step by step so that ties break exactly as in torch.
+
+:func:`compile_graph` reads only ``report.graph`` (plain metadata), never a live tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["Program", "compile_graph", "engine_order", "UINT64_MAX", "DTYPE_BYTES", "numel_bytes"]
+
+UINT64_MAX = (1 << 64) - 1
+
+from gradscope.memory.dtypes import DTYPE_BYTES, numel_bytes  # noqa: E402 - re-exported
+
+
+@dataclass
+class Program:
+    """The graph as flat lists indexed by position (see :func:`compile_graph`).
+
+    Attributes:
+        ids: node ids of ``report.graph``; ``index`` maps them back.
+        name: op name per node (``"AccumulateGrad"`` for leaves).
+        seq: the engine's priority (``_sequence_nr()``; :data:`UINT64_MAX` for leaves).
+        leaf: True for gradient accumulators (``kind`` param/input).
+        edges: per node, ``(target index, target output)`` in ``next_functions`` order, duplicates kept.
+        needs: per node, the input position of each edge (``next_functions`` index).
+        grad_bytes: per node, the bytes of the gradient it receives for each of its forward outputs.
+        grad_shapes: the same as shapes.
+        saved: per node, the storage keys its saved slots hold (each once).
+        storages: storage key -> bytes, for every held saved storage.
+        shapes: storage key -> shape of the first slot that saved it (for size overrides).
+        external: storage keys that backward cannot free (parameters, leaves, tensors the user holds).
+        has_grad: per leaf index, whether ``.grad`` was already set when the graph was inspected.
+        regions: non-reentrant checkpoint regions: region key -> node indices.
+        recompute: per node, ``[(storage key, bytes)]`` its checkpointed slots re-create at first unpack.
+        roots: root node indices; ``root_bytes`` the bytes of the seed gradient of each.
+        module: per node, its module name (None when unknown).
+    """
+
+    ids: list
+    index: dict
+    name: list
+    seq: list
+    leaf: list
+    edges: list
+    grad_bytes: list
+    grad_shapes: list
+    saved: list
+    storages: dict
+    shapes: dict
+    external: set
+    has_grad: dict
+    roots: list
+    root_bytes: list
+    module: list
+    attrs: list
+    regions: dict = field(default_factory=dict)
+    recompute: dict = field(default_factory=dict)
+    opaque: list = field(default_factory=list)
+    needs: list = field(default_factory=list)
+
+
+def _edge_list(pred_v: dict, index: dict) -> tuple[list, list]:
+    """``(edges, positions)``: ``(target, target output)`` per edge and its input position (duplicates of
+    one target follow its first position)."""
+    out, pos = [], []
+    for u, e in sorted(pred_v.items(), key=lambda kv: kv[1].get("index", 0)):
+        outs = e.get("outputs") or [e.get("output", 0)] * int(e.get("count", 1))
+        for j, k in enumerate(outs):
+            out.append((index[u], int(k)))
+            pos.append(int(e.get("index", 0)) + j)
+    return out, pos
+
+
+def compile_graph(graph) -> Program:
+    """Flatten ``report.graph`` for the replay (see :class:`Program`)."""
+    from gradscope.memory.attribution import node_modules
+    from gradscope.memory.holders import external_storages
+    from gradscope.memory.regions import recorded_regions
+    from gradscope.graph import HELD
+
+    ids = list(graph.nodes)
+    index = {n: i for i, n in enumerate(ids)}
+    nodes = graph.nodes
+    pred = getattr(graph, "_pred", None) or graph.pred
+    mods = node_modules(graph)
+    params = graph.graph.get("params", {})
+    name, seq, leaf, edges, gbytes, gshapes, saved, module, attrs, opaque = ([] for _ in range(10))
+    needs: list = []
+    storages: dict = {}
+    shapes: dict = {}
+    has_grad: dict = {}
+    external = external_storages(graph)
+    for i, nid in enumerate(ids):
+        d = nodes[nid]
+        kind = d.get("kind")
+        is_leaf = kind in ("param", "input")
+        leaf.append(is_leaf)
+        attrs.append(d)
+        opaque.append(bool(d.get("opaque")))
+        es, pos = _edge_list(pred[nid], index)
+        edges.append(es)
+        needs.append(pos)
+        if is_leaf:
+            name.append("AccumulateGrad")
+            seq.append(UINT64_MAX)
+            shape = d.get("shape") or []
+            gshapes.append([shape])
+            gbytes.append([numel_bytes(shape, d.get("dtype"))])
+            grad = d.get("grad")
+            if grad is None and kind == "param":
+                grad = params.get(d["name"], {}).get("grad")
+            has_grad[i] = bool(grad)
+            saved.append(())
+            module.append(d.get("module"))
+            continue
+        name.append(d.get("name", "?"))
+        s = d.get("seq")
+        seq.append(UINT64_MAX if s is None else int(s) % (1 << 64))
+        outs = d.get("out_shapes") or []
+        dts = d.get("out_dtypes") or []
+        gshapes.append(outs)
+        gbytes.append([numel_bytes(sh, dts[k] if k < len(dts) else _node_dtype(d)) for k, sh in enumerate(outs)])
+        module.append(mods.get(nid))
+        keys = []
+        for j, e in enumerate(d.get("saved") or ()):
+            status = e.get("status")
+            if status not in HELD or e.get("scalar"):
+                continue
+            sid = e.get("storage")
+            key = ("s", sid) if sid is not None else ("e", nid, j)
+            if key not in storages:
+                storages[key] = int(e.get("nbytes") or 0)
+                shapes[key] = e.get("shape")
+            if key not in keys:
+                keys.append(key)
+        saved.append(tuple(keys))
+    regions, recompute = recorded_regions(graph, index, saved, storages, shapes)
+    roots = [index[r] for r in graph.graph.get("roots", ()) if r in index]
+    root_bytes = []
+    for r, shape in zip(roots, graph.graph.get("root_shapes", ())):
+        d = nodes[ids[r]]
+        dts = d.get("out_dtypes") or []
+        root_bytes.append(numel_bytes(shape, dts[0] if dts else _node_dtype(d)))
+    return Program(ids, index, name, seq, leaf, edges, gbytes, gshapes, saved, storages, shapes, external,
+                   has_grad, roots, root_bytes, module, attrs, regions, recompute, opaque, needs)
+
+
+def _node_dtype(d: dict) -> str:
+    for e in d.get("saved") or ():
+        if e.get("dtype") and not e.get("scalar") and str(e["dtype"]).startswith(("float", "bfloat", "complex")):
+            return e["dtype"]
+    return d.get("dtype") or "float32"
+
+
+class _Heap:
+    """``std::priority_queue<NodeTask, vector, CompareNodeTaskTime>`` as libstdc++ implements it."""
+
+    __slots__ = ("a", "key")
+
+    def __init__(self, key) -> None:
+        self.a: list = []
+        self.key = key   # node index -> (reentrant depth, sequence number)
+
+    def __len__(self) -> int:
+        return len(self.a)
+
+    def _sift_up(self, hole: int, v: int) -> None:
+        """libstdc++ ``__push_heap``: move ``v`` up from ``hole`` while its parent compares less."""
+        a, key = self.a, self.key
+        kv = key[v]
+        parent = (hole - 1) // 2
+        while hole > 0 and key[a[parent]] < kv:
+            a[hole] = a[parent]
+            hole = parent
+            parent = (hole - 1) // 2
+        a[hole] = v
+
+    def push(self, v: int) -> None:
+        self.a.append(v)
+        self._sift_up(len(self.a) - 1, v)
+
+    def pop(self) -> int:
+        a, key = self.a, self.key
+        top = a[0]
+        value = a.pop()
+        n = len(a)
+        if n == 0:
+            return top
+        hole = 0
+        child = 2
+        while child < n:
+            if key[a[child]] < key[a[child - 1]]:
+                child -= 1
+            a[hole] = a[child]
+            hole = child
+            child = 2 * (child + 1)
+        if (n & 1) == 0 and child == n:
+            a[hole] = a[child - 1]
+            hole = child - 1
+        self._sift_up(hole, value)
+        return top
+
+
+def dependencies(prog: Program) -> list[int]:
+    """Incoming edge count per node, counted from the roots as the engine does (duplicates twice)."""
+    deps = [0] * len(prog.ids)
+    seen = [False] * len(prog.ids)
+    stack = list(prog.roots)
+    for r in stack:
+        seen[r] = True
+    while stack:
+        v = stack.pop()
+        for u, _ in prog.edges[v]:
+            deps[u] += 1
+            if not seen[u]:
+                seen[u] = True
+                stack.append(u)
+    return deps
+
+
+def engine_order(prog: Program, run=None) -> list[int]:
+    """Node indices in the order the engine runs them; ``run(v, heap_push)`` is called per node when given.
+
+    ``run`` receives the node index and must return nothing; readiness is tracked here.
+    """
+    deps = dependencies(prog)
+    key = [(0, s) for s in prog.seq]
+    heap = _Heap(key)
+    order = []
+    if len(prog.roots) == 1:
+        heap.push(prog.roots[0])
+    else:   # a GraphRoot node sends each seed: roots become ready in root order, once each
+        for r in dict.fromkeys(prog.roots):
+            if deps[r] == 0:
+                heap.push(r)
+    while heap:
+        v = heap.pop()
+        order.append(v)
+        if run is not None:
+            run(v)
+        for u, _ in prog.edges[v]:
+            deps[u] -= 1
+            if deps[u] == 0:
+                heap.push(u)
+    return order

@@ -1,0 +1,142 @@
+"""The memory of ``optimizer.step()``: state it creates on the first step and the temporaries of the update.
+
+NOTE [optimizer step memory]
+Read from torch 2.13's ``torch/optim`` and checked against torch.profiler on CPU. Only parameters with a
+``.grad`` after backward are touched. State is created lazily at the first ``step()`` and then kept:
+SGD with momentum: ``momentum_buffer = clone(grad)`` (inside the update loop); Adam/AdamW:
+``exp_avg``, ``exp_avg_sq`` (``max_exp_avg_sq`` with amsgrad) and a 4-byte ``step`` tensor, all in
+``_init_group`` before the loop. Temporaries of the single-tensor loop (CPU default): Adam/AdamW build
+``denom = (exp_avg_sq.sqrt() / c).add_(eps)`` (two parameter-sized tensors, the first freed at once; the
+previous parameter's ``denom`` lives until it is rebound), ``grad.add(param, alpha=wd)`` for Adam's
+weight decay, ``-grad`` with ``maximize``. On CUDA the default is the foreach implementation, which
+makes the same temporaries for all parameters of a group at once. Other optimizers use a table of state
+tensors per parameter and one parameter-sized temporary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gradscope._torch import storage_key
+from gradscope.memory.engine import numel_bytes
+
+__all__ = ["StepBudget", "step_budget"]
+
+_STATE = {"RMSprop": 1, "Adagrad": 1, "Adamax": 2, "NAdam": 2, "RAdam": 2, "Adadelta": 2, "Rprop": 2,
+          "ASGD": 2, "SparseAdam": 2, "LBFGS": 0}
+
+
+@dataclass
+class StepBudget:
+    """``optimizer.step()``: bytes of state before it, state it creates, its peak and end relative to the
+    level at which it starts."""
+
+    name: str
+    params: int           # parameters it updates
+    state_before: int     # optimizer state of earlier steps
+    state_new: int        # state created by this step (kept)
+    peak: int             # highest level during the step, relative to its start
+    end: int              # level after the step (= state_new)
+    implementation: str   # "single-tensor" | "foreach" | "estimate"
+
+
+def _nbytes(p) -> int:
+    return p.numel() * p.element_size()
+
+
+def _state_bytes(opt) -> int:
+    seen, total = set(), 0
+    for st in opt.state.values():
+        for v in st.values():
+            if isinstance(v, torch.Tensor):
+                try:
+                    key = storage_key(v)
+                except (RuntimeError, NotImplementedError):
+                    key = id(v)
+                if key not in seen:
+                    seen.add(key)
+                    total += _nbytes(v)
+    return total
+
+
+def step_budget(opt, graph=None, *, has_grad_names=(), after: int = 0) -> StepBudget:
+    """Predict ``opt.step()`` after the replayed backward (see NOTE [optimizer step memory]).
+
+    A parameter is updated when it has a ``.grad`` now or the graph reaches it (by identity when the
+    graph recorded it, else by shape).
+    """
+    reached = _reached(graph)
+    kind = type(opt).__name__
+    level = peak = new_state = 0
+    count = 0
+    impl = "estimate"
+    for group in opt.param_groups:
+        params = [p for p in group["params"] if p.grad is not None or id(p) in reached]
+        count += len(params)
+        sizes = [_nbytes(p) for p in params]
+        fresh = [len(opt.state.get(p, {})) == 0 for p in params]
+        foreach = bool(group.get("foreach")) or (group.get("foreach") is None and params
+                                                   and params[0].device.type not in ("cpu", "meta"))
+        if isinstance(opt, torch.optim.Adam):         # AdamW subclasses Adam
+            impl = "foreach" if foreach else "single-tensor"
+            per = 3 if group.get("amsgrad") else 2
+            for n, f in zip(sizes, fresh):
+                if f:
+                    new_state += per * n + 4
+                    level += per * n + 4
+            peak = max(peak, level)
+            wd_temp = group.get("weight_decay", 0) and not getattr(opt, "_gs_decoupled", kind == "AdamW")
+            if group.get("decoupled_weight_decay"):
+                wd_temp = False
+            neg = bool(group.get("maximize"))
+            if foreach:
+                total = sum(sizes)
+                temps = total * (1 + int(bool(wd_temp)) + int(neg))
+                peak = max(peak, level + temps + total)
+            else:
+                prev = 0
+                for n in sizes:
+                    t = n * (int(bool(wd_temp)) + int(neg))
+                    peak = max(peak, level + prev + t + 2 * n)
+                    prev = n
+        elif isinstance(opt, torch.optim.SGD):
+            impl = "foreach" if foreach else "single-tensor"
+            mom = group.get("momentum", 0)
+            wd = group.get("weight_decay", 0)
+            for n, f in zip(sizes, fresh):
+                t = n if (wd or group.get("maximize")) else 0
+                if mom and f:
+                    level += n
+                    new_state += n
+                if mom and group.get("nesterov"):
+                    t += n
+                peak = max(peak, level + t)
+        else:
+            per = _STATE.get(kind, 2)
+            for n, f in zip(sizes, fresh):
+                if f:
+                    level += per * n
+                    new_state += per * n
+            peak = max(peak, level + max(sizes, default=0))
+    return StepBudget(kind, count, _state_bytes(opt), new_state, max(peak, level), level, impl)
+
+
+def _reached(graph) -> set:
+    if graph is None:
+        return set()
+    out = set()
+    for p in graph.graph.get("params", {}).values():
+        if p.get("node") is not None and p.get("requires_grad") and p.get("pid") is not None:
+            out.add(p["pid"])
+    for _, d in graph.nodes(data=True):   # parameters inside a reentrant checkpoint get grads too
+        for entry in (d.get("attrs") or {}).get("region_params") or ():
+            if len(entry) > 3:
+                out.add(entry[3])
+    return out
+
+
+def shapes_bytes(shapes_dtypes) -> int:
+    """Sum of dense bytes of ``[(shape, dtype)]``."""
+    return sum(numel_bytes(s, d) for s, d in shapes_dtypes)

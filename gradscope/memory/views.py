@@ -1,0 +1,147 @@
+"""Views of a :class:`~gradscope.memory.backward.BackwardMemory`: text, the step budget table, the SVG curve."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from gradscope._format import human_bytes
+
+__all__ = ["text", "budget_rows", "curve_svg", "repr_html", "BAND_COLOURS"]
+
+BAND_COLOURS = ("#e8f0fb", "#fbeee8", "#eaf7ea", "#f6eefb", "#fbf8e3", "#e9f6f7")
+
+
+def _where(bm) -> str:
+    if bm.peak_node is None:
+        return "nowhere (empty graph)"
+    i = bm.order.index(bm.peak_node)
+    text = f"node {bm.peak_node} {bm.names[i]}"
+    mod = bm.modules[i]
+    if mod:
+        text += f" in module {mod}"
+    loc = bm.locations.get(bm.peak_node)
+    if loc:
+        text += f" ({loc})"
+    return text
+
+
+def budget_rows(bm) -> list[tuple[str, int]]:
+    """``(what, bytes)`` rows of the step budget, ending with the absolute peak."""
+    rows = [(k, v) for k, v in bm.parts.items() if v]
+    rows.append(("backward's transient peak (above its start)", max(bm.peak, 0)))
+    if bm.step is not None:
+        rows.append((f"{bm.step.name}.step(): state it creates", bm.step.state_new))
+        rows.append((f"{bm.step.name}.step(): its peak (above its start)", bm.step.peak))
+    rows.append(("absolute peak of the step", bm.absolute_peak))
+    return rows
+
+
+def text(bm, top: int = 5) -> str:
+    """What ``print(bm)`` shows: the peak, where it is, the step budget and the top contributors."""
+    lines = [f"backward() memory, replayed before it runs: peak {human_bytes(bm.peak)} above its start, at "
+             f"{_where(bm)}.",
+             f"  {len(bm.order)} nodes; after backward: {'+' if bm.end >= 0 else ''}{human_bytes(bm.end)} "
+             "(gradients kept minus saved tensors freed)."]
+    if bm.workspace:
+        ws = sum(bm.workspace.values())
+        lines.append(f"  kernel workspace (measured per op and shapes): {len(bm.workspace)} nodes, up to "
+                     f"{human_bytes(max(bm.workspace.values()))} in one node ({human_bytes(ws)} in all).")
+    lines.append("step budget:")
+    width = max(len(k) for k, _ in budget_rows(bm))
+    for k, v in budget_rows(bm):
+        lines.append(f"  {k:<{width}}  {human_bytes(v):>10}")
+    every = bm.contributors()
+    rows = [r for r in every if r[2] > 0][:top] + [r for r in every if r[2] < 0]
+    if rows:
+        lines.append("the peak, by module (what backward made and still holds there, minus what it freed):")
+        mw = max(len(m) for m, _, _ in rows)
+        for m, kind, b in rows:
+            lines.append(f"  {m:<{mw}}  {kind:<24} {human_bytes(b):>10}")
+    return "\n".join(lines)
+
+
+def _bands(bm, most: int = 12) -> list[tuple[int, int, str]]:
+    """Runs of consecutive nodes in one module, ``(first, last, module)``, at the deepest module level
+    that gives at most ``most`` runs (top-level modules when even those are more)."""
+    best = None
+    for depth in range(1, 6):
+        out = []
+        for i, mod in enumerate(bm.modules):
+            head = ".".join(mod.split(".")[:depth]) if mod else ""
+            if out and out[-1][2] == head:
+                out[-1] = (out[-1][0], i, head)
+            else:
+                out.append((i, i, head))
+        if best is None or len(out) <= most:
+            best = out
+        if len(out) > most:
+            break
+    return best or []
+
+
+def curve_svg(bm, path=None, *, width: int = 720, height: int = 300, budget: int | None = None) -> str:
+    """Memory over backward (bytes above its start after each node, and inside each node), module bands
+    behind, the peak marked. Returns the SVG text; writes it to ``path`` when given."""
+    left, right, top, bottom = 84, 16, 44, 40
+    pw, ph = width - left - right, height - top - bottom
+    n = max(1, len(bm.levels))
+    values = list(bm.levels) + list(bm.inner) + [0] + ([budget - bm.base] if budget else [])
+    hi, lo = max(values), min(values)
+    span = (hi - lo) or 1
+
+    def X(i):
+        return left + pw * (i + 0.5) / n
+
+    def Y(v):
+        return top + ph * (1 - (v - lo) / span)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
+           f'<text x="4" y="16" font-weight="bold">memory during backward (replayed): peak '
+           f'{html.escape(human_bytes(bm.peak))} above its start</text>']
+    for k, (a, b, mod) in enumerate(_bands(bm)):
+        x0, x1 = left + pw * a / n, left + pw * (b + 1) / n
+        out.append(f'<rect class="band" x="{x0:.1f}" y="{top}" width="{x1 - x0:.1f}" height="{ph}" '
+                   f'fill="{BAND_COLOURS[k % len(BAND_COLOURS)]}"><title>{html.escape(mod or "(no module)")}'
+                   f'</title></rect>')
+        if x1 - x0 > 7 * len(mod or "") + 6 and mod:
+            out.append(f'<text x="{(x0 + x1) / 2:.1f}" y="{top + 14}" text-anchor="middle" fill="#666">'
+                       f'{html.escape(mod)}</text>')
+    out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#bbb"/>')
+    for i in range(5):
+        v = lo + span * i / 4
+        out.append(f'<text x="{left - 6}" y="{Y(v) + 4:.1f}" text-anchor="end" fill="#555">'
+                   f'{html.escape(human_bytes(v))}</text>')
+    out.append(f'<line x1="{left}" x2="{left + pw}" y1="{Y(0):.1f}" y2="{Y(0):.1f}" stroke="#999" '
+               'stroke-dasharray="2 3"/>')
+    if budget:
+        y = Y(budget - bm.base)
+        out.append(f'<line class="budget" x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#d62728" '
+                   f'stroke-dasharray="6 4"><title>budget {html.escape(human_bytes(budget))}</title></line>')
+    inner = " ".join(f"{X(i):.1f},{Y(v):.1f}" for i, v in enumerate(bm.inner))
+    after = " ".join(f"{X(i):.1f},{Y(v):.1f}" for i, v in enumerate(bm.levels))
+    out.append(f'<polyline class="inner" fill="none" stroke="#9ecae1" stroke-width="1" points="{inner}">'
+               '<title>highest point inside each node (workspace included)</title></polyline>')
+    out.append(f'<polyline class="level" fill="none" stroke="#1f77b4" stroke-width="2" points="{after}">'
+               '<title>bytes above backward start after each node</title></polyline>')
+    if bm.peak_node is not None:
+        i = bm.order.index(bm.peak_node)
+        out.append(f'<circle class="peak" cx="{X(i):.1f}" cy="{Y(bm.peak):.1f}" r="5" fill="#d62728">'
+                   f'<title>peak {html.escape(human_bytes(bm.peak))}: {html.escape(_where(bm))}</title></circle>')
+        anchor = "end" if X(i) > left + pw * 0.6 else "start"
+        dx = -8 if anchor == "end" else 8
+        out.append(f'<text class="peak-label" x="{X(i) + dx:.1f}" y="{Y(bm.peak) + 4:.1f}" text-anchor="{anchor}" '
+                   f'fill="#d62728">peak {html.escape(human_bytes(bm.peak))} at {html.escape(bm.names[i])}</text>')
+    out.append(f'<text x="{left}" y="{height - 14}" fill="#555">backward start</text>')
+    out.append(f'<text x="{left + pw}" y="{height - 14}" text-anchor="end" fill="#555">'
+               f'end ({len(bm.order)} nodes)</text>')
+    out.append("</svg>")
+    svg = "\n".join(out)
+    if path is not None:
+        Path(path).write_text(svg, encoding="utf-8")
+    return svg
+
+
+def repr_html(bm) -> str:
+    """The notebook view: the curve, then the text."""
+    return f"<div>{curve_svg(bm)}<pre>{html.escape(text(bm))}</pre></div>"

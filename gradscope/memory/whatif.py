@@ -1,0 +1,312 @@
+"""``report.what_if(checkpoint=..., offload=..., batch=k)``: the step's memory with a change applied, predicted.
+
+Nothing runs: the change is turned into overrides of the backward replay (``backward.py``'s internal API)
+and the replay is run twice, on the unchanged and on the changed step.
+
+- ``checkpoint``: each call of each named module becomes a region of
+  ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` (NOTE [module calls from sequence
+  numbers] in ``select.py``): its saved tensors leave the forward's memory, except its inputs, which the
+  checkpoint keeps, and come back when backward reaches the region (the recompute).
+- ``offload``: the named modules' saved tensors are packed by ``torch.autograd.graph.save_on_cpu()``.
+  On an accelerator they leave its memory until backward; on the CPU ``save_on_cpu`` keeps each tensor
+  where it is (``tensor.cpu()`` returns the tensor itself), so offloading saves nothing there and the
+  prediction says so (and is unchanged: the profiler measures the same step).
+- ``batch=k``: every tensor whose shape holds the batch grows by ``k`` (NOTE [what scales with the batch]
+  in ``select.py``); parameters, gradients, optimizer state and shape-only tensors stay.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from gradscope._format import human_bytes, shape_str
+from gradscope.errors import InputTypeError, InputValueError
+from gradscope.memory.attribution import seq_order, storage_uses
+from gradscope.memory.select import Scaler, all_regions, module_regions, require_modules, resolve
+
+__all__ = ["WhatIf", "what_if", "step_device", "change_overrides", "replay_change", "in_forward_order"]
+
+
+@dataclass
+class WhatIf:
+    """The predicted step with a change applied (see :func:`what_if`).
+
+    Attributes:
+        peak: predicted absolute peak of the changed step (bytes): parameters, buffers, inputs, ``.grad``s,
+            optimizer state, activations and backward's transient peak, up to the end of
+            ``optimizer.step()`` when an optimizer was given, else of backward.
+        before: the same for the unchanged step (``backward_memory(optimizer=...).absolute_peak``).
+        checkpoint / offload: the modules the change wraps (patterns resolved to outermost modules).
+        batch: the batch factor ``k``; ``batch_size`` the traced batch size it multiplies.
+        memory: the changed step's replay (``.order``, ``.levels``: the backward curve), ``baseline`` the
+            unchanged one.
+        recompute_flops: forward FLOPs the checkpointed regions run again (estimated from shapes, see
+            ``cost.py``); ``forward_flops`` those of the whole traced forward.
+        scaled / fixed: saved-activation bytes that scale with the batch and that do not (traced batch).
+        device: the device the step runs on; notes: sentences about the change (offloading on the CPU...).
+    """
+
+    peak: int
+    before: int
+    checkpoint: list[str]
+    offload: list[str]
+    batch: float
+    batch_size: int | None
+    memory: object
+    baseline: object
+    recompute_flops: int = 0
+    forward_flops: int = 0
+    scaled: int = 0
+    fixed: int = 0
+    fixed_examples: list[str] = field(default_factory=list)
+    device: str = "cpu"
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def saved(self) -> int:
+        """Bytes the change saves on the peak (negative when it costs memory)."""
+        return self.before - self.peak
+
+    @property
+    def recompute_share(self) -> float:
+        """Recomputed FLOPs as a share of the forward's (0.21 = +21% forward work)."""
+        return self.recompute_flops / self.forward_flops if self.forward_flops else 0.0
+
+    def change(self) -> str:
+        parts = []
+        from gradscope.memory.plancode import span_names
+
+        if self.checkpoint:
+            parts.append("checkpoint " + span_names(self.checkpoint))
+        if self.offload:
+            parts.append("offload " + span_names(self.offload))
+        if self.batch != 1:
+            parts.append(f"batch x{self.batch:g}" + (f" ({self.batch_size} -> {round(self.batch_size * self.batch)})"
+                                                      if self.batch_size else ""))
+        return "; ".join(parts) or "no change"
+
+    def __str__(self) -> str:
+        lines = [f"what if: {self.change()}",
+                 f"  peak {human_bytes(self.before)} -> {human_bytes(self.peak)} "
+                 f"({'-' if self.saved >= 0 else '+'}{human_bytes(abs(self.saved))}) on {self.device}"]
+        if self.checkpoint:
+            lines.append(f"  recompute: {self.recompute_flops / 1e9:.3g} GFLOP, +{self.recompute_share:.0%} of the "
+                         "forward's FLOPs (estimated from shapes)")
+        if self.batch != 1:
+            fixed = f"; fixed: {', '.join(self.fixed_examples)}" if self.fixed_examples else ""
+            lines.append(f"  with the batch: {human_bytes(self.scaled)} of saved activations scale; "
+                         f"{human_bytes(self.fixed)} do not, nor parameters, gradients, optimizer state{fixed}")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<gradscope.WhatIf {self.change()}: peak {human_bytes(self.peak)} (was {human_bytes(self.before)})>"
+
+    def to_svg(self, path=None, **kwargs) -> str:
+        """Before/after backward curves in one SVG (see :func:`gradscope.memory.planview.curves_svg`)."""
+        from gradscope.memory.planview import curves_svg
+
+        return curves_svg([("before", self.baseline), (self.change(), self.memory)], path, **kwargs)
+
+
+def context(report) -> dict:
+    """What every what-if on ``report`` shares, computed once (cached on the report; the graph is not
+    changed): forward order, module calls, FLOPs per node, the engine order's ranks, scalers."""
+    c = getattr(report, "_gs_whatif", None)
+    if c is None or c["graph"] is not report.graph:
+        from gradscope.memory.backward import program
+        from gradscope.memory.cost import forward_flops
+        from gradscope.memory.engine import engine_order
+
+        graph = report.graph
+        order = seq_order(graph)
+        c = {"graph": graph, "order": order, "regions": all_regions(graph, order),
+             "flops": forward_flops(graph), "scalers": {}, "device": step_device(graph),
+             "rank": {v: i for i, v in enumerate(engine_order(program(report)))}}
+        try:
+            report._gs_whatif = c
+        except AttributeError:
+            pass
+    return c
+
+
+def _scaler(report, batch_size) -> Scaler:
+    scalers = context(report)["scalers"]
+    if batch_size not in scalers:
+        scalers[batch_size] = Scaler(report.graph, batch_size)
+    return scalers[batch_size]
+
+
+def in_forward_order(report, names: list[str]) -> list[str]:
+    """``names`` sorted by their first call in the forward (``blocks.2`` before ``blocks.10``)."""
+    ctx = context(report)
+    first = ctx.get("first")
+    if first is None:
+        pos = {nid: i for i, nid in enumerate(ctx["order"])}
+        first = ctx["first"] = {n: pos[runs[0][0]] for n, runs in ctx["regions"].items() if runs}
+    return sorted(names, key=lambda n: (first.get(n, len(first)), n))
+
+
+def step_device(graph) -> str:
+    """The device most op nodes run on (``"cpu"`` when unknown)."""
+    count = Counter(d.get("device") for _, d in graph.nodes(data=True) if d.get("kind") == "op" and d.get("device"))
+    return count.most_common(1)[0][0] if count else "cpu"
+
+
+def _batch_factor(batch) -> float:
+    if isinstance(batch, bool) or not isinstance(batch, (int, float)):
+        raise InputTypeError(f"batch= takes a number (the factor the batch is scaled by), got {batch!r:.60}.")
+    if not batch > 0 or batch != batch or batch == float("inf"):
+        raise InputValueError(f"batch= must be a positive finite factor (2 doubles the batch), got {batch!r}.")
+    return float(batch)
+
+
+def _scale(scaler: Scaler, graph, k: float):
+    flat = set()       # 1-D buffers (RNN workspace) that scale: NOTE [what scales with the batch]
+    for _, d in graph.nodes(data=True):
+        ones = [e["shape"] for e in d.get("saved") or () if e.get("shape") and len(e["shape"]) == 1]
+        if ones:
+            floor = scaler.flat_floor(d)
+            flat.update(tuple(s) for s in ones if scaler.scales(s, floor))
+
+    def scale(shape, dtype, nbytes):
+        if scaler.scales(shape) or (len(shape) == 1 and tuple(shape) in flat):
+            return int(round(nbytes * k))
+        return nbytes
+    return scale
+
+
+def change_overrides(report, checkpoint=(), offload=(), batch: float = 1.0, scaler: Scaler | None = None):
+    """``(Overrides, notes, checkpoint regions, offloaded node ids)`` for checkpointed / offloaded module
+    names (already resolved)."""
+    from gradscope.memory.backward import Overrides
+
+    graph = report.graph
+    ctx = context(report)
+    order = ctx["order"]
+    regions = module_regions(graph, list(checkpoint), order, ctx["regions"])
+    notes = []
+    off_nodes: set = set()
+    if offload:
+        if ctx["device"] == "cpu":
+            notes.append("the step runs on the CPU, where save_on_cpu() keeps each saved tensor where it is "
+                         "(tensor.cpu() returns the tensor itself): offloading saves no memory")
+        else:
+            off_nodes = {nid for _, nodes in module_regions(graph, list(offload), order, ctx["regions"])
+                         for nid in nodes}
+    scale = None
+    if batch != 1:
+        scaler = scaler or _scaler(report, None)
+        if scaler.batch_size is None:
+            raise InputValueError("what_if(batch=...) found no activation whose shape shows the batch size; "
+                                  "pass batch_size= (the batch of the traced forward).")
+        scale = _scale(scaler, graph, batch)
+    return Overrides(scale=scale), notes, regions, frozenset(off_nodes)   # rewrite.py applies the last two
+
+
+class _Rewritten:
+    """The report as the replay sees it, with a rewritten program (``backward.program`` reads the cache)."""
+
+    def __init__(self, report, prog):
+        self.graph = report.graph
+        self.findings = report.findings
+        self._gs_program = (report.graph, prog)
+
+
+def replay_change(report, ov, regions, off=frozenset(), optimizer=None):
+    """The replay of the step with ``change_overrides``' result applied."""
+    from gradscope.memory.backward import program, replay
+    from gradscope.memory.rewrite import with_checkpoints, with_offload
+
+    if regions or off:
+        ctx = context(report)
+        prog = with_checkpoints(program(report), report.graph, regions, ctx["device"], ctx["rank"])
+        report = _Rewritten(report, with_offload(prog, off))
+    return replay(report, ov, optimizer=optimizer)
+
+
+def _loss_buffer(graph, k: float) -> int:
+    """Bytes the loss's storage grows by with the batch scaled by ``k``: a scalar loss that views a bigger
+    buffer (MSE's mean over the elementwise losses) keeps a buffer of the batch's size."""
+    from gradscope.memory.engine import numel_bytes
+
+    if k == 1:
+        return 0
+    shapes, stored = graph.graph.get("root_shapes", ()), graph.graph.get("root_storage_bytes") or ()
+    extra = sum(b - numel_bytes(s, "float32") for s, b in zip(shapes, stored)
+                if b is not None and b > numel_bytes(s, "float32"))
+    return int(round(extra * (k - 1)))
+
+
+def _overlap(ck: list[str], off: list[str]) -> None:
+    for a in ck:
+        for b in off:
+            if a == b or a.startswith(b + ".") or b.startswith(a + "."):
+                raise InputValueError(
+                    f"{a!r} is both checkpointed and offloaded (or one is inside the other, {b!r}); a module's "
+                    "saved tensors are either recomputed or offloaded: name each module in one list.")
+
+
+def _batch_split(scaler: Scaler, graph) -> tuple[int, int, list[str]]:
+    scaled = fixed = 0
+    examples: Counter = Counter()
+    for use in storage_uses(graph):
+        if use.category != "held":
+            continue
+        d = graph.nodes[use.owner]
+        e = next((e for e in d["saved"] if ("s", e.get("storage")) == use.key), None)
+        shape = e.get("shape") if e else None
+        if scaler.scales(shape, scaler.flat_floor(d)):
+            scaled += use.nbytes
+        else:
+            fixed += use.nbytes
+            if shape and use.nbytes:
+                examples[f"{shape_str(shape)} {e.get('dtype')} ({d.get('name')})"] += use.nbytes
+    return scaled, fixed, [k for k, _ in examples.most_common(3)]
+
+
+def what_if(report, checkpoint=None, offload=None, batch: float = 1.0, optimizer=None,
+            batch_size: int | None = None, baseline=None) -> WhatIf:
+    """Predict the step's memory with modules checkpointed, offloaded, or the batch scaled by ``batch``.
+
+    Args:
+        report: a :class:`gradscope.Report` inspected with ``trace=`` (module attribution is needed).
+        checkpoint: qualified module names or fnmatch patterns (``"blocks.*"``) to wrap in
+            ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``; a pattern that matches a module
+            and its children keeps the outermost.
+        offload: module names or patterns whose saved tensors go under ``torch.autograd.graph.save_on_cpu()``.
+        batch: factor the batch is scaled by (2 doubles it).
+        optimizer: a ``torch.optim.Optimizer``: the peak then runs to the end of ``optimizer.step()``.
+        batch_size: the traced forward's batch size, when the guess from the shapes is wrong.
+        baseline: the unchanged step's replay when the caller has it (the planner), else replayed here.
+
+    Raises:
+        InputValueError: the report was not traced, a pattern matches no module, a module is in both lists.
+        InputTypeError: an argument of the wrong type.
+    """
+    from gradscope.memory.backward import replay
+
+    graph = report.graph
+    names = require_modules(graph, "what_if")
+    ck = in_forward_order(report, resolve(graph, checkpoint, "checkpoint", names))
+    off = in_forward_order(report, resolve(graph, offload, "offload", names))
+    _overlap(ck, off)
+    k = _batch_factor(batch)
+    scaler = _scaler(report, batch_size)
+    ov, notes, regions, off_nodes = change_overrides(report, ck, off, k, scaler)
+    before = baseline if baseline is not None else replay(report, None, optimizer=optimizer)
+    after = replay_change(report, ov, regions, off_nodes, optimizer)
+    grown = _loss_buffer(graph, k)
+    if grown:       # a scalar loss viewing its elementwise buffer (MSE): the buffer has the batch's shape
+        after.base += grown
+        after.absolute_peak += grown
+        after.parts["loss"] = after.parts.get("loss", 0) + grown
+    flops = context(report)["flops"]
+    recompute = sum(flops.get(n, 0) for _, nodes in regions for n in nodes)
+    scaled, fixed, examples = _batch_split(scaler, graph) if k != 1 else (0, 0, [])
+    return WhatIf(peak=after.absolute_peak, before=before.absolute_peak, checkpoint=ck, offload=off, batch=k,
+                  batch_size=scaler.batch_size, memory=after, baseline=before,
+                  recompute_flops=int(recompute * k), forward_flops=int(sum(flops.values()) * k),
+                  scaled=scaled, fixed=fixed, fixed_examples=examples, device=context(report)["device"],
+                  notes=notes)

@@ -1,0 +1,82 @@
+"""``gradscope memory TARGET``: the budget gate's exit codes and its one-line errors."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+
+from gradscope.cli.commands import main
+
+_TARGET = """
+import torch
+from torch import nn
+
+def step():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+    return m(torch.randn(128, 64)).pow(2).mean(), m
+
+def loss_only():
+    w = torch.randn(8, 8, requires_grad=True)
+    return (w @ w).sum()
+
+def freed():
+    w = torch.randn(3, 3, requires_grad=True)
+    loss = (w @ w).sum()
+    loss.backward()
+    return loss
+"""
+
+
+@pytest.fixture()
+def target(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRADSCOPE_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(_TARGET))
+    return str(path)
+
+
+def _run(*args):
+    return CliRunner().invoke(main, ["memory", *args])
+
+
+def test_prints_the_budget_and_fits(target):
+    res = _run(f"{target}:step", "--optimizer", "adamw", "--budget", "16GiB")
+    assert res.exit_code == 0, res.output
+    assert "absolute peak of the step" in res.output and "AdamW.step()" in res.output
+    assert "the step fits" in res.output
+
+
+def test_budget_gate_exits_1_when_the_peak_exceeds_it(target, tmp_path):
+    res = _run(f"{target}:step", "--optimizer", "adamw", "--budget", "300KiB", "--svg", str(tmp_path / "c.svg"))
+    assert res.exit_code == 1, res.output
+    assert "does NOT fit" in res.output
+    assert (tmp_path / "c.svg").read_text().startswith("<svg")
+
+
+@pytest.mark.parametrize("size", ["16 GB", "16GiB", "512MiB", "1000000000"])
+def test_budget_sizes_parse(target, size):
+    assert _run(f"{target}:step", "--budget", size).exit_code == 0
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--budget", "lots"], "is not a size"),
+    (["--optimizer", "adamw"], "needs the model"),
+])
+def test_bad_input_is_one_line_without_traceback(target, args, words):
+    res = _run(f"{target}:loss_only", *args)
+    assert res.exit_code == 2
+    assert words in res.output and "Traceback" not in res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
+def test_freed_graph_is_one_line(target):
+    res = _run(f"{target}:freed")
+    assert res.exit_code == 2 and "has not freed" in res.output and "Traceback" not in res.output
+
+
+def test_unknown_optimizer_name_is_a_usage_error(target):
+    res = _run(f"{target}:step", "--optimizer", "lion")
+    assert res.exit_code == 2 and "Traceback" not in res.output
