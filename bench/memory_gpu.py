@@ -20,9 +20,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import gradscope  # noqa: E402
-from gradscope._format import human_bytes  # noqa: E402
-from tests._memmodels import MODELS  # noqa: E402
+import gradscope
+from gradscope._format import human_bytes
+from tests._memmodels import MODELS
 
 warnings.filterwarnings("ignore")
 TARGET = 0.10   # MemTracker's own GPU test tolerance is +-10%

@@ -11,7 +11,7 @@ def one_line(v, limit: int = 60) -> str:
         text = " ".join(repr(v).split())
     except Exception:  # noqa: BLE001 - a user object whose __repr__ raises
         return "<unprintable>"
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def human_bytes(n: int | float) -> str:

@@ -18,7 +18,7 @@ from gradscope.memory.table import MemoryRow, memory
 __all__ = ["diff", "Diff"]
 
 _BYTES = ("held", "params", "offloaded")
-_SHOW = 15   # modules listed in the text; Diff.modules has them all
+_SHOW = 15  # modules listed in the text; Diff.modules has them all
 
 
 def _signed(n: int) -> str:
@@ -48,8 +48,15 @@ class Diff:
     disappeared: tuple = ()
 
     def __bool__(self) -> bool:
-        return bool(self.ops or self.params_added or self.params_removed or self.modules or self.appeared
-                    or self.disappeared or any(a != b for a, b in self.totals.values()))
+        return bool(
+            self.ops
+            or self.params_added
+            or self.params_removed
+            or self.modules
+            or self.appeared
+            or self.disappeared
+            or any(a != b for a, b in self.totals.values())
+        )
 
     @property
     def added(self) -> dict:
@@ -65,13 +72,18 @@ class Diff:
         t = self.totals
         na, nb = t["nodes"]
         sa, sb = t["saved_bytes"]
-        out = [f"gradscope diff: {na} -> {nb} nodes ({nb - na:+d}), saved {human_bytes(sa)} -> "
-               f"{human_bytes(sb)} ({_signed(sb - sa)})"]
+        out = [
+            f"gradscope diff: {na} -> {nb} nodes ({nb - na:+d}), saved {human_bytes(sa)} -> "
+            f"{human_bytes(sb)} ({_signed(sb - sa)})"
+        ]
         if not self:
             out.append("no differences: same op kinds, parameters, saved bytes per module and findings.")
             return out
-        for key, label in (("activations", "activations held"), ("params", "parameters saved by reference"),
-                           ("offloaded", "moved to CPU by save_on_cpu")):
+        for key, label in (
+            ("activations", "activations held"),
+            ("params", "parameters saved by reference"),
+            ("offloaded", "moved to CPU by save_on_cpu"),
+        ):
             a, b = t[key]
             if a != b:
                 out.append(f"  {label}: {human_bytes(a)} -> {human_bytes(b)} ({_signed(b - a)})")
@@ -82,8 +94,10 @@ class Diff:
             out.append("op kinds (before -> after):")
             for name, (a, b) in self.ops.items():
                 out.append(f"  {'+' if b > a else '-'}{abs(b - a):<4} {name} ({a} -> {b})")
-        for label, names in (("parameters reached only after", self.params_added),
-                             ("parameters reached only before", self.params_removed)):
+        for label, names in (
+            ("parameters reached only after", self.params_added),
+            ("parameters reached only before", self.params_removed),
+        ):
             if names:
                 out.append(f"{label}: " + ", ".join(names))
         if self.modules:
@@ -92,17 +106,20 @@ class Diff:
             for name, (a, b) in list(self.modules.items())[:_SHOW]:
                 ta, tb = (sum(getattr(r, f) for f in _BYTES) for r in (a, b))
                 extra = f", recomputed {a.recomputed} -> {b.recomputed}" if a.recomputed != b.recomputed else ""
-                out.append(f"  {name:<{width}}  {human_bytes(ta):>10} -> {human_bytes(tb):>10}  "
-                           f"({_signed(tb - ta)}; activations {human_bytes(a.held)} -> {human_bytes(b.held)}"
-                           f"{extra})")
+                out.append(
+                    f"  {name:<{width}}  {human_bytes(ta):>10} -> {human_bytes(tb):>10}  "
+                    f"({_signed(tb - ta)}; activations {human_bytes(a.held)} -> {human_bytes(b.held)}"
+                    f"{extra})"
+                )
             if len(self.modules) > _SHOW:
                 out.append(f"  ... and {len(self.modules) - _SHOW} more modules (see Diff.modules)")
-        for label, fs in (("findings that appeared", self.appeared),
-                          ("findings that disappeared", self.disappeared)):
+        for label, fs in (("findings that appeared", self.appeared), ("findings that disappeared", self.disappeared)):
             if fs:
                 out.append(f"{label}:")
-                out.extend(f"  {f.severity} {f.kind}" + (f" ({', '.join(f.params)})" if f.params else "")
-                           + f": {f.message}" for f in fs)
+                out.extend(
+                    f"  {f.severity} {f.kind}" + (f" ({', '.join(f.params)})" if f.params else "") + f": {f.message}"
+                    for f in fs
+                )
         return out
 
     def __str__(self) -> str:
@@ -110,9 +127,11 @@ class Diff:
 
     def __repr__(self) -> str:
         t = self.totals
-        return (f"<gradscope.Diff: {'no differences' if not self else 'differences'}, nodes "
-                f"{t['nodes'][0]} -> {t['nodes'][1]}, saved {human_bytes(t['saved_bytes'][0])} -> "
-                f"{human_bytes(t['saved_bytes'][1])}>")
+        return (
+            f"<gradscope.Diff: {'no differences' if not self else 'differences'}, nodes "
+            f"{t['nodes'][0]} -> {t['nodes'][1]}, saved {human_bytes(t['saved_bytes'][0])} -> "
+            f"{human_bytes(t['saved_bytes'][1])}>"
+        )
 
     def to_svg(self, top: int = 8, width: int = 640) -> str:
         """Before/after bars for the ``top`` modules that changed most, as an SVG string.
@@ -144,9 +163,11 @@ def _finding_key(report, f) -> tuple:
 
 def _check(report, which: str) -> None:
     if not hasattr(report, "graph") or not hasattr(report, "findings"):
-        raise InputTypeError(f"diff() needs two gradscope reports; report_{which} is "
-                             f"{type(report).__name__}. Pass gradscope.inspect(...) results or "
-                             "gradscope.load('x.json').")
+        raise InputTypeError(
+            f"diff() needs two gradscope reports; report_{which} is "
+            f"{type(report).__name__}. Pass gradscope.inspect(...) results or "
+            "gradscope.load('x.json')."
+        )
 
 
 def diff(report_a, report_b, *, depth: int | None = None) -> Diff:

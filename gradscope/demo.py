@@ -36,8 +36,7 @@ class TwoHeadClassifier(nn.Module):
     def __init__(self, fixed: bool = False, features: int = 16, hidden: int = 32):
         super().__init__()
         self.fixed = fixed
-        self.encoder = nn.Sequential(nn.Linear(features, hidden), nn.ReLU(),
-                                     nn.Linear(hidden, hidden), nn.ReLU())
+        self.encoder = nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU())
         self.classifier = nn.Linear(hidden, 1)
         self.aux_head = nn.Linear(hidden, 4)
 
@@ -45,11 +44,11 @@ class TwoHeadClassifier(nn.Module):
         h = self.encoder(x)
         prob = torch.sigmoid(self.classifier(h))
         if self.fixed:
-            aux = self.aux_head(h.detach())          # stop-gradient into the encoder only
-            prob = prob.clamp(EPS, 1 - EPS)          # out of place: the saved output stays intact
+            aux = self.aux_head(h.detach())  # stop-gradient into the encoder only
+            prob = prob.clamp(EPS, 1 - EPS)  # out of place: the saved output stays intact
         else:
-            aux = self.aux_head(h).detach()          # BUG 1: detaches the head's output
-            prob.clamp_(EPS, 1 - EPS)                # BUG 2: modifies SigmoidBackward0's saved output
+            aux = self.aux_head(h).detach()  # BUG 1: detaches the head's output
+            prob.clamp_(EPS, 1 - EPS)  # BUG 2: modifies SigmoidBackward0's saved output
         return prob.squeeze(1), aux
 
 
@@ -62,7 +61,7 @@ def _batch(features: int = 16, batch: int = 8):
 
 
 def _loss(fixed: bool) -> tuple[torch.Tensor, TwoHeadClassifier]:
-    with torch.random.fork_rng(devices=[]):          # same weights every call, global RNG untouched
+    with torch.random.fork_rng(devices=[]):  # same weights every call, global RNG untouched
         torch.manual_seed(0)
         model = TwoHeadClassifier(fixed=fixed)
     x, y, labels = _batch()

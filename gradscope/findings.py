@@ -51,8 +51,9 @@ class Finding:
 
     @classmethod
     def from_dict(cls, d: dict) -> Finding:
-        return cls(d["kind"], d["severity"], d["message"], d.get("node"), tuple(d.get("params") or ()),
-                   d.get("location"))
+        return cls(
+            d["kind"], d["severity"], d["message"], d.get("node"), tuple(d.get("params") or ()), d.get("location")
+        )
 
     def __str__(self) -> str:
         where = f" [{self.location}]" if self.location else ""
@@ -62,8 +63,15 @@ class Finding:
 def sort_findings(findings) -> list[Finding]:
     """Most severe first; ties broken by kind, node and parameters so the order is deterministic."""
     rank = {s: i for i, s in enumerate(SEVERITIES)}
-    return sorted(findings, key=lambda f: (rank.get(f.severity, 9), KINDS.index(f.kind)
-                                           if f.kind in KINDS else 99, _node_key(f.node), f.params))
+    return sorted(
+        findings,
+        key=lambda f: (
+            rank.get(f.severity, 9),
+            KINDS.index(f.kind) if f.kind in KINDS else 99,
+            _node_key(f.node),
+            f.params,
+        ),
+    )
 
 
 def _node_key(node) -> tuple:

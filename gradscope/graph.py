@@ -26,17 +26,47 @@ import networkx as nx
 from gradscope._format import lcp
 
 __all__ = [
-    "NodeAttrs", "SavedEntry", "EdgeAttrs", "ParamInfo", "TraceEvent", "GraphAttrs",
-    "OP", "PARAM", "INPUT", "HELD", "LIVE", "STALE", "HOOKED", "OFFLOADED", "RECOMPUTED", "OPAQUE", "FREED",
-    "ROOTS", "ROOT_SHAPES", "NO_GRAD_ROOTS", "STORAGE_BYTES", "PARAMS", "EVENTS", "CALLED_MODULES",
-    "EVENTS_DROPPED", "ROOT_STORAGE_BYTES", "EXTERNAL", "BUFFERS",
-    "StorageUse", "held_bytes", "forward_order", "node_modules", "storage_uses", "param_storages", "is_traced",
+    "NodeAttrs",
+    "SavedEntry",
+    "EdgeAttrs",
+    "ParamInfo",
+    "TraceEvent",
+    "GraphAttrs",
+    "OP",
+    "PARAM",
+    "INPUT",
+    "HELD",
+    "LIVE",
+    "STALE",
+    "HOOKED",
+    "OFFLOADED",
+    "RECOMPUTED",
+    "OPAQUE",
+    "FREED",
+    "ROOTS",
+    "ROOT_SHAPES",
+    "NO_GRAD_ROOTS",
+    "STORAGE_BYTES",
+    "PARAMS",
+    "EVENTS",
+    "CALLED_MODULES",
+    "EVENTS_DROPPED",
+    "ROOT_STORAGE_BYTES",
+    "EXTERNAL",
+    "BUFFERS",
+    "StorageUse",
+    "held_bytes",
+    "forward_order",
+    "node_modules",
+    "storage_uses",
+    "param_storages",
+    "is_traced",
 ]
 
 # -- node kinds ------------------------------------------------------------------------------------
-OP = "op"            #: a backward node (``grad_fn``)
-PARAM = "param"      #: an ``AccumulateGrad`` of a named parameter
-INPUT = "input"      #: an ``AccumulateGrad`` of a leaf that is not a named parameter
+OP = "op"  #: a backward node (``grad_fn``)
+PARAM = "param"  #: an ``AccumulateGrad`` of a named parameter
+INPUT = "input"  #: an ``AccumulateGrad`` of a leaf that is not a named parameter
 
 # -- saved-slot states (NOTE [saved slot states] in gradscope/walk/saved.py) -----------------------
 LIVE, STALE, HOOKED = "live", "stale", "hooked"
@@ -45,66 +75,66 @@ OFFLOADED, RECOMPUTED, OPAQUE, FREED = "offloaded", "recomputed", "opaque", "fre
 HELD = (LIVE, STALE, HOOKED)
 
 # -- graph.graph keys ------------------------------------------------------------------------------
-ROOTS = "roots"                    #: list of root node ids, in the order the roots were given
-ROOT_SHAPES = "root_shapes"        #: list of root shapes (lists of ints), parallel to ROOTS
-NO_GRAD_ROOTS = "no_grad_roots"    #: indices of given roots that have no grad_fn (several roots only)
-STORAGE_BYTES = "storage_bytes"    #: storage id -> whole-storage size in bytes (a list)
-PARAMS = "params"                  #: qualified name -> ParamInfo, every named parameter
-EVENTS = "events"                  #: list of TraceEvent (only with trace=)
+ROOTS = "roots"  #: list of root node ids, in the order the roots were given
+ROOT_SHAPES = "root_shapes"  #: list of root shapes (lists of ints), parallel to ROOTS
+NO_GRAD_ROOTS = "no_grad_roots"  #: indices of given roots that have no grad_fn (several roots only)
+STORAGE_BYTES = "storage_bytes"  #: storage id -> whole-storage size in bytes (a list)
+PARAMS = "params"  #: qualified name -> ParamInfo, every named parameter
+EVENTS = "events"  #: list of TraceEvent (only with trace=)
 CALLED_MODULES = "called_modules"  #: sorted names of the modules the traced forward called (trace=)
 EVENTS_DROPPED = "events_dropped"  #: how many events the trace did not keep (only when > 0)
 ROOT_STORAGE_BYTES = "root_storage_bytes"  #: whole-storage bytes of each root (None: unknown), parallel to ROOTS
-EXTERNAL = "external"              #: storage ids a holder outside the graph keeps alive (NOTE [holder counts])
-BUFFERS = "buffers"                #: ``[storage id or None, bytes]`` per distinct buffer storage of model=
+EXTERNAL = "external"  #: storage ids a holder outside the graph keeps alive (NOTE [holder counts])
+BUFFERS = "buffers"  #: ``[storage id or None, bytes]`` per distinct buffer storage of model=
 
 
 class SavedEntry(TypedDict, total=False):
     """One saved slot of a node (``node["saved"][i]``)."""
 
-    slot: str                  # the slot name, e.g. "self", "mat2", "result"
+    slot: str  # the slot name, e.g. "self", "mat2", "result"
     shape: list[int] | None
-    dtype: str | None          # "float32"
-    device: str | None         # "cpu", "meta", ...; for offloaded: the device the tensor left
-    nbytes: int                # the whole storage's size (untyped_storage().nbytes()), not the view's
-    status: str                # one of the saved-slot states above
-    storage: int | None        # storage id (an index into graph.graph["storage_bytes"]); None: unknown
-    scalar: bool               # present (True) on a wrapped Python number (``x * 2``): not an activation
-    version: int               # stale only: the tensor's version now (it was modified in place)
+    dtype: str | None  # "float32"
+    device: str | None  # "cpu", "meta", ...; for offloaded: the device the tensor left
+    nbytes: int  # the whole storage's size (untyped_storage().nbytes()), not the view's
+    status: str  # one of the saved-slot states above
+    storage: int | None  # storage id (an index into graph.graph["storage_bytes"]); None: unknown
+    scalar: bool  # present (True) on a wrapped Python number (``x * 2``): not an activation
+    version: int  # stale only: the tensor's version now (it was modified in place)
     saved_version: int | None  # stale only: the version backward expects (from torch's error text); None: unknown
     recompute: dict[str, Any]  # recomputed (checkpoint) only, when the frame tells: {"region", "index", "shape",
-                               # "dtype", "nbytes", "frame_bytes"} of what backward's recompute re-creates
+    # "dtype", "nbytes", "frame_bytes"} of what backward's recompute re-creates
 
 
 class NodeAttrs(TypedDict, total=False):
     """Attributes of every node (``report.graph.nodes[nid]``); leaves also carry shape/dtype/requires_grad."""
 
     kind: Literal["op", "param", "input"]
-    name: str                  # "AddmmBackward0", or the parameter's qualified name, or "input"
+    name: str  # "AddmmBackward0", or the parameter's qualified name, or "input"
     saved: list[SavedEntry]
-    saved_bytes: int           # bytes this node's held slots keep alive (its storages counted once)
+    saved_bytes: int  # bytes this node's held slots keep alive (its storages counted once)
     device: str | None
-    module: str | None         # the owning module: from trace() on ops, from the qualified name on params
+    module: str | None  # the owning module: from trace() on ops, from the qualified name on params
     root: bool
-    opaque: bool               # a node whose saved values cannot be read (checkpoint, compiled)
-    seq: int | None            # autograd sequence number (forward creation order); None on leaves
-    attrs: dict[str, Any]      # non-tensor saved values (dims, sizes, flags) as plain data
+    opaque: bool  # a node whose saved values cannot be read (checkpoint, compiled)
+    seq: int | None  # autograd sequence number (forward creation order); None on leaves
+    attrs: dict[str, Any]  # non-tensor saved values (dims, sizes, flags) as plain data
     out_shapes: list[list[int]]
-    out_dtypes: list[str]      # ops: the dtype of each output, parallel to out_shapes
-    function: str              # custom autograd.Function: "module.QualName"
-    shape: list[int]           # leaves only
-    dtype: str                 # leaves only
-    requires_grad: bool        # leaves only
-    grad: bool                 # leaves only: .grad was already set when inspected (backward adds into it)
-    planned: str               # only while Plan.render() draws: "checkpoint" / "offload"
-    memory_peak: str           # only while BackwardMemory.render() draws: the peak's label line
+    out_dtypes: list[str]  # ops: the dtype of each output, parallel to out_shapes
+    function: str  # custom autograd.Function: "module.QualName"
+    shape: list[int]  # leaves only
+    dtype: str  # leaves only
+    requires_grad: bool  # leaves only
+    grad: bool  # leaves only: .grad was already set when inspected (backward adds into it)
+    planned: str  # only while Plan.render() draws: "checkpoint" / "offload"
+    memory_peak: str  # only while BackwardMemory.render() draws: the peak's label line
 
 
 class EdgeAttrs(TypedDict):
     """Attributes of an edge ``u -> v``: ``v`` consumed output ``output`` of ``u`` as its input ``index``."""
 
-    index: int                 # position in v's next_functions
-    output: int                # output number of u (a multi-output op such as split)
-    count: int                 # how many of v's inputs are this output
+    index: int  # position in v's next_functions
+    output: int  # output number of u (a multi-output op such as split)
+    count: int  # how many of v's inputs are this output
     outputs: NotRequired[list[int]]  # only when v consumes several outputs of u: each input's output number
 
 
@@ -114,23 +144,23 @@ class ParamInfo(TypedDict):
     requires_grad: bool
     shape: list[int]
     dtype: str
-    node: str | None           # the param node, None when the root does not reach it
+    node: str | None  # the param node, None when the root does not reach it
     storage: int | None
-    grad: bool                 # .grad was already set when inspected
-    pid: int                   # id() of the parameter tensor (matches checkpoint regions' parameters)
+    grad: bool  # .grad was already set when inspected
+    pid: int  # id() of the parameter tensor (matches checkpoint regions' parameters)
 
 
 class TraceEvent(TypedDict, total=False):
     """``graph.graph["events"][i]``: a cut or an in-place op recorded by ``trace()``."""
 
-    kind: str                  # "detach", ".data", "no_grad-region", "to-python", "non-differentiable-op", "inplace"
+    kind: str  # "detach", ".data", "no_grad-region", "to-python", "non-differentiable-op", "inplace"
     op: str
-    location: str | None       # "file.py:12 in forward"
-    params: list[str]          # parameters that fed the cut input
+    location: str | None  # "file.py:12 in forward"
+    params: list[str]  # parameters that fed the cut input
     module: str | None
-    seq: int                   # the sequence number current when the event was recorded
+    seq: int  # the sequence number current when the event was recorded
     shape: list[int] | None
-    version: int               # in-place: the tensor's version after the write
+    version: int  # in-place: the tensor's version after the write
 
 
 class GraphAttrs(TypedDict, total=False):
@@ -144,7 +174,9 @@ class GraphAttrs(TypedDict, total=False):
     events: list[TraceEvent]
     called_modules: list[str]
     events_dropped: int
-    checkpoint_params: dict[str, list[int]]   # traced: parameter -> sequence numbers of the reentrant checkpoint regions that used it
+    checkpoint_params: dict[
+        str, list[int]
+    ]  # traced: parameter -> sequence numbers of the reentrant checkpoint regions that used it
     root_storage_bytes: list[int | None]
     external: list[int]
     buffers: list[list]
@@ -167,7 +199,7 @@ def held_bytes(graph: nx.DiGraph, nodes: Iterable[str] | None = None) -> int:
     seen: set = set()
     total = 0
     attrs = graph.nodes
-    for data in (attrs.values() if nodes is None else (attrs[n] for n in nodes)):
+    for data in attrs.values() if nodes is None else (attrs[n] for n in nodes):
         for e in data["saved"]:
             if e["status"] not in HELD or e.get("scalar"):
                 continue
@@ -190,7 +222,7 @@ def forward_order(graph: nx.DiGraph) -> list[str]:
     """
     big = float("inf")
     ops = [(n, d.get("seq")) for n, d in graph.nodes(data=True) if d.get("kind") == OP]
-    ops.sort(key=lambda ns: big if ns[1] is None else ns[1])   # stable: ties stay in node order
+    ops.sort(key=lambda ns: big if ns[1] is None else ns[1])  # stable: ties stay in node order
     return [n for n, _ in ops]
 
 
@@ -210,10 +242,12 @@ def forward_order(graph: nx.DiGraph) -> list[str]:
 # This mimics the trace's sequence-range attribution (TORCH-FACTS section 5) without hooks;
 # tests/test_graph.py checks it against trace() on real models.
 
+
 def is_traced(graph: nx.DiGraph) -> bool:
     """True when module names on op nodes come from ``trace()``."""
     return CALLED_MODULES in graph.graph or any(
-        d.get("module") for _, d in graph.nodes(data=True) if d.get("kind") == OP)
+        d.get("module") for _, d in graph.nodes(data=True) if d.get("kind") == OP
+    )
 
 
 def param_storages(graph: nx.DiGraph) -> dict[int, set[str]]:
@@ -247,7 +281,7 @@ def _anchors(graph: nx.DiGraph, order: list[str]) -> dict[str, str]:
     nodes = graph.nodes
     pred = graph.pred
     by_storage = param_storages(graph)
-    via: dict[str, set] = {}       # leaf or parameter-only view (weight.t()) -> its modules
+    via: dict[str, set] = {}  # leaf or parameter-only view (weight.t()) -> its modules
     for nid, d in nodes(data=True):
         if d["kind"] == PARAM:
             via[nid] = {d["module"]} if d.get("module") else set()
@@ -269,11 +303,14 @@ def _anchors(graph: nx.DiGraph, order: list[str]) -> dict[str, str]:
     rank = {n: i for i, n in enumerate(order)}
     succ = graph.succ
     glued = {}
-    for nid in order:      # the views F.linear makes around its mm belong to the Linear
+    for nid in order:  # the views F.linear makes around its mm belong to the Linear
         if nid in out or nodes[nid]["name"] not in _VIEWS:
             continue
-        near = [m for m in (*pred[nid], *succ[nid])
-                if m in out and nodes[m]["name"] in _MATMULS and abs(rank[m] - rank[nid]) <= _GLUE]
+        near = [
+            m
+            for m in (*pred[nid], *succ[nid])
+            if m in out and nodes[m]["name"] in _MATMULS and abs(rank[m] - rank[nid]) <= _GLUE
+        ]
         if near:
             glued[nid] = out[min(near, key=lambda m: (abs(rank[m] - rank[nid]), -rank[m]))]
     out.update(glued)
@@ -329,10 +366,10 @@ class StorageUse:
 
     key: tuple
     nbytes: int
-    category: str          # "held" | "params" | "offloaded"
-    owner: str             # node id of the first node that saved it
-    device: str | None     # the device it was saved from (for offloaded: the device it left)
-    users: list[str] = field(default_factory=list)   # node ids that saved it, forward order
+    category: str  # "held" | "params" | "offloaded"
+    owner: str  # node id of the first node that saved it
+    device: str | None  # the device it was saved from (for offloaded: the device it left)
+    users: list[str] = field(default_factory=list)  # node ids that saved it, forward order
 
 
 def storage_uses(graph: nx.DiGraph, order: list[str] | None = None) -> list[StorageUse]:

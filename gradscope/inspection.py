@@ -40,7 +40,7 @@ def inspect(root, *, model=None, params=None, trace=None) -> Report:
     roots = flatten_roots(root)
     names = param_names(model, params)
     records = build(roots, names, model_buffers(model))
-    graph = CompactGraph(records)   # the DiGraph is built only when report.graph is first read
+    graph = CompactGraph(records)  # the DiGraph is built only when report.graph is first read
     if trace is not None:
         _annotate(trace, graph, model, names)
     special = [node_id(i) for i in records.special]
@@ -52,6 +52,5 @@ def _annotate(trace, graph, model, names) -> None:
 
     annotate = getattr(trace, "annotate", None)
     if annotate is None:
-        raise InputTypeError(
-            f"trace= must be the object returned by gradscope.trace(), got {type(trace).__name__}.")
+        raise InputTypeError(f"trace= must be the object returned by gradscope.trace(), got {type(trace).__name__}.")
     annotate(graph, model, names=names)

@@ -138,8 +138,10 @@ class Report:
         found = ", ".join(f"{n} {s}{'s' if n > 1 else ''}" for s, n in counts.items()) or "no findings"
         from gradscope._format import human_bytes
 
-        return (f"<gradscope.Report: {self._view().number_of_nodes()} nodes, "
-                f"{human_bytes(self.saved_bytes)} saved, {found}>")
+        return (
+            f"<gradscope.Report: {self._view().number_of_nodes()} nodes, "
+            f"{human_bytes(self.saved_bytes)} saved, {found}>"
+        )
 
     def __str__(self) -> str:
         return self.summary()

@@ -208,8 +208,9 @@ class _GPT(nn.Module):
         self.pos = nn.Parameter(torch.zeros(16, d))
         self.blocks = nn.ModuleList()
         for _ in range(layers):
-            self.blocks.append(nn.ModuleDict(dict(ln1=nn.LayerNorm(d), qkv=nn.Linear(d, 3 * d), proj=nn.Linear(d, d),
-                                                  ln2=nn.LayerNorm(d), fc=nn.Linear(d, 4 * d), out=nn.Linear(4 * d, d))))
+            self.blocks.append(nn.ModuleDict(dict(ln1=nn.LayerNorm(d), qkv=nn.Linear(d, 3 * d),
+                                                  proj=nn.Linear(d, d), ln2=nn.LayerNorm(d),
+                                                  fc=nn.Linear(d, 4 * d), out=nn.Linear(4 * d, d))))
         self.lnf = nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab, bias=False)
 

@@ -176,7 +176,7 @@ def shared_mlp(batch=256, device="cpu"):
 
 def mlp(batch=512, width=128, depth=4, device="cpu"):
     layers = []
-    for i in range(depth):
+    for _ in range(depth):
         layers += [nn.Linear(width, width), nn.ReLU()]
     with torch.device(device):
         model = nn.Sequential(*layers, nn.Linear(width, 10))

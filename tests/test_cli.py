@@ -18,8 +18,8 @@ from click.testing import CliRunner
 
 import gradscope
 from gradscope import demo
-from gradscope.cli.target import load
 from gradscope.cli.commands import main
+from gradscope.cli.target import load
 
 from .conftest import grads_none
 
@@ -395,8 +395,8 @@ def test_demo_under_trace_points_at_the_planted_lines():
     result = _run("check", "gradscope.demo:buggy")
     assert result.exit_code == 1
     lines = open(demo.__file__).read().splitlines()
-    detach = next(i for i, l in enumerate(lines, 1) if "BUG 1" in l)
-    clamp = next(i for i, l in enumerate(lines, 1) if "BUG 2" in l)
+    detach = next(i for i, line in enumerate(lines, 1) if "BUG 1" in line)
+    clamp = next(i for i, line in enumerate(lines, 1) if "BUG 2" in line)
     assert ".detach()" in lines[detach - 1] and ".clamp_(" in lines[clamp - 1]
     if not callable(getattr(gradscope, "trace", None)):
         pytest.skip("gradscope.trace() is not available")

@@ -507,7 +507,7 @@ def test_trace_never_changes_the_program_multi_output_view_of_modified_base():
         p[:, 1] = 0.5
     plain = (v1.detach().clone(), v1.data.clone(), v1.detach().numpy().copy())
     with pytest.raises(RuntimeError):   # torch's own truth: the view's grad_fn is refused
-        v1.grad_fn
+        _ = v1.grad_fn
     model = nn.ParameterList([p])
     with gradscope.trace(model) as tr:
         traced = (v1.detach().clone(), v1.data.clone(), v1.detach().numpy().copy())

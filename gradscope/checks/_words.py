@@ -52,8 +52,9 @@ def tensor_words(graph, nid: str, entry: dict) -> str:
             if p.get("storage") == sid:
                 return f"the parameter {name}"
         for other, od in graph.nodes(data=True):
-            if other != nid and any(e.get("storage") == sid and str(e["slot"]).startswith("result")
-                                    for e in od.get("saved", ())):
+            if other != nid and any(
+                e.get("storage") == sid and str(e["slot"]).startswith("result") for e in od.get("saved", ())
+            ):
                 return f"the output of {op_words(od['name'])}{_module(od)} ({other})"
     shape = list(entry.get("shape") or [])
     fits = []
@@ -76,13 +77,17 @@ def tensor_words(graph, nid: str, entry: dict) -> str:
 def fix_words(op: str, optimizer: bool = False) -> str:
     """The change to make at the write (starts lower-case, no final period)."""
     if optimizer:
-        return ("call backward() before optimizer.step() (the step writes the parameters in place), or do "
-                "not step between this forward and its backward")
+        return (
+            "call backward() before optimizer.step() (the step writes the parameters in place), or do "
+            "not step between this forward and its backward"
+        )
     if "inplace=True" in op:
         return f"pass inplace=False to {op.split('(')[0]}()"
     if "max_norm" in op:
-        return ("renormalize outside the graph: F.embedding(..., max_norm=...) rescales the weight rows in "
-                "place, so call it before any other use of the weight, or drop max_norm")
+        return (
+            "renormalize outside the graph: F.embedding(..., max_norm=...) rescales the weight rows in "
+            "place, so call it before any other use of the weight, or drop max_norm"
+        )
     if op in _NO_TWIN:
         return f"write {_NO_TWIN[op]} instead of {op}()"
     if op.startswith("__i") and op.endswith("__"):

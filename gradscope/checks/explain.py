@@ -29,32 +29,38 @@ def explain(report, param: str) -> str:
         if not params:
             raise UnknownParameterError(
                 f"{param!r} is not a known parameter: inspect() was called without model= or params=, "
-                "so parameters have no names. Pass model=your_model.")
+                "so parameters have no names. Pass model=your_model."
+            )
         close = difflib.get_close_matches(param, list(params), n=3)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
         raise UnknownParameterError(f"{param!r} is not a parameter of the inspected model.{hint}")
     if not info["requires_grad"]:
-        return (f"{param} is frozen (requires_grad=False): it gets no gradient on purpose, and gradscope "
-                "never flags it.")
+        return f"{param} is frozen (requires_grad=False): it gets no gradient on purpose, and gradscope never flags it."
     if info.get("node") is not None:
         return _reached(report, param, info["node"])
     inside = checkpointed(g)
     if inside is not None and param in inside:
         region = inside[param]
         if region is None:
-            return (f"{param} is used only inside a reentrant checkpoint region whose inputs do not require "
-                    "grad, so the region's output is cut from the graph and .grad stays None. Make an input "
-                    "of the region require grad, or use checkpoint(..., use_reentrant=False).")
-        return (f"{param} is used inside the reentrant checkpoint region {g.nodes[region]['name']} ({region}):"
-                " backward() re-runs the region and gives it a gradient (the walk alone cannot see it).")
+            return (
+                f"{param} is used only inside a reentrant checkpoint region whose inputs do not require "
+                "grad, so the region's output is cut from the graph and .grad stays None. Make an input "
+                "of the region require grad, or use checkpoint(..., use_reentrant=False)."
+            )
+        return (
+            f"{param} is used inside the reentrant checkpoint region {g.nodes[region]['name']} ({region}):"
+            " backward() re-runs the region and gives it a gradient (the walk alone cannot see it)."
+        )
     cut = cuts_by_param(g).get(param)
     if cut is not None:
         return _cut(g, param, cut)
     opaque = opaque_nodes(g) if inside is None else []
     if opaque:
-        return (f"{param} is not reachable by the walk, but it may be used inside the reentrant checkpoint "
-                f"region {g.nodes[opaque[0]]['name']} ({opaque[0]}); check .grad after backward(), or record "
-                "the forward with gradscope.trace() to know.")
+        return (
+            f"{param} is not reachable by the walk, but it may be used inside the reentrant checkpoint "
+            f"region {g.nodes[opaque[0]]['name']} ({opaque[0]}); check .grad after backward(), or record "
+            "the forward with gradscope.trace() to know."
+        )
     return _unused(g, param)
 
 
@@ -65,13 +71,14 @@ def _reached(report, param: str, nid: str) -> str:
     more = f" and {len(users) - 4} more" if len(users) > 4 else ""
     modules = sorted({g.nodes[u]["module"] for u in users if g.nodes[u].get("module")})
     through = f" through {', '.join(modules)}" if modules else ""
-    text = (f"{param} is reached from the root{through}: it feeds {ops}{more}, so backward() gives it a "
-            "gradient.")
+    text = f"{param} is reached from the root{through}: it feeds {ops}{more}, so backward() gives it a gradient."
     blockers = [f for f in report.findings if f.kind == "inplace-hazard"]
     if blockers:
         where = f" by {blockers[0].location}" if blockers[0].location else ""
-        text += (f" But backward() will raise first: {len(blockers)} in-place hazard(s), the first at "
-                 f"{blockers[0].node}{where}.")
+        text += (
+            f" But backward() will raise first: {len(blockers)} in-place hazard(s), the first at "
+            f"{blockers[0].node}{where}."
+        )
     return text
 
 
@@ -80,8 +87,10 @@ def _cut(g, param: str, ev: dict) -> str:
     params = g.graph[PARAMS]
     others = [p for p in ev.get("params", ()) if p != param and params.get(p, {}).get("node") is None]
     also = f" The same cut also drops {_list(others)}." if others else ""
-    return (f"{param} gets no gradient (.grad stays None): its branch was {describe_cut(ev)}"
-            f"{inside}, so no path from the root reaches it.{also} {_FIX_CUT}")
+    return (
+        f"{param} gets no gradient (.grad stays None): its branch was {describe_cut(ev)}"
+        f"{inside}, so no path from the root reaches it.{also} {_FIX_CUT}"
+    )
 
 
 def _unused(g, param: str) -> str:
@@ -90,12 +99,15 @@ def _unused(g, param: str) -> str:
     fix = "Use it in forward(), or freeze it (requires_grad_(False)) if it is not meant to train."
     if called is not None and module is not None:
         if module not in called:
-            return (f"{param} gets no gradient (.grad stays None): its module {module} was never called in "
-                    f"the forward pass. {fix}")
-        return (f"{param} gets no gradient (.grad stays None): its module {module} ran in the forward pass, "
-                f"but nothing it computed reaches the root (its output was dropped or overwritten). {fix}")
-    hint = ("" if called is not None
-            else " Record the forward with gradscope.trace() to learn where it was lost.")
+            return (
+                f"{param} gets no gradient (.grad stays None): its module {module} was never called in "
+                f"the forward pass. {fix}"
+            )
+        return (
+            f"{param} gets no gradient (.grad stays None): its module {module} ran in the forward pass, "
+            f"but nothing it computed reaches the root (its output was dropped or overwritten). {fix}"
+        )
+    hint = "" if called is not None else " Record the forward with gradscope.trace() to learn where it was lost."
     return f"{param} is not reachable from the root: its .grad will stay None. {fix}{hint}"
 
 

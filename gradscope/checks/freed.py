@@ -23,11 +23,13 @@ def check(graph, nodes=None) -> Iterator[Finding]:
     first = graph.nodes[freed[0]]
     where = f" in {first['module']}" if first.get("module") else ""
     yield Finding(
-        "freed-graph", "error",
+        "freed-graph",
+        "error",
         f"{len(freed)} node(s) of this graph (first: {op_words(first['name'])}{where}, {freed[0]}) had their "
         "saved tensors freed by an earlier backward(): backward() through it raises 'Trying to backward "
         "through the graph a second time'. If a tensor from the previous step is carried into this one "
         "(an RNN hidden state, a running total, a graph built once in __init__), .detach() it at the step "
         "boundary (or rebuild it every step); only if you really need two backward passes through one "
         "graph, pass retain_graph=True to the first.",
-        node=freed[0])
+        node=freed[0],
+    )

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from gradscope.checks._nodes import node_items
+from gradscope.checks._words import fix_words, op_words, tensor_words
 from gradscope.findings import Finding
 from gradscope.graph import EVENTS
-from gradscope.checks._words import fix_words, op_words, tensor_words
 
 __all__ = ["check", "stale_savers"]
 
@@ -44,15 +44,23 @@ def check(graph, nodes=None) -> Iterator[Finding]:
         loc = event["location"] if event else None
         fix = fix_words(event["op"], bool(event.get("optimizer"))) if event else fix_words("")
         view = e["saved_version"] is None
-        said = ("'... is a view and its base ... has been modified inplace'" if view
-                else "'modified by an inplace operation'")
+        said = (
+            "'... is a view and its base ... has been modified inplace'"
+            if view
+            else "'modified by an inplace operation'"
+        )
+        writer_fixes = event and (event.get("optimizer") or "max_norm" in event["op"])
+        clone = "" if writer_fixes else _CLONE
         yield Finding(
-            "inplace-hazard", "error",
+            "inplace-hazard",
+            "error",
             f"{op_words(data['name'])}{_in(data)} ({nid}) saved {what} (shape {tuple(e['shape'])}, "
             f"{e['dtype']}) for backward at {'an earlier version' if view else 'version ' + str(e['saved_version'])}"
             f", but it was modified in place{where} and is now at version {e['version']}: backward() will "
-            f"raise {said}.{also} To fix, {fix}{_CLONE if not event or not (event.get('optimizer') or 'max_norm' in event['op']) else ''}.",
-            node=nid, location=loc)
+            f"raise {said}.{also} To fix, {fix}{clone}.",
+            node=nid,
+            location=loc,
+        )
 
 
 def _in_reentrant_checkpoint(graph, events) -> Iterator[Finding]:
@@ -61,26 +69,35 @@ def _in_reentrant_checkpoint(graph, events) -> Iterator[Finding]:
     See NOTE [in-place inside reentrant checkpoint] in tracing/modes.py: the trace names the op that made
     the written tensor, and that op saves its own output when the region is re-run with grad enabled.
     """
-    regions = sorted(((d.get("seq") or 0, n) for n, d in graph.nodes(data=True)
-                      if (d.get("function") or "").endswith(".CheckpointFunction")), reverse=True)
+    regions = sorted(
+        (
+            (d.get("seq") or 0, n)
+            for n, d in graph.nodes(data=True)
+            if (d.get("function") or "").endswith(".CheckpointFunction")
+        ),
+        reverse=True,
+    )
     for ev in events:
         producer = ev.get("producer")
         if not producer or not regions:
             continue
         node = next((n for seq, n in regions if seq == ev.get("region")), None)
-        if node is None:    # the region is not in this graph: its inputs need no grad
+        if node is None:  # the region is not in this graph: its inputs need no grad
             continue
         op = ev["op"]
         fix = fix_words(op)
         inside = f" (in {ev['module']})" if ev.get("module") else ""
         yield Finding(
-            "inplace-hazard", "error",
+            "inplace-hazard",
+            "error",
             f"{op} at {ev.get('location') or 'an unknown location'} writes in place the output of "
             f"{producer}() inside a reentrant checkpoint region{inside}. backward() re-runs that region with "
             f"grad enabled; {producer} then saves its output for its own gradient, the write changes it, "
             f"and backward() raises 'modified by an inplace operation'. To fix, {fix} or write "
             "checkpoint(..., use_reentrant=False).",
-            node=node, location=ev.get("location"))
+            node=node,
+            location=ev.get("location"),
+        )
 
 
 _SAVES_RESULT_INPLACE = frozenset({"sigmoid_", "tanh_", "exp_", "relu_", "sqrt_", "rsqrt_", "exp2_"})
@@ -97,23 +114,33 @@ def _hidden_by_slice(graph, events) -> Iterator[Finding]:
         if not (first.get("view") and first["op"] in _SAVES_RESULT_INPLACE and first.get("seq") is not None):
             continue
         made = [s for s in copies if s is not None and first["seq"] - 3 <= s < first["seq"]]
-        if not made:    # the CopySlices made by this very write (and its SigmoidBackward inside it)
+        if not made:  # the CopySlices made by this very write (and its SigmoidBackward inside it)
             continue
         nid = copies[max(made)]
-        later = next((e for e in events[i + 1:] if e.get("storage") == first.get("storage")
-                      and (e.get("version") or 0) > (first.get("version") or 0)
-                      and (last is None or e.get("seq") is None or e["seq"] <= last + 1)), None)
+        later = next(
+            (
+                e
+                for e in events[i + 1 :]
+                if e.get("storage") == first.get("storage")
+                and (e.get("version") or 0) > (first.get("version") or 0)
+                and (last is None or e.get("seq") is None or e["seq"] <= last + 1)
+            ),
+            None,
+        )
         if later is None:
             continue
         op = first["op"]
         yield Finding(
-            "inplace-hazard", "error",
+            "inplace-hazard",
+            "error",
             f"{op} at {first.get('location') or 'an unknown location'} wrote a slice in place and saved its "
             f"result for backward (hidden inside CopySlices, {nid}); then {later['op']} at "
             f"{later.get('location') or 'an unknown location'} wrote the same tensor again, so that saved "
             "result is stale: backward() will raise 'modified by an inplace operation'. To fix, compute the "
             f"slice out of place (x[:, :k] = x[:, :k].{op[:-1]}() or torch.cat), or {fix_words(later['op'])}.",
-            node=nid, location=later.get("location"))
+            node=nid,
+            location=later.get("location"),
+        )
 
 
 def stale_savers(graph, nid) -> list[str]:
@@ -121,8 +148,11 @@ def stale_savers(graph, nid) -> list[str]:
     keys = {e["storage"] for e in graph.nodes[nid]["saved"] if e["status"] == "stale"} - {None}
     if not keys:
         return [nid]
-    others = [n for n, d in graph.nodes(data=True) if n != nid
-              and any(e["status"] == "stale" and e["storage"] in keys for e in d["saved"])]
+    others = [
+        n
+        for n, d in graph.nodes(data=True)
+        if n != nid and any(e["status"] == "stale" and e["storage"] in keys for e in d["saved"])
+    ]
     return [nid, *others]
 
 
@@ -148,7 +178,7 @@ def _matching_event(events, data, slot):
     other: list[dict] = []
     for ev in events:
         if seq is not None and ev.get("seq") is not None and ev["seq"] <= seq:
-            continue    # event seq is the next number after the write: the node must be older
+            continue  # event seq is the next number after the write: the node must be older
         v = ev.get("version")
         if v is not None and saved_v is not None and now_v is not None and not saved_v < v <= now_v:
             continue

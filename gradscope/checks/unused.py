@@ -28,12 +28,14 @@ _CUT_WORDS = {
     "no_grad": "computed under torch.no_grad()/inference_mode",
     "to-python": "turned into a Python value (.item()/.tolist()/.numpy())",
     "non-differentiable": "passed through an op without a gradient (a comparison, argmax, or a cast to an "
-                          "integer/boolean type)",
+    "integer/boolean type)",
 }
-_COPY_OPS = {"tensor": "copied by torch.tensor(), which makes a new leaf without the graph (use the tensor "
-                       "itself, or .clone() to copy it)",
-             "as_tensor": "copied by torch.as_tensor(), which drops the graph",
-             "asarray": "copied by torch.asarray(), which drops the graph"}
+_COPY_OPS = {
+    "tensor": "copied by torch.tensor(), which makes a new leaf without the graph (use the tensor "
+    "itself, or .clone() to copy it)",
+    "as_tensor": "copied by torch.as_tensor(), which drops the graph",
+    "asarray": "copied by torch.asarray(), which drops the graph",
+}
 # When several recorded events fed the same parameters, the one that severed the path is the strongest
 # kind: a comparison or .item() next to a real .detach() is usually a logged value or a mask.
 _RANK = {"detach": 0, ".data": 0, "no_grad": 1, "non-differentiable": 2, "to-python": 3}
@@ -41,8 +43,11 @@ _RANK = {"detach": 0, ".data": 0, "no_grad": 1, "non-differentiable": 2, "to-pyt
 
 def opaque_nodes(graph, nodes=None) -> list[str]:
     """Node ids of the regions that can hide parameters: reentrant checkpoints (NOTE above)."""
-    return [n for n, d in node_items(graph, nodes)
-            if d["kind"] == "op" and (d.get("function") or "").endswith("CheckpointFunction")]
+    return [
+        n
+        for n, d in node_items(graph, nodes)
+        if d["kind"] == "op" and (d.get("function") or "").endswith("CheckpointFunction")
+    ]
 
 
 def check(graph, nodes=None) -> Iterator[Finding]:
@@ -59,7 +64,7 @@ def check(graph, nodes=None) -> Iterator[Finding]:
             yield _dead_region(dead_region)
     cuts = cuts_by_param(graph)
     called = graph.graph.get(CALLED_MODULES)
-    by_cut: dict = {}   # one finding per cut: every parameter it drops
+    by_cut: dict = {}  # one finding per cut: every parameter it drops
     plain: list[str] = []
     for name in missing:
         ev = cuts.get(name)
@@ -82,7 +87,7 @@ def check(graph, nodes=None) -> Iterator[Finding]:
 def describe_cut(ev: dict) -> str:
     """``"cut by .detach() at model.py:42"``: what a trace event did and where (op named when it adds)."""
     words = _COPY_OPS.get(ev["op"]) or _CUT_WORDS.get(ev["kind"], ev["kind"])
-    op = f" ({ev['op']})" if ev["op"] not in words else ""   # "cut by .detach()", not "... (detach)"
+    op = f" ({ev['op']})" if ev["op"] not in words else ""  # "cut by .detach()", not "... (detach)"
     where = f"at {ev['location']}" if ev.get("location") else "at an unknown location"
     return f"{words}{op} {where}"
 
@@ -95,23 +100,32 @@ def _subject(names, module=None) -> str:
 
 def _detached(ev, names) -> Finding:
     them = "it" if len(names) == 1 else "them"
-    return Finding("detached-branch", "error",
-                   f"{_subject(names)} {'gets' if len(names) == 1 else 'get'} no gradient: the branch was "
-                   f"{describe_cut(ev)}. Remove the cut, or freeze {them} (requires_grad_(False)) if that "
-                   "is intended.", params=tuple(names), location=ev["location"])
+    return Finding(
+        "detached-branch",
+        "error",
+        f"{_subject(names)} {'gets' if len(names) == 1 else 'get'} no gradient: the branch was "
+        f"{describe_cut(ev)}. Remove the cut, or freeze {them} (requires_grad_(False)) if that "
+        "is intended.",
+        params=tuple(names),
+        location=ev["location"],
+    )
 
 
 def _unused(module, names, never_called) -> Finding:
     subject = _subject(names, module)
     if never_called:
-        text = (f"{subject} will get no gradient (.grad stays None): module {module} was never called in the "
-                "forward pass. Call it in forward(), or freeze it (requires_grad_(False)); if it is skipped "
-                "only on some steps, pass find_unused_parameters=True to DDP.")
+        text = (
+            f"{subject} will get no gradient (.grad stays None): module {module} was never called in the "
+            "forward pass. Call it in forward(), or freeze it (requires_grad_(False)); if it is skipped "
+            "only on some steps, pass find_unused_parameters=True to DDP."
+        )
     else:
         where = f"module {module} ran in the forward pass" if module else "they were used in the forward pass"
-        text = (f"{subject} will get no gradient (.grad stays None): {where}, but nothing computed from "
-                "them reaches the root (the result was dropped or overwritten). Use that result in the "
-                "loss, or freeze them (requires_grad_(False)) if they are not meant to train.")
+        text = (
+            f"{subject} will get no gradient (.grad stays None): {where}, but nothing computed from "
+            "them reaches the root (the result was dropped or overwritten). Use that result in the "
+            "loss, or freeze them (requires_grad_(False)) if they are not meant to train."
+        )
     return Finding("unused-parameter", "error", text, params=tuple(names))
 
 
@@ -124,27 +138,35 @@ def _untraced(names, hidden, graph) -> Finding:
         of = f" of {', '.join(modules[:4])}{' and more' if len(modules) > 4 else ''}"
     if hidden:
         return Finding(
-            "unused-parameter", "warning",
+            "unused-parameter",
+            "warning",
             f"{subject}{of}: no path from the root reaches them, but they may be used inside "
             f"{len(hidden)} reentrant checkpoint region(s) (first: {graph.nodes[hidden[0]]['name']}, "
             f"{hidden[0]}), whose parameters only backward() sees. Check whether .grad is None after "
             "backward(), or record the forward with gradscope.trace() to know for sure.",
-            params=tuple(names))
+            params=tuple(names),
+        )
     return Finding(
-        "unused-parameter", "error",
+        "unused-parameter",
+        "error",
         f"{subject}{of} will get no gradient (.grad stays None): no path from the root reaches them. "
         "Record the forward with gradscope.trace() to learn where the path was lost (a .detach(), a "
         "no_grad block, a module never called), or freeze them (requires_grad_(False)) if they are not "
-        "meant to train.", params=tuple(names))
+        "meant to train.",
+        params=tuple(names),
+    )
 
 
 def _dead_region(names) -> Finding:
     return Finding(
-        "unused-parameter", "error",
+        "unused-parameter",
+        "error",
         f"{_subject(names)} {'is' if len(names) == 1 else 'are'} used only inside a reentrant checkpoint "
         "region whose inputs do not require grad: torch warns 'None of the inputs have requires_grad=True. "
         "Gradients will be None', and the region's output is cut from the graph. Make an input of the "
-        "region require grad, or use checkpoint(..., use_reentrant=False).", params=tuple(names))
+        "region require grad, or use checkpoint(..., use_reentrant=False).",
+        params=tuple(names),
+    )
 
 
 def _group(names: list[str]):
@@ -159,8 +181,11 @@ def checkpointed(graph) -> dict | None:
     used = graph.graph.get("checkpoint_params")
     if used is None:
         return None
-    regions = {d.get("seq"): n for n, d in graph.nodes(data=True)
-               if d["kind"] == "op" and (d.get("function") or "").endswith("CheckpointFunction")}
+    regions = {
+        d.get("seq"): n
+        for n, d in graph.nodes(data=True)
+        if d["kind"] == "op" and (d.get("function") or "").endswith("CheckpointFunction")
+    }
     return {name: next((regions[s] for s in seqs if s in regions), None) for name, seqs in used.items()}
 
 

@@ -38,7 +38,7 @@ def _report(target: str, use_trace: bool):
 
     t0 = time.perf_counter()
     try:
-        with contextlib.redirect_stdout(sys.stderr):   # the target's prints must not mix with our output
+        with contextlib.redirect_stdout(sys.stderr):  # the target's prints must not mix with our output
             loaded = load(target, use_trace=use_trace)
             t1 = time.perf_counter()
             report = inspect(loaded.loss, model=loaded.model, trace=loaded.trace)
@@ -46,8 +46,7 @@ def _report(target: str, use_trace: bool):
         raise UserError(str(exc)) from None
     t2 = time.perf_counter()
     n = report.graph.number_of_nodes()
-    _status(f"inspected {n:,} nodes: {_counts(report)} (import + forward {_secs(t1 - t0)}, "
-            f"inspect {_secs(t2 - t1)})")
+    _status(f"inspected {n:,} nodes: {_counts(report)} (import + forward {_secs(t1 - t0)}, inspect {_secs(t2 - t1)})")
     return report
 
 
@@ -71,26 +70,32 @@ def _output_path(output: str, fmt: str | None) -> str:
         fmt = fmt.lower().lstrip(".")
         if fmt not in FORMATS:
             raise UserError(f"Unknown --format {fmt!r}; use one of {', '.join(FORMATS)}.")
-        if suffix not in FORMATS:       # no suffix, or one that is not a format (run.v2): add one
+        if suffix not in FORMATS:  # no suffix, or one that is not a format (run.v2): add one
             output = f"{output}.{fmt}"
         elif suffix != fmt:
-            raise UserError(f"-o {output!r} ends in .{suffix} but --format is {fmt!r}; "
-                            f"make them agree (e.g. -o {root}.{fmt}).")
+            raise UserError(
+                f"-o {output!r} ends in .{suffix} but --format is {fmt!r}; make them agree (e.g. -o {root}.{fmt})."
+            )
     elif suffix not in FORMATS:
         shown = f".{suffix}" if suffix else "no suffix"
-        raise UserError(f"Cannot tell the format of -o {output!r} ({shown}); end it in one of "
-                        f"{', '.join('.' + f for f in FORMATS)} or pass --format.")
+        raise UserError(
+            f"Cannot tell the format of -o {output!r} ({shown}); end it in one of "
+            f"{', '.join('.' + f for f in FORMATS)} or pass --format."
+        )
     folder = os.path.dirname(os.path.abspath(output))
     if not os.path.isdir(folder):
         raise UserError(f"Cannot write {output!r}: the folder {folder!r} does not exist; create it first.")
     if os.path.isdir(output):
-        raise UserError(f"Cannot write {output!r}: it is a folder; give a file name such as "
-                        f"{os.path.join(output, 'graph.svg')!r}.")
+        raise UserError(
+            f"Cannot write {output!r}: it is a folder; give a file name such as {os.path.join(output, 'graph.svg')!r}."
+        )
     fmt = os.path.splitext(output)[1].lstrip(".").lower()
     if fmt in _NEEDS_DOT and shutil.which("dot") is None:
-        raise UserError(f"Cannot write .{fmt}: the Graphviz 'dot' program is not on PATH; install Graphviz "
-                        "('apt-get install graphviz', 'brew install graphviz' or 'conda install graphviz'), or "
-                        "write a .dot, .json or .graphml file, which needs no Graphviz.")
+        raise UserError(
+            f"Cannot write .{fmt}: the Graphviz 'dot' program is not on PATH; install Graphviz "
+            "('apt-get install graphviz', 'brew install graphviz' or 'conda install graphviz'), or "
+            "write a .dot, .json or .graphml file, which needs no Graphviz."
+        )
     return output
 
 
@@ -129,15 +134,19 @@ def _render(report, output: str, kwargs: dict) -> None:
     fmt = os.path.splitext(output)[1].lstrip(".").lower()
     t0 = time.perf_counter()
     try:
-        with _ticker(fmt in _NEEDS_DOT, f"laying out {n:,} nodes with Graphviz dot"), \
-                warnings.catch_warnings(record=True) as caught:
+        with (
+            _ticker(fmt in _NEEDS_DOT, f"laying out {n:,} nodes with Graphviz dot"),
+            warnings.catch_warnings(record=True) as caught,
+        ):
             warnings.simplefilter("always", RenderWarning)
             report.render(output, **kwargs)
         for w in caught:
             _status(f"warning: {w.message}")
         if "collapse" not in kwargs and fmt in _NEEDS_DOT + ("dot",) and _boxed(output, fmt, n):
-            _status("collapsed automatically to fit a page (repeated blocks folded, modules boxed, findings "
-                    "kept open); pass --expand to draw every node or --collapse N to keep modules to depth N")
+            _status(
+                "collapsed automatically to fit a page (repeated blocks folded, modules boxed, findings "
+                "kept open); pass --expand to draw every node or --collapse N to keep modules to depth N"
+            )
     except GradscopeError as exc:
         raise UserError(str(exc)) from None
     except OSError as exc:
@@ -184,25 +193,54 @@ def _ticker(active: bool, what: str, every: float = 5.0, first: float = 2.0):
 
 
 _RENDER_OPTIONS = [
-    click.option("-o", "--output", default=None, metavar="PATH",
-                 help="File to write; the format comes from the suffix (.svg .png .pdf .html .dot .json "
-                      ".graphml)."),
-    click.option("-f", "--format", "fmt", default=None, metavar="F",
-                 help=f"Output format when -o has no suffix: {', '.join(FORMATS)}."),
-    click.option("--collapse", type=click.IntRange(min=0), default=None, metavar="N",
-                 help="Box every module deeper than N (default: the drawing that fits a page: repeated "
-                      "blocks folded, modules boxed to the depth that fits, findings kept open)."),
+    click.option(
+        "-o",
+        "--output",
+        default=None,
+        metavar="PATH",
+        help="File to write; the format comes from the suffix (.svg .png .pdf .html .dot .json .graphml).",
+    ),
+    click.option(
+        "-f",
+        "--format",
+        "fmt",
+        default=None,
+        metavar="F",
+        help=f"Output format when -o has no suffix: {', '.join(FORMATS)}.",
+    ),
+    click.option(
+        "--collapse",
+        type=click.IntRange(min=0),
+        default=None,
+        metavar="N",
+        help="Box every module deeper than N (default: the drawing that fits a page: repeated "
+        "blocks folded, modules boxed to the depth that fits, findings kept open).",
+    ),
     click.option("--expand", is_flag=True, help="Draw every node: nothing folded or boxed."),
-    click.option("--show-saved/--no-show-saved", default=None,
-                 help="Show each op's saved tensors (shape, dtype, bytes)."),
+    click.option(
+        "--show-saved/--no-show-saved", default=None, help="Show each op's saved tensors (shape, dtype, bytes)."
+    ),
     click.option("--legend/--no-legend", default=None, help="Add a legend box to the picture."),
-    click.option("--rankdir", type=click.Choice(["TB", "LR"], case_sensitive=False), default=None,
-                 help="Layout direction: TB (top to bottom) or LR (left to right); default: what fits."),
-    click.option("--size", default=None, metavar="W,H",
-                 help="Largest picture size in inches, e.g. 8,10 (a bigger drawing is scaled down)."),
+    click.option(
+        "--rankdir",
+        type=click.Choice(["TB", "LR"], case_sensitive=False),
+        default=None,
+        help="Layout direction: TB (top to bottom) or LR (left to right); default: what fits.",
+    ),
+    click.option(
+        "--size",
+        default=None,
+        metavar="W,H",
+        help="Largest picture size in inches, e.g. 8,10 (a bigger drawing is scaled down).",
+    ),
     click.option("--dpi", type=click.FloatRange(min=1), default=None, help="Dots per inch of .png output."),
-    click.option("--max-pixels", type=click.IntRange(min=0), default=None, metavar="N",
-                 help="Scale a .png down to N pixels on its longer side (default 8000; 0: no cap)."),
+    click.option(
+        "--max-pixels",
+        type=click.IntRange(min=0),
+        default=None,
+        metavar="N",
+        help="Scale a .png down to N pixels on its longer side (default 8000; 0: no cap).",
+    ),
 ]
 
 
@@ -261,8 +299,13 @@ def render(target, output, fmt, collapse, expand, show_saved, legend, rankdir, s
 @main.command(short_help="Print TARGET's findings; exit 1 on an error (CI gate).")
 @click.argument("target")
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as a JSON list instead of text.")
-@click.option("--fail-on", type=click.Choice(["error", "warning", "info"]), default="error",
-              show_default=True, help="Lowest severity that makes the exit code 1.")
+@click.option(
+    "--fail-on",
+    type=click.Choice(["error", "warning", "info"]),
+    default="error",
+    show_default=True,
+    help="Lowest severity that makes the exit code 1.",
+)
 @_TRACE_OPTION
 def check(target, as_json, fail_on, use_trace):
     """Print TARGET's findings; exit 1 when one is an error (a CI gate), else 0.
@@ -299,13 +342,16 @@ def demo(output, fmt, collapse, expand, show_saved, legend, rankdir, size, dpi, 
       gradscope demo -o demo.html      # interactive page
     """
     output = _output_path(output or f"demo.{(fmt or 'svg').lower().lstrip('.')}", fmt)
-    kwargs = _render_kwargs(collapse, expand, show_saved, True if legend is None else legend,
-                            (rankdir, size, dpi, max_pixels))
+    kwargs = _render_kwargs(
+        collapse, expand, show_saved, True if legend is None else legend, (rankdir, size, dpi, max_pixels)
+    )
     report = _report("gradscope.demo:buggy", use_trace)
     _render(report, output, kwargs)
     click.echo(report.summary())
-    click.echo(f"\nThe graph is in {output}. The fix is in gradscope/demo.py (TwoHeadClassifier, fixed=True); "
-               "`gradscope check gradscope.demo:fixed` exits 0.")
+    click.echo(
+        f"\nThe graph is in {output}. The fix is in gradscope/demo.py (TwoHeadClassifier, fixed=True); "
+        "`gradscope check gradscope.demo:fixed` exits 0."
+    )
 
 
 def _register_diff() -> None:

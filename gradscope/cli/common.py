@@ -18,6 +18,10 @@ def status(msg: str) -> None:
     click.echo(f"gradscope: {msg}", err=True)
 
 
-TRACE_OPTION = click.option("--trace/--no-trace", "use_trace", default=True, show_default=True,
-                            help="Record the forward pass with gradscope.trace() (module names, source "
-                                 "lines of cuts) when available.")
+TRACE_OPTION = click.option(
+    "--trace/--no-trace",
+    "use_trace",
+    default=True,
+    show_default=True,
+    help="Record the forward pass with gradscope.trace() (module names, source lines of cuts) when available.",
+)

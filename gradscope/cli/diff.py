@@ -15,10 +15,18 @@ __all__ = ["diff_cmd"]
 @click.command("diff")
 @click.argument("before")
 @click.argument("after")
-@click.option("--by", type=click.Choice(["module", "op"]), default=None,
-              help="Also print both memory tables, grouped by module or op kind.")
-@click.option("--depth", type=click.IntRange(min=1), default=None,
-              help="Merge submodules into their first N name components (2: blocks.3.attn -> blocks.3).")
+@click.option(
+    "--by",
+    type=click.Choice(["module", "op"]),
+    default=None,
+    help="Also print both memory tables, grouped by module or op kind.",
+)
+@click.option(
+    "--depth",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Merge submodules into their first N name components (2: blocks.3.attn -> blocks.3).",
+)
 @click.option("--exit-code", is_flag=True, help="Exit 1 when the reports differ (like git diff --exit-code).")
 def diff_cmd(before: str, after: str, by: str | None, depth: int | None, exit_code: bool) -> None:
     """Compare two reports written by `gradscope render ... -o x.json` or `report.render("x.json")`.
@@ -49,7 +57,7 @@ def _load(load, path: str):
     """Load one report; a user mistake ends the command with one line on stderr and exit code 2."""
     try:
         report = load(path)
-        report.memory()          # a JSON that is node-link data but not a gradscope report fails here
+        report.memory()  # a JSON that is node-link data but not a gradscope report fails here
         return report
     except GradscopeError as exc:
         message = str(exc)
@@ -58,7 +66,9 @@ def _load(load, path: str):
     except OSError as exc:
         message = f"cannot read {path!r} ({exc.strerror or exc}); pass a readable report file."
     except (KeyError, TypeError, ValueError, AttributeError, nx.NetworkXError) as exc:
-        message = (f"{path!r} is not a gradscope report ({type(exc).__name__}: {exc}); pass a file written "
-                   "by report.render('x.json').")
+        message = (
+            f"{path!r} is not a gradscope report ({type(exc).__name__}: {exc}); pass a file written "
+            "by report.render('x.json')."
+        )
     click.echo(f"gradscope diff: {message}", err=True)
     sys.exit(2)

@@ -23,9 +23,14 @@ from gradscope.errors import GradscopeError, InputValueError
 __all__ = ["memory_cmd", "OPTIMIZERS", "make_optimizer"]
 
 #: ``--optimizer`` names -> (class name in torch.optim, keyword arguments).
-OPTIMIZERS = {"sgd": ("SGD", {"lr": 0.01}), "sgd-momentum": ("SGD", {"lr": 0.01, "momentum": 0.9}),
-              "adam": ("Adam", {}), "adamw": ("AdamW", {}), "rmsprop": ("RMSprop", {}),
-              "adagrad": ("Adagrad", {})}
+OPTIMIZERS = {
+    "sgd": ("SGD", {"lr": 0.01}),
+    "sgd-momentum": ("SGD", {"lr": 0.01, "momentum": 0.9}),
+    "adam": ("Adam", {}),
+    "adamw": ("AdamW", {}),
+    "rmsprop": ("RMSprop", {}),
+    "adagrad": ("Adagrad", {}),
+}
 
 
 def make_optimizer(name: str, model):
@@ -56,10 +61,19 @@ def _options(fn):
 
 @click.command("memory", short_help="Predict TARGET's backward and optimizer-step memory; exit 1 over --budget.")
 @click.argument("target")
-@click.option("--optimizer", "opt_name", type=click.Choice(sorted(OPTIMIZERS), case_sensitive=False), default=None,
-              help="Add optimizer.step() to the budget (state created on the first step, then kept).")
-@click.option("--budget", default=None, metavar="SIZE",
-              help="Exit 1 when the predicted absolute peak exceeds SIZE (e.g. 16GiB, '16 GB', 512MiB).")
+@click.option(
+    "--optimizer",
+    "opt_name",
+    type=click.Choice(sorted(OPTIMIZERS), case_sensitive=False),
+    default=None,
+    help="Add optimizer.step() to the budget (state created on the first step, then kept).",
+)
+@click.option(
+    "--budget",
+    default=None,
+    metavar="SIZE",
+    help="Exit 1 when the predicted absolute peak exceeds SIZE (e.g. 16GiB, '16 GB', 512MiB).",
+)
 @click.option("--svg", "svg", default=None, metavar="PATH", help="Write the memory-over-backward curve to PATH.")
 @TRACE_OPTION
 @_options
@@ -72,9 +86,9 @@ def memory_cmd(target, opt_name, budget, svg, use_trace, want_plan=False):
       gradscope memory train.py:make_loss --optimizer adamw --budget 16GiB   # exit 1 when it won't fit
       gradscope memory train.py:make_loss --svg curve.svg
     """
+    from gradscope._format import human_bytes
     from gradscope.cli.target import load
     from gradscope.inspection import inspect
-    from gradscope._format import human_bytes
 
     limit = None
     try:
@@ -82,7 +96,7 @@ def memory_cmd(target, opt_name, budget, svg, use_trace, want_plan=False):
             from gradscope.memory.plan import parse_budget
 
             limit = parse_budget(budget)
-        with contextlib.redirect_stdout(sys.stderr):   # the target's prints must not mix with our output
+        with contextlib.redirect_stdout(sys.stderr):  # the target's prints must not mix with our output
             loaded = load(target, use_trace=use_trace)
         report = inspect(loaded.loss, model=loaded.model, trace=loaded.trace)
         opt = make_optimizer(opt_name.lower(), loaded.model) if opt_name else None
@@ -108,7 +122,9 @@ def memory_cmd(target, opt_name, budget, svg, use_trace, want_plan=False):
     if limit is not None:
         over = bm.absolute_peak > limit
         verdict = "does NOT fit" if over else "fits"
-        click.echo(f"\nbudget {human_bytes(limit)}: the step {verdict} (predicted absolute peak "
-                   f"{human_bytes(bm.absolute_peak)}).")
+        click.echo(
+            f"\nbudget {human_bytes(limit)}: the step {verdict} (predicted absolute peak "
+            f"{human_bytes(bm.absolute_peak)})."
+        )
         if over:
             sys.exit(1)

@@ -12,8 +12,11 @@ import click
 __all__ = ["print_plan", "PLAN_OPTION"]
 
 PLAN_OPTION = click.option(
-    "--plan", "want_plan", is_flag=True,
-    help="With --budget: print the cheapest modules to checkpoint so that the step fits; exit 1 when none does.")
+    "--plan",
+    "want_plan",
+    is_flag=True,
+    help="With --budget: print the cheapest modules to checkpoint so that the step fits; exit 1 when none does.",
+)
 
 
 def print_plan(report, budget, optimizer=None, *, svg: str | None = None, echo=click.echo) -> int:
@@ -26,9 +29,10 @@ def print_plan(report, budget, optimizer=None, *, svg: str | None = None, echo=c
     plan = report.plan(budget=budget, optimizer=optimizer)
     echo(str(plan))
     try:
-        mb = report.max_batch(budget=budget, optimizer=optimizer, checkpoint=plan.checkpoint or None,
-                              offload=plan.offload or None)
-    except ValueError:      # no activation shows the batch size: say nothing about batches
+        mb = report.max_batch(
+            budget=budget, optimizer=optimizer, checkpoint=plan.checkpoint or None, offload=plan.offload or None
+        )
+    except ValueError:  # no activation shows the batch size: say nothing about batches
         mb = None
     if mb is not None:
         with_plan = " with the plan" if plan.checkpoint or plan.offload else ""

@@ -68,9 +68,8 @@ def load(target: str, *, use_trace: bool = True) -> Loaded:
 
 def inspect_target(target: str, *, use_trace: bool = True):
     """Load ``target`` and return ``gradscope.inspect`` of its loss (see :func:`load`)."""
-    from gradscope.inspection import inspect
-
     from gradscope.errors import GradscopeError
+    from gradscope.inspection import inspect
 
     loaded = load(target, use_trace=use_trace)
     try:
@@ -78,9 +77,10 @@ def inspect_target(target: str, *, use_trace: bool = True):
     except GradscopeError:
         raise
     except Exception as exc:  # noqa: BLE001 - a graph gradscope cannot read (an exotic tensor type):
-        raise TargetError(     # one line for the CLI, never a traceback
+        raise TargetError(  # one line for the CLI, never a traceback
             f"gradscope could not read the graph behind {target}'s loss ({_exc_line(exc)}). backward() "
-            "may still work: this is a gradscope limitation, please report it with this message.") from None
+            "may still work: this is a gradscope limitation, please report it with this message."
+        ) from None
 
 
 # -- importing -----------------------------------------------------------------------------------
@@ -124,8 +124,10 @@ def _import_module(name: str):
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
         if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
-            raise TargetError(f"No module named {exc.name!r} (importing {name!r}); check the spelling, "
-                              "install the package, or run from the folder that holds it.") from None
+            raise TargetError(
+                f"No module named {exc.name!r} (importing {name!r}); check the spelling, "
+                "install the package, or run from the folder that holds it."
+            ) from None
         _raise_import_error(name, exc)
     except BaseException as exc:  # noqa: BLE001 - any error of the user's module becomes one clear line
         _raise_import_error(name, exc)
@@ -153,14 +155,19 @@ def _lookup(module, attr: str, target: str):
     if not callable(obj):
         kind = type(obj).__name__
         article = "an" if kind[0] in "aeiou" else "a"
-        raise TargetError(f"{target} is {article} {kind}, not a function; TARGET must name a "
-                          "function that takes no arguments and returns a loss or (loss, model).")
+        raise TargetError(
+            f"{target} is {article} {kind}, not a function; TARGET must name a "
+            "function that takes no arguments and returns a loss or (loss, model)."
+        )
     return obj
 
 
 def _functions(module) -> list[str]:
-    out = [n for n, v in vars(module).items()
-           if not n.startswith("_") and _pyinspect.isfunction(v) and v.__module__ == module.__name__]
+    out = [
+        n
+        for n, v in vars(module).items()
+        if not n.startswith("_") and _pyinspect.isfunction(v) and v.__module__ == module.__name__
+    ]
     return out[:10]
 
 
@@ -172,8 +179,10 @@ def _check_signature(fn, target: str) -> None:
     try:
         sig.bind()
     except TypeError:
-        raise TargetError(f"{target} takes arguments {sig}; TARGET must name a function that takes none "
-                          f"(wrap it: def main(): return {fn.__name__}(...)).") from None
+        raise TargetError(
+            f"{target} takes arguments {sig}; TARGET must name a function that takes none "
+            f"(wrap it: def main(): return {fn.__name__}(...))."
+        ) from None
 
 
 def _call(fn, target: str, use_trace: bool):
@@ -198,12 +207,13 @@ def _unpack(out, target: str):
     if isinstance(out, (tuple, list)) and len(out) == 2 and isinstance(out[1], torch.nn.Module):
         return out[0], out[1]
     try:
-        text = " ".join(repr(out).split())    # one line, even for a multi-line repr
+        text = " ".join(repr(out).split())  # one line, even for a multi-line repr
     except Exception:  # noqa: BLE001 - a user object whose __repr__ raises
         text = "<unprintable>"
     text = text if len(text) <= 60 else text[:57] + "..."
-    raise TargetError(f"{target} returned {type(out).__name__} {text}; it must return the loss tensor "
-                      "or a (loss, model) tuple.")
+    raise TargetError(
+        f"{target} returned {type(out).__name__} {text}; it must return the loss tensor or a (loss, model) tuple."
+    )
 
 
 # -- one-line messages ---------------------------------------------------------------------------

@@ -24,8 +24,7 @@ from __future__ import annotations
 from gradscope.graph import HELD, StorageUse, forward_order, storage_uses
 from gradscope.graph import node_modules as _node_modules
 
-__all__ = ["NO_MODULE", "HELD", "StorageUse", "seq_order", "storage_uses", "node_modules", "node_bytes",
-           "module_bytes"]
+__all__ = ["NO_MODULE", "HELD", "StorageUse", "seq_order", "storage_uses", "node_modules", "node_bytes", "module_bytes"]
 
 #: The group name of op nodes that no module can be found for.
 NO_MODULE = "(no module)"

@@ -186,10 +186,12 @@ def module_nodes(report, patterns) -> set:
 
 def batch_scale(k: float, batch: int):
     """A ``scale`` override: tensors whose leading dimension is ``batch`` grow by ``k``."""
+
     def scale(shape, dtype, nbytes):
         if shape and int(shape[0]) == batch:
             return int(round(nbytes * k))
         return nbytes
+
     return scale
 
 
@@ -199,11 +201,13 @@ def _check_graph(report) -> None:
         raise InputValueError(
             "backward_memory() needs a graph that backward() has not freed yet: its saved tensors are gone. "
             "Call gradscope.inspect(loss) before loss.backward(), or keep the graph with "
-            "backward(retain_graph=True).")
+            "backward(retain_graph=True)."
+        )
 
 
-def replay(report, overrides: Overrides | None = None, *, optimizer=None, retain_graph: bool = False,
-           workspace: bool = True) -> BackwardMemory:
+def replay(
+    report, overrides: Overrides | None = None, *, optimizer=None, retain_graph: bool = False, workspace: bool = True
+) -> BackwardMemory:
     """Replay backward (and the optimizer step) over ``report``'s graph with ``overrides`` applied.
 
     See the module docstring for the fields; raises :class:`InputTypeError` for an optimizer that is not a
@@ -219,7 +223,8 @@ def replay(report, overrides: Overrides | None = None, *, optimizer=None, retain
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise InputTypeError(
                 f"optimizer= must be a torch.optim.Optimizer (e.g. torch.optim.AdamW(model.parameters())), "
-                f"got {type(optimizer).__name__}.")
+                f"got {type(optimizer).__name__}."
+            )
     ov = overrides or Overrides()
     prog = program(report)
     graph = report.graph
@@ -238,8 +243,15 @@ def replay(report, overrides: Overrides | None = None, *, optimizer=None, retain
             w = node_workspace(prog, i, grad_scale)
             if w:
                 ws[i] = w
-    tr: Trace = simulate(prog, retain_graph=retain_graph, has_grad=has_grad, storage_bytes=sizes,
-                         grad_scale=grad_scale, workspace=ws.get if ws else None, drop=drop)
+    tr: Trace = simulate(
+        prog,
+        retain_graph=retain_graph,
+        has_grad=has_grad,
+        storage_bytes=sizes,
+        grad_scale=grad_scale,
+        workspace=ws.get if ws else None,
+        drop=drop,
+    )
     parts = _base(prog, graph, sizes, drop, has_grad, ov.scale)
     step = None
     high = tr.peak
@@ -254,9 +266,18 @@ def replay(report, overrides: Overrides | None = None, *, optimizer=None, retain
         loc = prog.attrs[prog.index[nid]].get("location")
         if loc:
             locs[nid] = loc
+
     def contributors() -> dict:
-        snap = simulate(prog, retain_graph=retain_graph, has_grad=has_grad, storage_bytes=sizes, grad_scale=grad_scale,
-                        workspace=ws.get if ws else None, drop=drop, snapshot_at=tr.peak_at)
+        snap = simulate(
+            prog,
+            retain_graph=retain_graph,
+            has_grad=has_grad,
+            storage_bytes=sizes,
+            grad_scale=grad_scale,
+            workspace=ws.get if ws else None,
+            drop=drop,
+            snapshot_at=tr.peak_at,
+        )
         return _by_module(prog, snap.snapshot or {}, snap.origin, sizes, drop)
 
     import weakref
@@ -266,12 +287,23 @@ def replay(report, overrides: Overrides | None = None, *, optimizer=None, retain
     except TypeError:
         ref = None
     return BackwardMemory(
-        _contributors=contributors, _report=ref,
-        order=[ids[v] for v in tr.order], levels=list(tr.levels), peak=tr.peak,
-        peak_node=None if tr.peak_at is None else ids[tr.peak_at], end=tr.end, base=base,
-        absolute_peak=base + max(high, 0), step=step, modules=[prog.module[v] for v in tr.order],
-        inner=list(tr.inner), workspace={ids[v]: w for v, w in ws.items()},
-        names=[prog.name[v] for v in tr.order], locations=locs, parts=parts)
+        _contributors=contributors,
+        _report=ref,
+        order=[ids[v] for v in tr.order],
+        levels=list(tr.levels),
+        peak=tr.peak,
+        peak_node=None if tr.peak_at is None else ids[tr.peak_at],
+        end=tr.end,
+        base=base,
+        absolute_peak=base + max(high, 0),
+        step=step,
+        modules=[prog.module[v] for v in tr.order],
+        inner=list(tr.inner),
+        workspace={ids[v]: w for v, w in ws.items()},
+        names=[prog.name[v] for v in tr.order],
+        locations=locs,
+        parts=parts,
+    )
 
 
 def backward_memory(report, retain_graph: bool = False, optimizer=None) -> BackwardMemory:
@@ -279,7 +311,7 @@ def backward_memory(report, retain_graph: bool = False, optimizer=None) -> Backw
     import gc
 
     enabled = gc.isenabled()
-    gc.disable()   # the replay allocates many small objects; generational passes would dominate its time
+    gc.disable()  # the replay allocates many small objects; generational passes would dominate its time
     try:
         return replay(report, None, optimizer=optimizer, retain_graph=retain_graph)
     finally:
@@ -299,6 +331,7 @@ def _sizes(prog: Program, scale):
     def grad_scale(u, k, nbytes):
         sh = shapes[u][k] if k < len(shapes[u]) else None
         return int(scale(sh or [], "float32", nbytes)) if sh is not None else nbytes
+
     return sizes, grad_scale
 
 
@@ -323,7 +356,7 @@ def _base(prog: Program, graph, sizes: dict, drop, has_grad: dict, scale) -> dic
     params = graph.graph.get("params", {})
     seen = set()
     p_bytes = g_bytes = 0
-    for name, p in params.items():
+    for _name, p in params.items():
         nbytes = numel_bytes(p.get("shape"), p.get("dtype"))
         sid = p.get("storage")
         if sid is None or sid not in seen:
@@ -333,7 +366,7 @@ def _base(prog: Program, graph, sizes: dict, drop, has_grad: dict, scale) -> dic
     leaf_names = {prog.attrs[i].get("name"): i for i, leaf in enumerate(prog.leaf) if leaf}
     for name, p in params.items():
         i = leaf_names.get(name)
-        if (has_grad.get(i) if i is not None else p.get("grad")):
+        if has_grad.get(i) if i is not None else p.get("grad"):
             g_bytes += numel_bytes(p.get("shape"), p.get("dtype"))
     param_keys = {("s", p["storage"]) for p in params.values() if p.get("storage") is not None}
     act = 0
@@ -349,11 +382,19 @@ def _base(prog: Program, graph, sizes: dict, drop, has_grad: dict, scale) -> dic
             if has_grad.get(i):
                 g_bytes += nbytes
     shapes, stored = graph.graph.get("root_shapes", ()), graph.graph.get("root_storage_bytes") or ()
-    loss = sum(stored[i] if i < len(stored) and stored[i] is not None else numel_bytes(s, "float32")
-               for i, s in enumerate(shapes))      # the loss's storage: MSE's scalar views its whole buffer
+    loss = sum(
+        stored[i] if i < len(stored) and stored[i] is not None else numel_bytes(s, "float32")
+        for i, s in enumerate(shapes)
+    )  # the loss's storage: MSE's scalar views its whole buffer
     buffers = sum(n for sid, n in graph.graph.get("buffers", ()) if sid is None or ("s", sid) not in sizes)
-    return {"parameters": p_bytes, "buffers": buffers, "gradients": g_bytes,
-            "saved activations and inputs": act, "leaf inputs": inputs, "loss": loss}
+    return {
+        "parameters": p_bytes,
+        "buffers": buffers,
+        "gradients": g_bytes,
+        "saved activations and inputs": act,
+        "leaf inputs": inputs,
+        "loss": loss,
+    }
 
 
 def _by_module(prog: Program, snapshot: dict, origin: dict, sizes: dict, drop) -> list:

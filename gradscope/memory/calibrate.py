@@ -32,8 +32,9 @@ def _conv(ts, a, needs, batch):
     w = _t(ts["weight"], 1 in needs)
     bias_n = (a.get("bias_sym_sizes_opt") or [0])[0]
     b = torch.randn(bias_n, requires_grad=2 in needs) if bias_n else None
-    out = torch.convolution(x, w, b, a["stride"], a["padding"], a["dilation"], a["transposed"],
-                            a["output_padding"], a["groups"])
+    out = torch.convolution(
+        x, w, b, a["stride"], a["padding"], a["dilation"], a["transposed"], a["output_padding"], a["groups"]
+    )
     return out, [t for t in (x, w, b) if t is not None and t.requires_grad]
 
 
@@ -58,8 +59,21 @@ def _rnn(ts, a, needs, batch):
     x = _t(ts["input"], 0 in needs)
     ws = [_t(ts[f"weight{i}"], (i + 1) in needs) for i in range(4)]
     hx, cx = _t(ts["hx_"]), _t(ts["cx_"])
-    out = torch.mkldnn_rnn_layer(x, *ws, hx, cx, a["reverse"], a["batch_sizes"], a["mode"], a["hidden_size"],
-                                 a["num_layers"], a["has_biases"], a["bidirectional"], a["batch_first"], a["train"])[0]
+    out = torch.mkldnn_rnn_layer(
+        x,
+        *ws,
+        hx,
+        cx,
+        a["reverse"],
+        a["batch_sizes"],
+        a["mode"],
+        a["hidden_size"],
+        a["num_layers"],
+        a["has_biases"],
+        a["bidirectional"],
+        a["batch_first"],
+        a["train"],
+    )[0]
     # batch_first: the layer runs time-major and its output goes back through transpose(0, 1), so its
     # gradient arrives batch-major
     return out, [t for t in (x, *ws) if t.requires_grad], "batch_major" if a.get("grad_batch_major") else None
@@ -81,13 +95,15 @@ def _sdpa(ts, a, needs, batch):
     # [B, T, H, D]-contiguous tensor too. Otherwise (nn.MultiheadAttention) plain tensors.
     if not a.get("heads_transposed", True):
         q, k, v = (_t(ts[n], i in needs, batch) for i, n in enumerate(("query", "key", "value")))
-        out = torch._scaled_dot_product_flash_attention_for_cpu(q, k, v, a.get("dropout_p", 0.0),
-                                                                bool(a.get("is_causal")), scale=a.get("scale"))[0]
+        out = torch._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, a.get("dropout_p", 0.0), bool(a.get("is_causal")), scale=a.get("scale")
+        )[0]
         return out, [t for t in (q, k, v) if t.requires_grad]
     leaves = [_bthd(ts[n], i in needs, batch) for i, n in enumerate(("query", "key", "value"))]
     q, k, v = (t.transpose(1, 2) for t in leaves)
-    out = torch._scaled_dot_product_flash_attention_for_cpu(q, k, v, a.get("dropout_p", 0.0), bool(a.get("is_causal")),
-                                                            scale=a.get("scale"))[0]
+    out = torch._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, a.get("dropout_p", 0.0), bool(a.get("is_causal")), scale=a.get("scale")
+    )[0]
     return out, [t for t in leaves if t.requires_grad], "bthd"
 
 
@@ -99,7 +115,7 @@ def _embedding(ts, a, needs, batch):
 
 def _mul(ts, a, needs, batch):
     if "self" not in ts or "other" not in ts or ts["self"][0] == ts["other"][0]:
-        return None          # no broadcast: the formula makes only its outputs
+        return None  # no broadcast: the formula makes only its outputs
     n = len(ts["grad"][0])
     x = _t(ts["self"], 0 in needs, batch if len(ts["self"][0]) == n else None)
     y = _t(ts["other"], 1 in needs, batch if len(ts["other"][0]) == n else None)
@@ -111,10 +127,16 @@ def _pow(ts, a, needs, batch):
     return x.pow(a["exponent"]), [x]
 
 
-BUILDERS = {"ConvolutionBackward0": _conv, "NativeLayerNormBackward0": _layer_norm,
-            "NativeBatchNormBackward0": _batch_norm, "MkldnnRnnLayerBackward0": _rnn,
-            "ScaledDotProductFlashAttentionForCpuBackward0": _sdpa, "EmbeddingBackward0": _embedding,
-            "MulBackward0": _mul, "PowBackward0": _pow}
+BUILDERS = {
+    "ConvolutionBackward0": _conv,
+    "NativeLayerNormBackward0": _layer_norm,
+    "NativeBatchNormBackward0": _batch_norm,
+    "MkldnnRnnLayerBackward0": _rnn,
+    "ScaledDotProductFlashAttentionForCpuBackward0": _sdpa,
+    "EmbeddingBackward0": _embedding,
+    "MulBackward0": _mul,
+    "PowBackward0": _pow,
+}
 
 
 def _nbytes(t) -> int:
@@ -130,7 +152,7 @@ def _once(name, tensors, attrs, needs, batch) -> int | None:
             return None
         out, leaves = built[0], built[1]
         layout = built[2] if len(built) > 2 else None
-        if layout == "bthd":   # the gradient in the [B, T, H, D] layout
+        if layout == "bthd":  # the gradient in the [B, T, H, D] layout
             grad = torch.randn(out.shape[0], out.shape[2], out.shape[1], out.shape[3]).transpose(1, 2)
         elif layout == "batch_major":
             grad = torch.randn(out.shape[1], out.shape[0], *out.shape[2:]).transpose(0, 1)
@@ -168,7 +190,7 @@ def measure_workspace(name, tensors, attrs, needs, dtype, limit) -> int | None:
     if needs is None:
         needs = [0, 1, 2, 3, 4]
     if profiler_enabled():
-        return None            # a profiler is running (the user's): measure another time
+        return None  # a profiler is running (the user's): measure another time
     total = sum(_nbytes_of(s) for s in tensors.values())
     try:
         if total <= limit and all(dt in _FLOATS or not str(dt).startswith("float") for _, dt in tensors.values()):
@@ -184,7 +206,7 @@ def measure_workspace(name, tensors, attrs, needs, dtype, limit) -> int | None:
         return None
 
 
-_FLOATS = {"float32", "float64", "bfloat16", "float16"}   # gradscope dtype strings (graph attributes)
+_FLOATS = {"float32", "float64", "bfloat16", "float16"}  # gradscope dtype strings (graph attributes)
 
 
 def _nbytes_of(spec) -> int:

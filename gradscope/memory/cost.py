@@ -22,13 +22,35 @@ from math import prod
 
 __all__ = ["node_flops", "forward_flops"]
 
-_FREE = frozenset({
-    "ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0", "TBackward0", "TransposeBackward0",
-    "TransposeBackward1", "PermuteBackward0", "ExpandBackward0", "SqueezeBackward0", "SqueezeBackward1",
-    "SqueezeBackward2", "UnsqueezeBackward0", "SelectBackward0", "SliceBackward0", "SplitBackward0",
-    "SplitWithSizesBackward0", "UnbindBackward0", "AliasBackward0", "AsStridedBackward0", "CloneBackward0",
-    "ToCopyBackward0", "NarrowBackward0", "ChunkBackward0", "DetachBackward0", "UnfoldBackward0",
-})
+_FREE = frozenset(
+    {
+        "ViewBackward0",
+        "UnsafeViewBackward0",
+        "ReshapeAliasBackward0",
+        "TBackward0",
+        "TransposeBackward0",
+        "TransposeBackward1",
+        "PermuteBackward0",
+        "ExpandBackward0",
+        "SqueezeBackward0",
+        "SqueezeBackward1",
+        "SqueezeBackward2",
+        "UnsqueezeBackward0",
+        "SelectBackward0",
+        "SliceBackward0",
+        "SplitBackward0",
+        "SplitWithSizesBackward0",
+        "UnbindBackward0",
+        "AliasBackward0",
+        "AsStridedBackward0",
+        "CloneBackward0",
+        "ToCopyBackward0",
+        "NarrowBackward0",
+        "ChunkBackward0",
+        "DetachBackward0",
+        "UnfoldBackward0",
+    }
+)
 
 
 def _saved(data) -> dict[str, list]:

@@ -83,10 +83,10 @@ def _edge_list(pred_v: dict, index: dict) -> tuple[list, list]:
 
 def compile_graph(graph) -> Program:
     """Flatten ``report.graph`` for the replay (see :class:`Program`)."""
+    from gradscope.graph import HELD
     from gradscope.memory.attribution import node_modules
     from gradscope.memory.holders import external_storages
     from gradscope.memory.regions import recorded_regions
-    from gradscope.graph import HELD
 
     ids = list(graph.nodes)
     index = {n: i for i, n in enumerate(ids)}
@@ -151,8 +151,29 @@ def compile_graph(graph) -> Program:
         d = nodes[ids[r]]
         dts = d.get("out_dtypes") or []
         root_bytes.append(numel_bytes(shape, dts[0] if dts else _node_dtype(d)))
-    return Program(ids, index, name, seq, leaf, edges, gbytes, gshapes, saved, storages, shapes, external,
-                   has_grad, roots, root_bytes, module, attrs, regions, recompute, opaque, needs)
+    return Program(
+        ids,
+        index,
+        name,
+        seq,
+        leaf,
+        edges,
+        gbytes,
+        gshapes,
+        saved,
+        storages,
+        shapes,
+        external,
+        has_grad,
+        roots,
+        root_bytes,
+        module,
+        attrs,
+        regions,
+        recompute,
+        opaque,
+        needs,
+    )
 
 
 def _node_dtype(d: dict) -> str:
@@ -169,7 +190,7 @@ class _Heap:
 
     def __init__(self, key) -> None:
         self.a: list = []
-        self.key = key   # node index -> (reentrant depth, sequence number)
+        self.key = key  # node index -> (reentrant depth, sequence number)
 
     def __len__(self) -> int:
         return len(self.a)
@@ -239,7 +260,7 @@ def engine_order(prog: Program, run=None) -> list[int]:
     order = []
     if len(prog.roots) == 1:
         heap.push(prog.roots[0])
-    else:   # a GraphRoot node sends each seed: roots become ready in root order, once each
+    else:  # a GraphRoot node sends each seed: roots become ready in root order, once each
         for r in dict.fromkeys(prog.roots):
             if deps[r] == 0:
                 heap.push(r)

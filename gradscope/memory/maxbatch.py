@@ -31,15 +31,18 @@ class MaxBatch:
     def __str__(self) -> str:
         b = human_bytes
         if not self.fits:
-            return (f"no batch fits {b(self.budget)}: a batch of 1 needs {b(self.peak)}")
-        return (f"largest batch that fits {b(self.budget)}: {self.batch} (traced: {self.batch_size}), predicted "
-                f"peak {b(self.peak)}; each sample adds {b(self.per_sample)}")
+            return f"no batch fits {b(self.budget)}: a batch of 1 needs {b(self.peak)}"
+        return (
+            f"largest batch that fits {b(self.budget)}: {self.batch} (traced: {self.batch_size}), predicted "
+            f"peak {b(self.peak)}; each sample adds {b(self.per_sample)}"
+        )
 
     __repr__ = __str__
 
 
-def max_batch(report, budget, optimizer=None, *, checkpoint=None, offload=None, batch_size=None,
-              margin: float = 0.02) -> MaxBatch:
+def max_batch(
+    report, budget, optimizer=None, *, checkpoint=None, offload=None, batch_size=None, margin: float = 0.02
+) -> MaxBatch:
     """The largest integer batch whose predicted peak fits ``budget`` less ``margin`` (the prediction's
     tolerance, as in :func:`plan`), with the given changes applied.
 
@@ -53,8 +56,10 @@ def max_batch(report, budget, optimizer=None, *, checkpoint=None, offload=None, 
     one = what_if(report, checkpoint, offload, 1.0, optimizer, batch_size)
     b0 = one.batch_size
     if not b0:
-        raise InputValueError("max_batch() found no activation whose shape shows the batch size; "
-                              "pass batch_size= (the batch of the traced forward).")
+        raise InputValueError(
+            "max_batch() found no activation whose shape shows the batch size; "
+            "pass batch_size= (the batch of the traced forward)."
+        )
 
     def at(n):
         return what_if(report, checkpoint, offload, n / b0, optimizer, b0)
@@ -68,6 +73,7 @@ def max_batch(report, budget, optimizer=None, *, checkpoint=None, offload=None, 
         if n not in cache:
             cache[n] = at(n)
         return cache[n].peak
+
     while n > 1 and peak(n) > limit:
         n -= 1
     while peak(n + 1) <= limit:

@@ -37,11 +37,14 @@ def _flash(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sc
     """The CPU flash kernel on meta tensors when CPU would pick it (no mask, same heads), else None."""
     if query.device.type != "meta" or attn_mask is not None or enable_gqa or query.dim() != 4:
         return None
-    if key.shape[1] != query.shape[1] or query.dtype not in (torch.float32, torch.float64, torch.bfloat16,
-                                                             torch.float16):
+    if key.shape[1] != query.shape[1] or query.dtype not in (
+        torch.float32,
+        torch.float64,
+        torch.bfloat16,
+        torch.float16,
+    ):
         return None
-    return torch._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal,
-                                                             scale=scale)[0]
+    return torch._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal, scale=scale)[0]
 
 
 @contextlib.contextmanager

@@ -24,8 +24,18 @@ from gradscope.memory.engine import numel_bytes
 
 __all__ = ["StepBudget", "step_budget"]
 
-_STATE = {"RMSprop": 1, "Adagrad": 1, "Adamax": 2, "NAdam": 2, "RAdam": 2, "Adadelta": 2, "Rprop": 2,
-          "ASGD": 2, "SparseAdam": 2, "LBFGS": 0}
+_STATE = {
+    "RMSprop": 1,
+    "Adagrad": 1,
+    "Adamax": 2,
+    "NAdam": 2,
+    "RAdam": 2,
+    "Adadelta": 2,
+    "Rprop": 2,
+    "ASGD": 2,
+    "SparseAdam": 2,
+    "LBFGS": 0,
+}
 
 
 @dataclass
@@ -34,12 +44,12 @@ class StepBudget:
     level at which it starts."""
 
     name: str
-    params: int           # parameters it updates
-    state_before: int     # optimizer state of earlier steps
-    state_new: int        # state created by this step (kept)
-    peak: int             # highest level during the step, relative to its start
-    end: int              # level after the step (= state_new)
-    implementation: str   # "single-tensor" | "foreach" | "estimate"
+    params: int  # parameters it updates
+    state_before: int  # optimizer state of earlier steps
+    state_new: int  # state created by this step (kept)
+    peak: int  # highest level during the step, relative to its start
+    end: int  # level after the step (= state_new)
+    implementation: str  # "single-tensor" | "foreach" | "estimate"
 
 
 def _nbytes(p) -> int:
@@ -77,9 +87,10 @@ def step_budget(opt, graph=None, *, has_grad_names=(), after: int = 0) -> StepBu
         count += len(params)
         sizes = [_nbytes(p) for p in params]
         fresh = [len(opt.state.get(p, {})) == 0 for p in params]
-        foreach = bool(group.get("foreach")) or (group.get("foreach") is None and params
-                                                   and params[0].device.type not in ("cpu", "meta"))
-        if isinstance(opt, torch.optim.Adam):         # AdamW subclasses Adam
+        foreach = bool(group.get("foreach")) or (
+            group.get("foreach") is None and params and params[0].device.type not in ("cpu", "meta")
+        )
+        if isinstance(opt, torch.optim.Adam):  # AdamW subclasses Adam
             impl = "foreach" if foreach else "single-tensor"
             per = 3 if group.get("amsgrad") else 2
             for n, f in zip(sizes, fresh):
@@ -130,7 +141,7 @@ def _reached(graph) -> set:
     for p in graph.graph.get("params", {}).values():
         if p.get("node") is not None and p.get("requires_grad") and p.get("pid") is not None:
             out.add(p["pid"])
-    for _, d in graph.nodes(data=True):   # parameters inside a reentrant checkpoint get grads too
+    for _, d in graph.nodes(data=True):  # parameters inside a reentrant checkpoint get grads too
         for entry in (d.get("attrs") or {}).get("region_params") or ():
             if len(entry) > 3:
                 out.add(entry[3])

@@ -24,13 +24,14 @@ from dataclasses import dataclass
 
 from gradscope._format import human_bytes
 from gradscope.errors import InputValueError
+from gradscope.memory.attribution import storage_uses
 from gradscope.memory.maxbatch import MaxBatch, max_batch
 from gradscope.memory.plancode import parse_budget, plan_code, span_names
-from gradscope.memory.attribution import storage_uses
 from gradscope.memory.select import module_regions, region_inputs, require_modules
 from gradscope.memory.whatif import WhatIf, context, in_forward_order, step_device, what_if
 
 __all__ = ["Plan", "MaxBatch", "plan", "max_batch", "parse_budget", "plan_code", "span_names"]
+
 
 @dataclass
 class Plan:
@@ -68,18 +69,24 @@ class Plan:
 
     def __str__(self) -> str:
         b = human_bytes
-        head = (f"budget {b(self.budget)} on {self.device}: predicted peak {b(self.before)} "
-                f"{'fits as is' if not (self.checkpoint or self.offload) and self.fits else ''}").rstrip()
+        head = (
+            f"budget {b(self.budget)} on {self.device}: predicted peak {b(self.before)} "
+            f"{'fits as is' if not (self.checkpoint or self.offload) and self.fits else ''}"
+        ).rstrip()
         lines = [head]
         if self.checkpoint:
             lines.append(f"  checkpoint: {span_names(self.checkpoint)}")
         if self.offload:
             lines.append(f"  offload:    {span_names(self.offload)}")
         if self.checkpoint or self.offload:
-            lines.append(f"  predicted peak {b(self.before)} -> {b(self.peak)} "
-                         f"({'fits' if self.fits else 'still over the budget'})")
-            lines.append(f"  recompute: +{self.recompute_share:.0%} forward FLOPs "
-                         f"({self.recompute_flops / 1e9:.3g} GFLOP, estimated from shapes)")
+            lines.append(
+                f"  predicted peak {b(self.before)} -> {b(self.peak)} "
+                f"({'fits' if self.fits else 'still over the budget'})"
+            )
+            lines.append(
+                f"  recompute: +{self.recompute_share:.0%} forward FLOPs "
+                f"({self.recompute_flops / 1e9:.3g} GFLOP, estimated from shapes)"
+            )
         if self.message:
             lines.append("  " + self.message)
         if self.code and self.fits:
@@ -87,8 +94,10 @@ class Plan:
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        return (f"<gradscope.Plan {'fits' if self.fits else 'does not fit'} {human_bytes(self.budget)}: "
-                f"checkpoint {len(self.checkpoint)}, offload {len(self.offload)}, peak {human_bytes(self.peak)}>")
+        return (
+            f"<gradscope.Plan {'fits' if self.fits else 'does not fit'} {human_bytes(self.budget)}: "
+            f"checkpoint {len(self.checkpoint)}, offload {len(self.offload)}, peak {human_bytes(self.peak)}>"
+        )
 
     def render(self, report, path, **kwargs):
         """``report.render(path)`` with the planned modules' op nodes marked (``plan: checkpoint`` /
@@ -96,8 +105,12 @@ class Plan:
         from gradscope.memory.select import module_regions
 
         graph = report.graph
-        marked = [(n, what) for what, names in (("checkpoint", self.checkpoint), ("offload", self.offload))
-                  for _, nodes in module_regions(graph, names) for n in nodes]
+        marked = [
+            (n, what)
+            for what, names in (("checkpoint", self.checkpoint), ("offload", self.offload))
+            for _, nodes in module_regions(graph, names)
+            for n in nodes
+        ]
         for n, what in marked:
             graph.nodes[n]["planned"] = what
         try:
@@ -133,8 +146,9 @@ def _candidates(report, names: list[str]) -> list[tuple[float, str, int, int]]:
         keep = set()
         for _, nodes in regions:
             keep |= region_inputs(graph, nodes)[0]
-        bought = sum(u.nbytes for u in uses if u.key not in keep and u.key not in external
-                     and all(n in inside for n in u.users))
+        bought = sum(
+            u.nbytes for u in uses if u.key not in keep and u.key not in external and all(n in inside for n in u.users)
+        )
         cost = sum(flops.get(n, 0) for n in inside)
         if bought > 0:
             out.append((cost / bought, name, bought, cost))
@@ -146,8 +160,9 @@ def _nested(a: str, b: str) -> bool:
     return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
 
-def plan(report, budget, optimizer=None, *, batch: float = 1.0, offload="auto", batch_size=None,
-         margin: float = 0.02) -> Plan:
+def plan(
+    report, budget, optimizer=None, *, batch: float = 1.0, offload="auto", batch_size=None, margin: float = 0.02
+) -> Plan:
     """The cheapest set of modules to checkpoint (and, off the CPU, offload) so that the step fits ``budget``.
 
     Args:
@@ -194,10 +209,9 @@ def plan(report, budget, optimizer=None, *, batch: float = 1.0, offload="auto", 
     best = base
     if base.peak > target and floor <= target:
         cands = _candidates(report, names)
-        runs = [cands] + [[c for c in cands if c[1].count(".") == d]
-                          for d in sorted({c[1].count(".") for c in cands})]
+        runs = [cands] + [[c for c in cands if c[1].count(".") == d] for d in sorted({c[1].count(".") for c in cands})]
         results = []
-        bound = None      # the least recompute of a fitting plan so far: a pass that spends more stops
+        bound = None  # the least recompute of a fitting plan so far: a pass that spends more stops
         for run in runs:
             if run:
                 results.append(_greedy(run, peak_of, base, target, can_offload, bound))
@@ -212,10 +226,22 @@ def plan(report, budget, optimizer=None, *, batch: float = 1.0, offload="auto", 
     fits = best.peak <= limit
     message = "" if fits else _not_fit(best, limit, floor, bool(chosen or off))
     chosen, off = in_forward_order(report, chosen), in_forward_order(report, off)
-    return Plan(budget=limit, checkpoint=chosen, offload=off, peak=best.peak, before=base.peak, fits=fits,
-                recompute_flops=best.recompute_flops, forward_flops=best.forward_flops, floor=floor,
-                code=plan_code(chosen, off), result=best, seconds=time.perf_counter() - t0, message=message,
-                device=device)
+    return Plan(
+        budget=limit,
+        checkpoint=chosen,
+        offload=off,
+        peak=best.peak,
+        before=base.peak,
+        fits=fits,
+        recompute_flops=best.recompute_flops,
+        forward_flops=best.forward_flops,
+        floor=floor,
+        code=plan_code(chosen, off),
+        result=best,
+        seconds=time.perf_counter() - t0,
+        message=message,
+        device=device,
+    )
 
 
 def _greedy(cands, peak_of, base: WhatIf, target: int, can_offload: bool, bound=None):
@@ -247,7 +273,7 @@ def _greedy(cands, peak_of, base: WhatIf, target: int, can_offload: bool, bound=
                 best = trial
                 if best.peak <= target:
                     break
-    if best.peak <= target:      # prune: most expensive first, keep a removal that still fits
+    if best.peak <= target:  # prune: most expensive first, keep a removal that still fits
         costs = {name: cost for _, name, _, cost in cands}
         for name in sorted(chosen, key=lambda n: -costs.get(n, 0)):
             trial = peak_of([c for c in chosen if c != name], off)
@@ -265,16 +291,25 @@ def _floor(report, base: WhatIf) -> int:
     params = report.graph.graph.get("params", {})
     grads = sum(numel_bytes(p.get("shape"), p.get("dtype")) for p in params.values() if p.get("requires_grad"))
     step = base.memory.step
-    return (parts.get("parameters", 0) + parts.get("buffers", 0) + grads + parts.get("optimizer state", 0)
-            + (max(0, step.peak) if step is not None else 0))
+    return (
+        parts.get("parameters", 0)
+        + parts.get("buffers", 0)
+        + grads
+        + parts.get("optimizer state", 0)
+        + (max(0, step.peak) if step is not None else 0)
+    )
 
 
 def _not_fit(best: WhatIf, limit: int, floor: int, tried: bool) -> str:
     b = human_bytes
     if floor > limit:
-        return (f"Nothing fits: parameters, buffers, gradients and optimizer state alone take {b(floor)}, over "
-                f"the {b(limit)} budget before any activation. Needed: at least {b(floor - limit)} more, or less "
-                "state (a smaller model, lower precision, an optimizer with less state, or sharding).")
-    return (f"No plan fits: the best found{' (checkpointing every module that helps)' if tried else ''} peaks at "
-            f"{b(best.peak)}, {b(best.peak - limit)} over the budget. A smaller batch may fit "
-            "(report.max_batch(budget=...)), or a budget of at least " + b(best.peak) + ".")
+        return (
+            f"Nothing fits: parameters, buffers, gradients and optimizer state alone take {b(floor)}, over "
+            f"the {b(limit)} budget before any activation. Needed: at least {b(floor - limit)} more, or less "
+            "state (a smaller model, lower precision, an optimizer with less state, or sharding)."
+        )
+    return (
+        f"No plan fits: the best found{' (checkpointing every module that helps)' if tried else ''} peaks at "
+        f"{b(best.peak)}, {b(best.peak - limit)} over the budget. A smaller batch may fit "
+        "(report.max_batch(budget=...)), or a budget of at least " + b(best.peak) + "."
+    )

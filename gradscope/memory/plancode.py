@@ -8,8 +8,22 @@ from gradscope.errors import InputTypeError, InputValueError
 
 __all__ = ["parse_budget", "span_names", "plan_code"]
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-          "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
@@ -38,6 +52,7 @@ def span_names(names: list[str]) -> str:
         else:
             out.extend(f"{p}.{i}" for p, i in run)
         run.clear()
+
     for n in names:
         head, _, tail = n.rpartition(".")
         if head and tail.isdigit() and run and run[-1][0] == head and run[-1][1] + 1 == int(tail):
@@ -56,15 +71,26 @@ def plan_code(checkpoint: list[str], offload: list[str], model: str = "model") -
     """The lines to add after building ``model``: the plan applied with torch's own APIs."""
     lines = []
     if checkpoint:
-        lines += ["from functools import partial", "from torch.utils.checkpoint import checkpoint", "",
-                  f"for name in {checkpoint!r}:",
-                  f"    module = {model}.get_submodule(name)",
-                  "    module.forward = partial(checkpoint, module.forward, use_reentrant=False)"]
+        lines += [
+            "from functools import partial",
+            "from torch.utils.checkpoint import checkpoint",
+            "",
+            f"for name in {checkpoint!r}:",
+            f"    module = {model}.get_submodule(name)",
+            "    module.forward = partial(checkpoint, module.forward, use_reentrant=False)",
+        ]
     if offload:
         lines += ([""] if lines else []) + [
-            "import torch", "", "def offloaded(forward):", "    def run(*args, **kwargs):",
+            "import torch",
+            "",
+            "def offloaded(forward):",
+            "    def run(*args, **kwargs):",
             "        with torch.autograd.graph.save_on_cpu(pin_memory=True):",
-            "            return forward(*args, **kwargs)", "    return run", "",
-            f"for name in {offload!r}:", f"    module = {model}.get_submodule(name)",
-            "    module.forward = offloaded(module.forward)"]
+            "            return forward(*args, **kwargs)",
+            "    return run",
+            "",
+            f"for name in {offload!r}:",
+            f"    module = {model}.get_submodule(name)",
+            "    module.forward = offloaded(module.forward)",
+        ]
     return "\n".join(lines)

@@ -18,8 +18,17 @@ from gradscope.memory.dtypes import numel_bytes
 
 __all__ = ["recorded_regions"]
 
-_VIEWS = ("TBackward0", "ViewBackward0", "TransposeBackward0", "PermuteBackward0", "UnsqueezeBackward0",
-          "SqueezeBackward0", "SqueezeBackward1", "ExpandBackward0", "AliasBackward0")
+_VIEWS = (
+    "TBackward0",
+    "ViewBackward0",
+    "TransposeBackward0",
+    "PermuteBackward0",
+    "UnsqueezeBackward0",
+    "SqueezeBackward0",
+    "SqueezeBackward1",
+    "ExpandBackward0",
+    "AliasBackward0",
+)
 
 
 def _from_param(graph, u, pred) -> bool:
@@ -48,7 +57,7 @@ def recorded_regions(graph, index: dict, saved: list, storages: dict, shapes: di
     members: dict = {}
     slots: dict = {}
     for nid, d in nodes.items():
-        for j, e in enumerate(d.get("saved") or ()):
+        for e in d.get("saved") or ():
             meta = e.get("recompute")
             if e.get("status") == "recomputed" and meta:
                 members.setdefault(meta["region"], set()).add(nid)
@@ -60,12 +69,12 @@ def recorded_regions(graph, index: dict, saved: list, storages: dict, shapes: di
         rkey = ("ck", r)
         inside = set(nids)
         frame_keys = []
-        for nid in nids:   # the frame's saved args: listed on one node of the region by the walk
-            for j, e in enumerate(nodes[nid].get("saved") or ()):
+        for nid in nids:  # the frame's saved args: listed on one node of the region by the walk
+            for e in nodes[nid].get("saved") or ():
                 if str(e.get("slot", "")).startswith("checkpoint input") and e.get("storage") is not None:
                     frame_keys.append(("s", e["storage"]))
         extra = max((m.get("frame_bytes") or 0 for _, _, m in slots[r]), default=0)
-        if extra:   # the RNG states the frame keeps: alive since the forward, freed with the frame
+        if extra:  # the RNG states the frame keeps: alive since the forward, freed with the frame
             storages[("f", rkey)] = extra
             shapes[("f", rkey)] = None
             frame_keys.append(("f", rkey))
@@ -78,13 +87,16 @@ def recorded_regions(graph, index: dict, saved: list, storages: dict, shapes: di
             shape = meta["shape"]
             source = None
             if slot.startswith("result"):
-                k = slot[len("result"):]
+                k = slot[len("result") :]
                 source = (nid, int(k) if k.isdigit() else 0)
             else:
-                cands = [(u, ed.get("output", 0)) for u, ed in pred[nid].items()
-                         if _out_shape(nodes[u], ed.get("output", 0)) == shape]
+                cands = [
+                    (u, ed.get("output", 0))
+                    for u, ed in pred[nid].items()
+                    if _out_shape(nodes[u], ed.get("output", 0)) == shape
+                ]
                 if any(_from_param(graph, u, pred) or u not in inside for u, _ in cands):
-                    continue      # a parameter (or a view of one), or the region's input: not re-created
+                    continue  # a parameter (or a view of one), or the region's input: not re-created
                 if len(cands) == 1:
                     source = cands[0]
                 elif not cands:

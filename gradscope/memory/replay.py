@@ -23,16 +23,44 @@ from gradscope.memory.engine import Program, engine_order, numel_bytes
 __all__ = ["simulate", "Trace", "VIEW_OPS", "PASS_OPS"]
 
 #: Formulas whose gradient is a view of the incoming gradient (same storage).
-VIEW_OPS = frozenset({
-    "ViewBackward0", "UnsafeViewBackward0", "TBackward0", "TransposeBackward0", "TransposeBackward1",
-    "PermuteBackward0", "SqueezeBackward0", "SqueezeBackward1", "SqueezeBackward2", "SqueezeBackward3",
-    "SqueezeBackward4", "UnsqueezeBackward0", "UnsqueezeBackward1", "ReshapeAliasBackward0",
-    "AliasBackward0", "SumBackward0", "SumBackward1", "ExpandBackward0", "ViewAsRealBackward0",
-    "ViewAsComplexBackward0", "NumpyTBackward0",
-})
+VIEW_OPS = frozenset(
+    {
+        "ViewBackward0",
+        "UnsafeViewBackward0",
+        "TBackward0",
+        "TransposeBackward0",
+        "TransposeBackward1",
+        "PermuteBackward0",
+        "SqueezeBackward0",
+        "SqueezeBackward1",
+        "SqueezeBackward2",
+        "SqueezeBackward3",
+        "SqueezeBackward4",
+        "UnsqueezeBackward0",
+        "UnsqueezeBackward1",
+        "ReshapeAliasBackward0",
+        "AliasBackward0",
+        "SumBackward0",
+        "SumBackward1",
+        "ExpandBackward0",
+        "ViewAsRealBackward0",
+        "ViewAsComplexBackward0",
+        "NumpyTBackward0",
+    }
+)
 #: Formulas that send the incoming gradient tensor itself (when the bytes and dtype match).
-PASS_OPS = frozenset({"AddBackward0", "AddBackward1", "CloneBackward0", "ToCopyBackward0", "SubBackward0",
-                      "SubBackward1", "LiftFreshBackward0", "DetachBackward0"})
+PASS_OPS = frozenset(
+    {
+        "AddBackward0",
+        "AddBackward1",
+        "CloneBackward0",
+        "ToCopyBackward0",
+        "SubBackward0",
+        "SubBackward1",
+        "LiftFreshBackward0",
+        "DetachBackward0",
+    }
+)
 #: Formulas whose gradients are pieces of the incoming gradient: ``cat`` narrows it, ``stack`` selects.
 _PIECE_OPS = frozenset({"CatBackward0", "StackBackward0"})
 #: Formulas whose gradient is the incoming gradient expanded (``sum``: ``grad.expand(self_sizes)``).
@@ -47,27 +75,51 @@ _EMPTY: dict = {}
 class Trace:
     """What one replay produced (indices into the program; :mod:`backward` turns them into ids)."""
 
-    __slots__ = ("order", "levels", "inner", "peak", "peak_at", "end", "allocated", "freed", "grads_kept",
-                 "saved_freed", "snapshot", "origin")
+    __slots__ = (
+        "order",
+        "levels",
+        "inner",
+        "peak",
+        "peak_at",
+        "end",
+        "allocated",
+        "freed",
+        "grads_kept",
+        "saved_freed",
+        "snapshot",
+        "origin",
+    )
 
     def __init__(self) -> None:
         self.order: list[int] = []
-        self.levels: list[int] = []     # after each node
-        self.inner: list[int] = []      # highest level inside each node (workspace included)
+        self.levels: list[int] = []  # after each node
+        self.inner: list[int] = []  # highest level inside each node (workspace included)
         self.peak = 0
         self.peak_at = None
         self.end = 0
         self.allocated: list[int] = []  # bytes each node allocated (outputs, sums, workspace excluded)
         self.freed: list[int] = []
-        self.grads_kept = 0             # bytes that ended in .grad (stolen or cloned)
+        self.grads_kept = 0  # bytes that ended in .grad (stolen or cloned)
         self.saved_freed = 0
 
 
 class _Mem:
     """Tensors and storages alive in the simulated backward."""
 
-    __slots__ = ("level", "high", "impl_refs", "impl_storage", "impl_view", "st_refs", "st_bytes", "next_id",
-                 "origin", "cur", "snap", "snap_at")
+    __slots__ = (
+        "level",
+        "high",
+        "impl_refs",
+        "impl_storage",
+        "impl_view",
+        "st_refs",
+        "st_bytes",
+        "next_id",
+        "origin",
+        "cur",
+        "snap",
+        "snap_at",
+    )
 
     def __init__(self) -> None:
         self.level = 0
@@ -78,9 +130,9 @@ class _Mem:
         self.st_refs: dict = {}
         self.st_bytes: dict = {}
         self.next_id = 0
-        self.origin: dict = {}        # gradient storage -> the node that made it
+        self.origin: dict = {}  # gradient storage -> the node that made it
         self.cur = None
-        self.snap = None              # live storages at the highest point of node ``snap_at``
+        self.snap = None  # live storages at the highest point of node ``snap_at``
         self.snap_at = None
 
     def alloc(self, nbytes: int) -> int:
@@ -146,13 +198,25 @@ class _Mem:
                 self.high = self.level
 
     def sole(self, impl: int) -> bool:
-        return (self.impl_refs.get(impl) == 1 and not self.impl_view.get(impl)
-                and self.st_refs.get(self.impl_storage[impl]) == 1)
+        return (
+            self.impl_refs.get(impl) == 1
+            and not self.impl_view.get(impl)
+            and self.st_refs.get(self.impl_storage[impl]) == 1
+        )
 
 
-def simulate(prog: Program, *, retain_graph: bool = False, has_grad: dict | None = None,
-             storage_bytes: dict | None = None, grad_scale=None, workspace=None, drop: frozenset = frozenset(),
-             recompute: dict | None = None, snapshot_at: int | None = None) -> Trace:
+def simulate(
+    prog: Program,
+    *,
+    retain_graph: bool = False,
+    has_grad: dict | None = None,
+    storage_bytes: dict | None = None,
+    grad_scale=None,
+    workspace=None,
+    drop: frozenset = frozenset(),
+    recompute: dict | None = None,
+    snapshot_at: int | None = None,
+) -> Trace:
     """Replay backward over ``prog`` (see NOTE [what one node does to memory]).
 
     Args:
@@ -173,20 +237,20 @@ def simulate(prog: Program, *, retain_graph: bool = False, has_grad: dict | None
     mem = _Mem()
     mem.snap_at = snapshot_at
     external = prog.external
-    for v, keys in enumerate(prog.saved):
+    for keys in prog.saved:
         for key in keys:
             if key in drop or key[0] == "r":
                 continue
             mem.hold_storage(key, sizes.get(key, 0), allocate=False)
             if mem.st_refs[key] == 1 and key in external:
-                mem.st_refs[key] += 1          # a holder outside the graph: never freed by backward
+                mem.st_refs[key] += 1  # a holder outside the graph: never freed by backward
     buffers: dict = {}
     out = Trace()
     gbytes = prog.grad_bytes
     names = prog.name
     seeds = []
     for r, nbytes in zip(prog.roots, prog.root_bytes):
-        impl = mem.alloc(nbytes)        # torch.autograd.backward's ones_like(root), held until it returns
+        impl = mem.alloc(nbytes)  # torch.autograd.backward's ones_like(root), held until it returns
         seeds.append(mem.ref(impl))
         buffers.setdefault(r, {})[0] = impl
     created_regions: set = set()
@@ -207,9 +271,10 @@ def simulate(prog: Program, *, retain_graph: bool = False, has_grad: dict | None
                 if key not in created_regions and key not in drop:
                     created_regions.add(key)
                     nbytes = sizes.get(key, nbytes)
-                    holders = sum(1 for u in prog.regions.get(key[1], ()) if key in prog.saved[u]
-                                  and (u == v or u not in done))
-                    if not holders:      # re-created and dropped inside the recompute
+                    holders = sum(
+                        1 for u in prog.regions.get(key[1], ()) if key in prog.saved[u] and (u == v or u not in done)
+                    )
+                    if not holders:  # re-created and dropped inside the recompute
                         mem.high = max(mem.high, mem.level + nbytes)
                         continue
                     mem.hold_storage(key, nbytes, allocate=True)
@@ -218,9 +283,9 @@ def simulate(prog: Program, *, retain_graph: bool = False, has_grad: dict | None
             g = inputs.get(0)
             if g is not None:
                 if has_grad.get(v):
-                    mem.unref(g)             # .grad += new_grad, in place
+                    mem.unref(g)  # .grad += new_grad, in place
                 elif mem.impl_refs.get(g) == 1 and mem.impl_view.get(g) != "expand":
-                    out.grads_kept += mem.st_bytes.get(mem.impl_storage[g], 0)   # stolen: it becomes .grad
+                    out.grads_kept += mem.st_bytes.get(mem.impl_storage[g], 0)  # stolen: it becomes .grad
                 else:
                     keep = mem.alloc(gbytes[v][0])
                     out.grads_kept += gbytes[v][0]
@@ -228,8 +293,9 @@ def simulate(prog: Program, *, retain_graph: bool = False, has_grad: dict | None
                     del keep
         else:
             extra_attrs = prog.attrs[v].get("attrs") or _EMPTY
-            outputs = _outputs(v, names[v], inputs, edges[v], prog.needs[v], gbytes, mem, grad_scale,
-                               extra_attrs.get("alpha", 1))
+            outputs = _outputs(
+                v, names[v], inputs, edges[v], prog.needs[v], gbytes, mem, grad_scale, extra_attrs.get("alpha", 1)
+            )
             if workspace is not None:
                 extra = workspace(v)
                 if extra:
@@ -237,7 +303,7 @@ def simulate(prog: Program, *, retain_graph: bool = False, has_grad: dict | None
                         mem.snap = {**mem.st_bytes, ("w", v): extra}
                     mem.high = max(mem.high, mem.level + extra)
             for shape, dtype, had, *_ in extra_attrs.get("region_params") or ():
-                if not had:   # reentrant checkpoint: the nested backward fills the region's .grads
+                if not had:  # reentrant checkpoint: the nested backward fills the region's .grads
                     nbytes = numel_bytes(shape, dtype)
                     mem.alloc(nbytes)
                     out.grads_kept += nbytes
@@ -284,8 +350,9 @@ def simulate(prog: Program, *, retain_graph: bool = False, has_grad: dict | None
     return out
 
 
-def _outputs(v: int, name: str, inputs: dict, edges: list, positions: list, gbytes: list, mem: _Mem, grad_scale,
-             alpha=1) -> list:
+def _outputs(
+    v: int, name: str, inputs: dict, edges: list, positions: list, gbytes: list, mem: _Mem, grad_scale, alpha=1
+) -> list:
     """The gradient tensor (impl id) the formula of ``v`` sends along each edge."""
     g0 = inputs.get(0)
     in_bytes = mem.st_bytes.get(mem.impl_storage[g0], -1) if g0 is not None else -1
@@ -302,7 +369,7 @@ def _outputs(v: int, name: str, inputs: dict, edges: list, positions: list, gbyt
             outs.append(mem.view(g0))
             continue
         if g0 is not None and expand:
-            outs.append(mem.view(g0, "expand"))    # grad.expand(sizes): a stride-0 view of the incoming grad
+            outs.append(mem.view(g0, "expand"))  # grad.expand(sizes): a stride-0 view of the incoming grad
             continue
         if g0 is not None and nbytes == in_bytes and len(inputs) == 1:
             if view:

@@ -73,7 +73,7 @@ def with_checkpoints(prog, graph, regions: list[tuple[str, list[str]]], device: 
                 if copy not in new:
                     new.append(copy)
             saved[v] = new
-        for u, k in unsaved:                     # inputs only the frame keeps
+        for u, k in unsaved:  # inputs only the frame keeps
             d = graph.nodes[u]
             shape = (d.get("out_shapes") or [[]])[k]
             key = ("f", rkey, u, k)
@@ -86,17 +86,23 @@ def with_checkpoints(prog, graph, regions: list[tuple[str, list[str]]], device: 
             shapes[key] = None
             inputs = set(inputs) | {key}
         frame = [key for key in inputs if key in storages]
-        for v in members:                        # the frame: held until the region's last node ran
+        for v in members:  # the frame: held until the region's last node ran
             saved[v].extend(key for key in frame if key not in saved[v])
-        for copy, _ in fresh:                    # the first node to run creates and holds each once
+        for copy, _ in fresh:  # the first node to run creates and holds each once
             if copy not in saved[first]:
                 saved[first].append(copy)
         recompute[first] = recompute.get(first, []) + fresh
         prog_regions[rkey] = inside
     keys_left = {k for keys in saved for k in keys}
     storages = {k: b for k, b in storages.items() if k in keys_left}
-    return replace(prog, saved=[tuple(s) for s in saved], storages=storages, shapes=shapes,
-                   recompute=recompute, regions=prog_regions)
+    return replace(
+        prog,
+        saved=[tuple(s) for s in saved],
+        storages=storages,
+        shapes=shapes,
+        recompute=recompute,
+        regions=prog_regions,
+    )
 
 
 def _dtype(d) -> str:
@@ -138,5 +144,6 @@ def with_offload(prog, nodes):
             regions[rid] = {v}
     keys_left = {k for keys in saved for k in keys}
     storages = {k: b for k, b in storages.items() if k in keys_left}
-    return replace(prog, saved=[tuple(s) for s in saved], storages=storages, shapes=shapes,
-                   recompute=recompute, regions=regions)
+    return replace(
+        prog, saved=[tuple(s) for s in saved], storages=storages, shapes=shapes, recompute=recompute, regions=regions
+    )

@@ -41,7 +41,8 @@ def require_modules(graph, what: str) -> list[str]:
         if not called:
             raise InputValueError(
                 f"report.{what}() needs to know which module made each node: record the forward under "
-                "`with gradscope.trace(model) as tr:` and call gradscope.inspect(loss, model=model, trace=tr).")
+                "`with gradscope.trace(model) as tr:` and call gradscope.inspect(loss, model=model, trace=tr)."
+            )
     return list(called)
 
 
@@ -52,8 +53,10 @@ def _patterns(value, arg: str) -> list[str]:
         return [value]
     if isinstance(value, (list, tuple, set, frozenset)) and all(isinstance(v, str) for v in value):
         return list(value)
-    raise InputTypeError(f"{arg}= takes module names or fnmatch patterns (a str or a list of str), "
-                         f"got {type(value).__name__} {value!r:.60}.")
+    raise InputTypeError(
+        f"{arg}= takes module names or fnmatch patterns (a str or a list of str), "
+        f"got {type(value).__name__} {value!r:.60}."
+    )
 
 
 def resolve(graph, value, arg: str, names: list[str]) -> list[str]:
@@ -67,8 +70,11 @@ def resolve(graph, value, arg: str, names: list[str]) -> list[str]:
         found = [n for n in names if n == pat or fnmatchcase(n, pat)]
         if not found:
             close = difflib.get_close_matches(pat, names, n=3, cutoff=0.5)
-            hint = f" Did you mean {', '.join(map(repr, close))}?" if close else (
-                f" Traced modules start with: {', '.join(map(repr, names[:5]))}.")
+            hint = (
+                f" Did you mean {', '.join(map(repr, close))}?"
+                if close
+                else (f" Traced modules start with: {', '.join(map(repr, names[:5]))}.")
+            )
             raise InputValueError(f"{arg}={pat!r} matches no module the traced forward called.{hint}")
         hits.extend(n for n in found if n not in hits)
     return [n for n in hits if not any(n.startswith(o + ".") for o in hits if o != n)]
@@ -96,8 +102,9 @@ def all_regions(graph, order: list[str] | None = None) -> dict[str, list[list[st
     return runs
 
 
-def module_regions(graph, names: list[str], order: list[str] | None = None,
-                   regions: dict | None = None) -> list[tuple[str, list[str]]]:
+def module_regions(
+    graph, names: list[str], order: list[str] | None = None, regions: dict | None = None
+) -> list[tuple[str, list[str]]]:
     """``[(module name, op node ids of one call)]`` for every call of every named module (NOTE [module
     calls from sequence numbers]), in forward order; ``regions``: :func:`all_regions`, when at hand."""
     order = seq_order(graph) if order is None else order
@@ -154,8 +161,8 @@ class Scaler:
         if first == b or (b > 1 and b in shape):
             return True
         if first % b == 0 and (b, first // b, *shape[1:]) in self._shapes:
-            return True         # B·n×... : the view of a B×n×... tensor that the graph holds
-        return (len(shape) == 1 and flat_floor is not None and first % b == 0 and first >= flat_floor)
+            return True  # B·n×... : the view of a B×n×... tensor that the graph holds
+        return len(shape) == 1 and flat_floor is not None and first % b == 0 and first >= flat_floor
 
     def flat_floor(self, data) -> int | None:
         """The numel of the largest batch-scaling saved tensor or output of the op node ``data`` (or None)."""
@@ -164,15 +171,32 @@ class Scaler:
         return max(sizes) if sizes else None
 
 
-
 # forward input position -> the saved slot names that hold that input, for the common ops
-_SLOT_OF_INPUT = ({"self", "input", "mat1", "batch1", "query", "input_", "x"},
-                  {"other", "mat2", "batch2", "key", "weight"},
-                  {"value", "bias"})
-_VIEWS = frozenset({"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0", "TBackward0",
-                    "TransposeBackward0", "TransposeBackward1", "PermuteBackward0", "ExpandBackward0",
-                    "SqueezeBackward0", "SqueezeBackward1", "SqueezeBackward2", "UnsqueezeBackward0",
-                    "AliasBackward0", "SliceBackward0", "SelectBackward0", "AsStridedBackward0"})
+_SLOT_OF_INPUT = (
+    {"self", "input", "mat1", "batch1", "query", "input_", "x"},
+    {"other", "mat2", "batch2", "key", "weight"},
+    {"value", "bias"},
+)
+_VIEWS = frozenset(
+    {
+        "ViewBackward0",
+        "UnsafeViewBackward0",
+        "ReshapeAliasBackward0",
+        "TBackward0",
+        "TransposeBackward0",
+        "TransposeBackward1",
+        "PermuteBackward0",
+        "ExpandBackward0",
+        "SqueezeBackward0",
+        "SqueezeBackward1",
+        "SqueezeBackward2",
+        "UnsqueezeBackward0",
+        "AliasBackward0",
+        "SliceBackward0",
+        "SelectBackward0",
+        "AsStridedBackward0",
+    }
+)
 
 
 def region_inputs(graph, region: list[str]) -> tuple[set, list[tuple[str, int]]]:
@@ -190,7 +214,7 @@ def region_inputs(graph, region: list[str]) -> tuple[set, list[tuple[str, int]]]
     inside = set(region)
     nodes = graph.nodes
     pred = getattr(graph, "_pred", None) or graph.pred
-    found: dict[tuple, set] = {}       # (producer, output index) -> saved storage keys of that tensor
+    found: dict[tuple, set] = {}  # (producer, output index) -> saved storage keys of that tensor
     for v in region:
         for u, e in pred[v].items():
             if u in inside or nodes[u].get("kind") != "op":
@@ -200,9 +224,11 @@ def region_inputs(graph, region: list[str]) -> tuple[set, list[tuple[str, int]]]
             shape = outs[k] if k < len(outs) else None
             got = found.setdefault((u, k), set())
             got.update(_find_saved(graph, inside, v, e.get("index", 0), shape))
-            got.update(_key(u, i, s) for i, s in enumerate(nodes[u].get("saved") or ())   # relu/tanh keep it
-                       if str(s.get("slot", "")).startswith("result") and shape is not None
-                       and s.get("shape") == list(shape))
+            got.update(
+                _key(u, i, s)
+                for i, s in enumerate(nodes[u].get("saved") or ())  # relu/tanh keep it
+                if str(s.get("slot", "")).startswith("result") and shape is not None and s.get("shape") == list(shape)
+            )
     keys = set().union(*found.values()) if found else set()
     return keys, [t for t, f in found.items() if not f]
 
@@ -226,8 +252,11 @@ def _find_saved(graph, inside, v, index, shape) -> set:
                 if w in inside:
                     todo.append((w, e.get("index", 0), outs[e.get("output", 0) or 0]))
             continue
-        same = [(i, e) for i, e in enumerate(d.get("saved") or ())
-                if sh is not None and e.get("shape") == list(sh) and not e.get("scalar")]
+        same = [
+            (i, e)
+            for i, e in enumerate(d.get("saved") or ())
+            if sh is not None and e.get("shape") == list(sh) and not e.get("scalar")
+        ]
         if len(same) > 1 and idx < len(_SLOT_OF_INPUT):
             named = [(i, e) for i, e in same if e.get("slot") in _SLOT_OF_INPUT[idx]]
             same = named or same

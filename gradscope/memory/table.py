@@ -11,11 +11,21 @@ import html
 from dataclasses import dataclass
 
 from gradscope._format import human_bytes, one_line
-from gradscope.memory.attribution import NO_MODULE, module_bytes, node_bytes, node_modules, seq_order, storage_uses
 from gradscope.errors import InputValueError
+from gradscope.memory.attribution import NO_MODULE, module_bytes, node_bytes, node_modules, seq_order, storage_uses
 
-__all__ = ["memory", "MemoryRow", "MemoryTable", "DeviceTotal", "CopyNode", "Shared", "module_bytes",
-           "node_bytes", "node_modules", "NO_MODULE"]
+__all__ = [
+    "memory",
+    "MemoryRow",
+    "MemoryTable",
+    "DeviceTotal",
+    "CopyNode",
+    "Shared",
+    "module_bytes",
+    "node_bytes",
+    "node_modules",
+    "NO_MODULE",
+]
 
 BY = ("module", "op", "node")
 
@@ -130,18 +140,20 @@ class MemoryTable(list):
 
     def _notes(self) -> list[str]:
         t = self.total
-        notes = [f"{human_bytes(self.saved_bytes)} held by saved tensors = {human_bytes(t.held)} activations"
-                 f" + {human_bytes(t.params)} parameters saved by reference (no extra memory)"]
+        notes = [
+            f"{human_bytes(self.saved_bytes)} held by saved tensors = {human_bytes(t.held)} activations"
+            f" + {human_bytes(t.params)} parameters saved by reference (no extra memory)"
+        ]
         if t.offloaded:
             notes.append(f"{human_bytes(t.offloaded)} moved to the CPU by save_on_cpu (not held on the device)")
         if t.recomputed:
-            notes.append(f"{t.recomputed} saved tensors are recomputed by checkpoint during backward "
-                         "(held: 0 B)")
+            notes.append(f"{t.recomputed} saved tensors are recomputed by checkpoint during backward (held: 0 B)")
         if self.freed:
             notes.append(f"{self.freed} saved tensors were already freed by a backward (held: 0 B)")
         if self.opaque:
-            notes.append(f"{self.opaque} saved tensors are packed by saved_tensors_hooks gradscope cannot "
-                         "read (not counted)")
+            notes.append(
+                f"{self.opaque} saved tensors are packed by saved_tensors_hooks gradscope cannot read (not counted)"
+            )
         devs = []
         for d in self.devices.values():
             text = f"{d.device} {human_bytes(d.held + d.params)}"
@@ -157,8 +169,11 @@ class MemoryTable(list):
             more = f" and {len(self.copies) - 6} more" if len(self.copies) > 6 else ""
             notes.append(f"the graph spans {len(self.devices)} devices; copies: {moves or 'none found'}{more}")
         for s in self.sharing[:3]:
-            notes.append(f"shared: {human_bytes(s.nbytes)} counted in {s.owner}, also saved by "
-                         + ", ".join(s.others[:3]) + (" ..." if len(s.others) > 3 else ""))
+            notes.append(
+                f"shared: {human_bytes(s.nbytes)} counted in {s.owner}, also saved by "
+                + ", ".join(s.others[:3])
+                + (" ..." if len(s.others) > 3 else "")
+            )
         return notes
 
     def _cells(self, r: MemoryRow, cols) -> list[str]:
@@ -186,14 +201,25 @@ class MemoryTable(list):
     def _repr_html_(self) -> str:
         cols = self._columns()
         e = html.escape
-        rows = "".join("<tr><td style='text-align:left'>" + e(r.name) + "</td>"
-                       + "".join(f"<td>{e(c)}</td>" for c in self._cells(r, cols)) + "</tr>" for r in self)
-        total = ("<tr style='font-weight:bold'><td style='text-align:left'>total</td>"
-                 + "".join(f"<td>{e(c)}</td>" for c in self._cells(self.total, cols)) + "</tr>")
+        rows = "".join(
+            "<tr><td style='text-align:left'>"
+            + e(r.name)
+            + "</td>"
+            + "".join(f"<td>{e(c)}</td>" for c in self._cells(r, cols))
+            + "</tr>"
+            for r in self
+        )
+        total = (
+            "<tr style='font-weight:bold'><td style='text-align:left'>total</td>"
+            + "".join(f"<td>{e(c)}</td>" for c in self._cells(self.total, cols))
+            + "</tr>"
+        )
         head = "".join(f"<th>{e(h)}</th>" for h in [self.by] + [c for c, _, _ in cols])
         notes = "".join(f"<li>{e(n)}</li>" for n in self._notes())
-        return (f"<div class='gradscope-memory'><ul>{notes}</ul><table style='text-align:right'>"
-                f"<thead><tr>{head}</tr></thead><tbody>{rows}{total}</tbody></table></div>")
+        return (
+            f"<div class='gradscope-memory'><ul>{notes}</ul><table style='text-align:right'>"
+            f"<thead><tr>{head}</tr></thead><tbody>{rows}{total}</tbody></table></div>"
+        )
 
     def to_svg(self, top: int = 12, width: int = 640) -> str:
         """A horizontal bar chart of the ``top`` rows (activations, parameters, CPU copies) as an SVG string.
@@ -285,19 +311,30 @@ def memory(report, *, by: str = "module", depth: int | None = None, top: int | N
             for g in groups:
                 acc[g]["shared"] += 1
             sharing.append(Shared(use.nbytes, use.category, owner, tuple(groups[1:])))
-    for _, d in graph.nodes(data=True):          # op nodes and leaves (a CPU input copied to the GPU)
+    for _, d in graph.nodes(data=True):  # op nodes and leaves (a CPU input copied to the GPU)
         dev = d.get("device")
         if dev is not None:
             devices.setdefault(dev, {"nodes": 0, "held": 0, "params": 0, "offloaded": 0})["nodes"] += 1
     rows = [MemoryRow(name, **a) for name, a in acc.items()]
     rows.sort(key=lambda r: (-(r.held + r.offloaded), -r.params, -r.recomputed, -r.nodes, r.name))
-    total = MemoryRow("total", len(order), *(sum(getattr(r, f) for r in rows) for f in
-                                             ("held", "params", "offloaded", "recomputed")),
-                      len(sharing), sum(r.tensors for r in rows))
+    total = MemoryRow(
+        "total",
+        len(order),
+        *(sum(getattr(r, f) for r in rows) for f in ("held", "params", "offloaded", "recomputed")),
+        len(sharing),
+        sum(r.tensors for r in rows),
+    )
     sharing.sort(key=lambda s: (-s.nbytes, s.owner))
-    return MemoryTable(rows[:top] if top is not None else rows, by=by, total=total,
-                       devices={k: DeviceTotal(k, **v) for k, v in sorted(devices.items())},
-                       copies=_copies(graph, order), sharing=sharing, freed=freed, opaque=opaque)
+    return MemoryTable(
+        rows[:top] if top is not None else rows,
+        by=by,
+        total=total,
+        devices={k: DeviceTotal(k, **v) for k, v in sorted(devices.items())},
+        copies=_copies(graph, order),
+        sharing=sharing,
+        freed=freed,
+        opaque=opaque,
+    )
 
 
 def _copies(graph, order) -> list[CopyNode]:

@@ -39,14 +39,17 @@ def budget_rows(bm) -> list[tuple[str, int]]:
 
 def text(bm, top: int = 5) -> str:
     """What ``print(bm)`` shows: the peak, where it is, the step budget and the top contributors."""
-    lines = [f"backward() memory, replayed before it runs: peak {human_bytes(bm.peak)} above its start, at "
-             f"{_where(bm)}.",
-             f"  {len(bm.order)} nodes; after backward: {'+' if bm.end >= 0 else ''}{human_bytes(bm.end)} "
-             "(gradients kept minus saved tensors freed)."]
+    lines = [
+        f"backward() memory, replayed before it runs: peak {human_bytes(bm.peak)} above its start, at {_where(bm)}.",
+        f"  {len(bm.order)} nodes; after backward: {'+' if bm.end >= 0 else ''}{human_bytes(bm.end)} "
+        "(gradients kept minus saved tensors freed).",
+    ]
     if bm.workspace:
         ws = sum(bm.workspace.values())
-        lines.append(f"  kernel workspace (measured per op and shapes): {len(bm.workspace)} nodes, up to "
-                     f"{human_bytes(max(bm.workspace.values()))} in one node ({human_bytes(ws)} in all).")
+        lines.append(
+            f"  kernel workspace (measured per op and shapes): {len(bm.workspace)} nodes, up to "
+            f"{human_bytes(max(bm.workspace.values()))} in one node ({human_bytes(ws)} in all)."
+        )
     lines.append("step budget:")
     width = max(len(k) for k, _ in budget_rows(bm))
     for k, v in budget_rows(bm):
@@ -95,46 +98,67 @@ def curve_svg(bm, path=None, *, width: int = 720, height: int = 300, budget: int
 
     def Y(v):
         return top + ph * (1 - (v - lo) / span)
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
-           f'<text x="4" y="16" font-weight="bold">memory during backward (replayed): peak '
-           f'{html.escape(human_bytes(bm.peak))} above its start</text>']
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
+        f'<text x="4" y="16" font-weight="bold">memory during backward (replayed): peak '
+        f"{html.escape(human_bytes(bm.peak))} above its start</text>",
+    ]
     for k, (a, b, mod) in enumerate(_bands(bm)):
         x0, x1 = left + pw * a / n, left + pw * (b + 1) / n
-        out.append(f'<rect class="band" x="{x0:.1f}" y="{top}" width="{x1 - x0:.1f}" height="{ph}" '
-                   f'fill="{BAND_COLOURS[k % len(BAND_COLOURS)]}"><title>{html.escape(mod or "(no module)")}'
-                   f'</title></rect>')
+        out.append(
+            f'<rect class="band" x="{x0:.1f}" y="{top}" width="{x1 - x0:.1f}" height="{ph}" '
+            f'fill="{BAND_COLOURS[k % len(BAND_COLOURS)]}"><title>{html.escape(mod or "(no module)")}'
+            f"</title></rect>"
+        )
         if x1 - x0 > 7 * len(mod or "") + 6 and mod:
-            out.append(f'<text x="{(x0 + x1) / 2:.1f}" y="{top + 14}" text-anchor="middle" fill="#666">'
-                       f'{html.escape(mod)}</text>')
+            out.append(
+                f'<text x="{(x0 + x1) / 2:.1f}" y="{top + 14}" text-anchor="middle" fill="#666">'
+                f"{html.escape(mod)}</text>"
+            )
     out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#bbb"/>')
     for i in range(5):
         v = lo + span * i / 4
-        out.append(f'<text x="{left - 6}" y="{Y(v) + 4:.1f}" text-anchor="end" fill="#555">'
-                   f'{html.escape(human_bytes(v))}</text>')
-    out.append(f'<line x1="{left}" x2="{left + pw}" y1="{Y(0):.1f}" y2="{Y(0):.1f}" stroke="#999" '
-               'stroke-dasharray="2 3"/>')
+        out.append(
+            f'<text x="{left - 6}" y="{Y(v) + 4:.1f}" text-anchor="end" fill="#555">'
+            f"{html.escape(human_bytes(v))}</text>"
+        )
+    out.append(
+        f'<line x1="{left}" x2="{left + pw}" y1="{Y(0):.1f}" y2="{Y(0):.1f}" stroke="#999" stroke-dasharray="2 3"/>'
+    )
     if budget:
         y = Y(budget - bm.base)
-        out.append(f'<line class="budget" x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#d62728" '
-                   f'stroke-dasharray="6 4"><title>budget {html.escape(human_bytes(budget))}</title></line>')
+        out.append(
+            f'<line class="budget" x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#d62728" '
+            f'stroke-dasharray="6 4"><title>budget {html.escape(human_bytes(budget))}</title></line>'
+        )
     inner = " ".join(f"{X(i):.1f},{Y(v):.1f}" for i, v in enumerate(bm.inner))
     after = " ".join(f"{X(i):.1f},{Y(v):.1f}" for i, v in enumerate(bm.levels))
-    out.append(f'<polyline class="inner" fill="none" stroke="#9ecae1" stroke-width="1" points="{inner}">'
-               '<title>highest point inside each node (workspace included)</title></polyline>')
-    out.append(f'<polyline class="level" fill="none" stroke="#1f77b4" stroke-width="2" points="{after}">'
-               '<title>bytes above backward start after each node</title></polyline>')
+    out.append(
+        f'<polyline class="inner" fill="none" stroke="#9ecae1" stroke-width="1" points="{inner}">'
+        "<title>highest point inside each node (workspace included)</title></polyline>"
+    )
+    out.append(
+        f'<polyline class="level" fill="none" stroke="#1f77b4" stroke-width="2" points="{after}">'
+        "<title>bytes above backward start after each node</title></polyline>"
+    )
     if bm.peak_node is not None:
         i = bm.order.index(bm.peak_node)
-        out.append(f'<circle class="peak" cx="{X(i):.1f}" cy="{Y(bm.peak):.1f}" r="5" fill="#d62728">'
-                   f'<title>peak {html.escape(human_bytes(bm.peak))}: {html.escape(_where(bm))}</title></circle>')
+        out.append(
+            f'<circle class="peak" cx="{X(i):.1f}" cy="{Y(bm.peak):.1f}" r="5" fill="#d62728">'
+            f"<title>peak {html.escape(human_bytes(bm.peak))}: {html.escape(_where(bm))}</title></circle>"
+        )
         anchor = "end" if X(i) > left + pw * 0.6 else "start"
         dx = -8 if anchor == "end" else 8
-        out.append(f'<text class="peak-label" x="{X(i) + dx:.1f}" y="{Y(bm.peak) + 4:.1f}" text-anchor="{anchor}" '
-                   f'fill="#d62728">peak {html.escape(human_bytes(bm.peak))} at {html.escape(bm.names[i])}</text>')
+        out.append(
+            f'<text class="peak-label" x="{X(i) + dx:.1f}" y="{Y(bm.peak) + 4:.1f}" text-anchor="{anchor}" '
+            f'fill="#d62728">peak {html.escape(human_bytes(bm.peak))} at {html.escape(bm.names[i])}</text>'
+        )
     out.append(f'<text x="{left}" y="{height - 14}" fill="#555">backward start</text>')
-    out.append(f'<text x="{left + pw}" y="{height - 14}" text-anchor="end" fill="#555">'
-               f'end ({len(bm.order)} nodes)</text>')
+    out.append(
+        f'<text x="{left + pw}" y="{height - 14}" text-anchor="end" fill="#555">end ({len(bm.order)} nodes)</text>'
+    )
     out.append("</svg>")
     svg = "\n".join(out)
     if path is not None:

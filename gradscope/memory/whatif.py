@@ -82,21 +82,29 @@ class WhatIf:
         if self.offload:
             parts.append("offload " + span_names(self.offload))
         if self.batch != 1:
-            parts.append(f"batch x{self.batch:g}" + (f" ({self.batch_size} -> {round(self.batch_size * self.batch)})"
-                                                      if self.batch_size else ""))
+            parts.append(
+                f"batch x{self.batch:g}"
+                + (f" ({self.batch_size} -> {round(self.batch_size * self.batch)})" if self.batch_size else "")
+            )
         return "; ".join(parts) or "no change"
 
     def __str__(self) -> str:
-        lines = [f"what if: {self.change()}",
-                 f"  peak {human_bytes(self.before)} -> {human_bytes(self.peak)} "
-                 f"({'-' if self.saved >= 0 else '+'}{human_bytes(abs(self.saved))}) on {self.device}"]
+        lines = [
+            f"what if: {self.change()}",
+            f"  peak {human_bytes(self.before)} -> {human_bytes(self.peak)} "
+            f"({'-' if self.saved >= 0 else '+'}{human_bytes(abs(self.saved))}) on {self.device}",
+        ]
         if self.checkpoint:
-            lines.append(f"  recompute: {self.recompute_flops / 1e9:.3g} GFLOP, +{self.recompute_share:.0%} of the "
-                         "forward's FLOPs (estimated from shapes)")
+            lines.append(
+                f"  recompute: {self.recompute_flops / 1e9:.3g} GFLOP, +{self.recompute_share:.0%} of the "
+                "forward's FLOPs (estimated from shapes)"
+            )
         if self.batch != 1:
             fixed = f"; fixed: {', '.join(self.fixed_examples)}" if self.fixed_examples else ""
-            lines.append(f"  with the batch: {human_bytes(self.scaled)} of saved activations scale; "
-                         f"{human_bytes(self.fixed)} do not, nor parameters, gradients, optimizer state{fixed}")
+            lines.append(
+                f"  with the batch: {human_bytes(self.scaled)} of saved activations scale; "
+                f"{human_bytes(self.fixed)} do not, nor parameters, gradients, optimizer state{fixed}"
+            )
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -121,9 +129,15 @@ def context(report) -> dict:
 
         graph = report.graph
         order = seq_order(graph)
-        c = {"graph": graph, "order": order, "regions": all_regions(graph, order),
-             "flops": forward_flops(graph), "scalers": {}, "device": step_device(graph),
-             "rank": {v: i for i, v in enumerate(engine_order(program(report)))}}
+        c = {
+            "graph": graph,
+            "order": order,
+            "regions": all_regions(graph, order),
+            "flops": forward_flops(graph),
+            "scalers": {},
+            "device": step_device(graph),
+            "rank": {v: i for i, v in enumerate(engine_order(program(report)))},
+        }
         try:
             report._gs_whatif = c
         except AttributeError:
@@ -163,7 +177,7 @@ def _batch_factor(batch) -> float:
 
 
 def _scale(scaler: Scaler, graph, k: float):
-    flat = set()       # 1-D buffers (RNN workspace) that scale: NOTE [what scales with the batch]
+    flat = set()  # 1-D buffers (RNN workspace) that scale: NOTE [what scales with the batch]
     for _, d in graph.nodes(data=True):
         ones = [e["shape"] for e in d.get("saved") or () if e.get("shape") and len(e["shape"]) == 1]
         if ones:
@@ -174,6 +188,7 @@ def _scale(scaler: Scaler, graph, k: float):
         if scaler.scales(shape) or (len(shape) == 1 and tuple(shape) in flat):
             return int(round(nbytes * k))
         return nbytes
+
     return scale
 
 
@@ -190,19 +205,24 @@ def change_overrides(report, checkpoint=(), offload=(), batch: float = 1.0, scal
     off_nodes: set = set()
     if offload:
         if ctx["device"] == "cpu":
-            notes.append("the step runs on the CPU, where save_on_cpu() keeps each saved tensor where it is "
-                         "(tensor.cpu() returns the tensor itself): offloading saves no memory")
+            notes.append(
+                "the step runs on the CPU, where save_on_cpu() keeps each saved tensor where it is "
+                "(tensor.cpu() returns the tensor itself): offloading saves no memory"
+            )
         else:
-            off_nodes = {nid for _, nodes in module_regions(graph, list(offload), order, ctx["regions"])
-                         for nid in nodes}
+            off_nodes = {
+                nid for _, nodes in module_regions(graph, list(offload), order, ctx["regions"]) for nid in nodes
+            }
     scale = None
     if batch != 1:
         scaler = scaler or _scaler(report, None)
         if scaler.batch_size is None:
-            raise InputValueError("what_if(batch=...) found no activation whose shape shows the batch size; "
-                                  "pass batch_size= (the batch of the traced forward).")
+            raise InputValueError(
+                "what_if(batch=...) found no activation whose shape shows the batch size; "
+                "pass batch_size= (the batch of the traced forward)."
+            )
         scale = _scale(scaler, graph, batch)
-    return Overrides(scale=scale), notes, regions, frozenset(off_nodes)   # rewrite.py applies the last two
+    return Overrides(scale=scale), notes, regions, frozenset(off_nodes)  # rewrite.py applies the last two
 
 
 class _Rewritten:
@@ -234,8 +254,9 @@ def _loss_buffer(graph, k: float) -> int:
     if k == 1:
         return 0
     shapes, stored = graph.graph.get("root_shapes", ()), graph.graph.get("root_storage_bytes") or ()
-    extra = sum(b - numel_bytes(s, "float32") for s, b in zip(shapes, stored)
-                if b is not None and b > numel_bytes(s, "float32"))
+    extra = sum(
+        b - numel_bytes(s, "float32") for s, b in zip(shapes, stored) if b is not None and b > numel_bytes(s, "float32")
+    )
     return int(round(extra * (k - 1)))
 
 
@@ -245,7 +266,8 @@ def _overlap(ck: list[str], off: list[str]) -> None:
             if a == b or a.startswith(b + ".") or b.startswith(a + "."):
                 raise InputValueError(
                     f"{a!r} is both checkpointed and offloaded (or one is inside the other, {b!r}); a module's "
-                    "saved tensors are either recomputed or offloaded: name each module in one list.")
+                    "saved tensors are either recomputed or offloaded: name each module in one list."
+                )
 
 
 def _batch_split(scaler: Scaler, graph) -> tuple[int, int, list[str]]:
@@ -266,8 +288,15 @@ def _batch_split(scaler: Scaler, graph) -> tuple[int, int, list[str]]:
     return scaled, fixed, [k for k, _ in examples.most_common(3)]
 
 
-def what_if(report, checkpoint=None, offload=None, batch: float = 1.0, optimizer=None,
-            batch_size: int | None = None, baseline=None) -> WhatIf:
+def what_if(
+    report,
+    checkpoint=None,
+    offload=None,
+    batch: float = 1.0,
+    optimizer=None,
+    batch_size: int | None = None,
+    baseline=None,
+) -> WhatIf:
     """Predict the step's memory with modules checkpointed, offloaded, or the batch scaled by ``batch``.
 
     Args:
@@ -298,15 +327,27 @@ def what_if(report, checkpoint=None, offload=None, batch: float = 1.0, optimizer
     before = baseline if baseline is not None else replay(report, None, optimizer=optimizer)
     after = replay_change(report, ov, regions, off_nodes, optimizer)
     grown = _loss_buffer(graph, k)
-    if grown:       # a scalar loss viewing its elementwise buffer (MSE): the buffer has the batch's shape
+    if grown:  # a scalar loss viewing its elementwise buffer (MSE): the buffer has the batch's shape
         after.base += grown
         after.absolute_peak += grown
         after.parts["loss"] = after.parts.get("loss", 0) + grown
     flops = context(report)["flops"]
     recompute = sum(flops.get(n, 0) for _, nodes in regions for n in nodes)
     scaled, fixed, examples = _batch_split(scaler, graph) if k != 1 else (0, 0, [])
-    return WhatIf(peak=after.absolute_peak, before=before.absolute_peak, checkpoint=ck, offload=off, batch=k,
-                  batch_size=scaler.batch_size, memory=after, baseline=before,
-                  recompute_flops=int(recompute * k), forward_flops=int(sum(flops.values()) * k),
-                  scaled=scaled, fixed=fixed, fixed_examples=examples, device=context(report)["device"],
-                  notes=notes)
+    return WhatIf(
+        peak=after.absolute_peak,
+        before=before.absolute_peak,
+        checkpoint=ck,
+        offload=off,
+        batch=k,
+        batch_size=scaler.batch_size,
+        memory=after,
+        baseline=before,
+        recompute_flops=int(recompute * k),
+        forward_flops=int(sum(flops.values()) * k),
+        scaled=scaled,
+        fixed=fixed,
+        fixed_examples=examples,
+        device=context(report)["device"],
+        notes=notes,
+    )

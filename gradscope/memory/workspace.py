@@ -21,7 +21,7 @@ import os
 
 from gradscope.memory.engine import numel_bytes
 
-__all__ = ["node_workspace", "LIMIT", "BUILDERS", "cache_path"]
+__all__ = ["node_workspace", "LIMIT", "cache_path"]
 
 #: Above this many bytes of tensors an op is measured at smaller batches and extrapolated.
 LIMIT = 32 * 1024 * 1024
@@ -83,10 +83,11 @@ def _spec(prog, v: int):
     dts = d.get("out_dtypes") or []
     tensors["grad"] = (list(outs[0]) if outs else [], dts[0] if dts else "float32")
     attrs = dict(d.get("attrs") or {})
-    if attrs.get("batch_first"):   # only the layer whose output goes through transpose(0, 1) gets it batch-major
-        attrs["grad_batch_major"] = any(prog.name[u] in ("TransposeBackward0", "TransposeBackward1")
-                                   for u in _consumers(prog).get(v, ()))
-    if name.startswith("ScaledDotProduct"):    # heads split by .transpose(1, 2) (HF, nanoGPT) or not (nn.MHA)
+    if attrs.get("batch_first"):  # only the layer whose output goes through transpose(0, 1) gets it batch-major
+        attrs["grad_batch_major"] = any(
+            prog.name[u] in ("TransposeBackward0", "TransposeBackward1") for u in _consumers(prog).get(v, ())
+        )
+    if name.startswith("ScaledDotProduct"):  # heads split by .transpose(1, 2) (HF, nanoGPT) or not (nn.MHA)
         q = [u for (u, _), pos in zip(prog.edges[v], prog.needs[v]) if pos == 0]
         attrs["heads_transposed"] = bool(q) and prog.name[q[0]] in ("TransposeBackward0", "TransposeBackward1")
     return name, tensors, attrs
@@ -120,21 +121,21 @@ def node_workspace(prog, v: int, grad_scale=None) -> int:
         k = tensors["grad"]
         full = numel_bytes(k[0], k[1])
         scale = grad_scale(v, 0, full) / full if full else 1.0
-    key = repr((name, sorted(tensors.items()), sorted(attrs.items()), needs, _threads(),
-                prog.attrs[v].get("device") or "cpu"))
+    key = repr(
+        (name, sorted(tensors.items()), sorted(attrs.items()), needs, _threads(), prog.attrs[v].get("device") or "cpu")
+    )
     _load()
     hit = _MEMO.get(key)
     if hit is None:
         if os.environ.get("GRADSCOPE_WORKSPACE", "1") == "0":
             return 0
+        from gradscope._torch import profiler_enabled
         from gradscope.memory.calibrate import measure_workspace
 
-        from gradscope._torch import profiler_enabled
-
         if profiler_enabled():
-            return 0               # a profiler is running: measure another time (nothing cached)
+            return 0  # a profiler is running: measure another time (nothing cached)
         hit = measure_workspace(name, tensors, attrs, needs, dtype, LIMIT)
-        _MEMO[key] = hit = hit or 0      # None: the builder does not apply (no broadcast...): no workspace
+        _MEMO[key] = hit = hit or 0  # None: the builder does not apply (no broadcast...): no workspace
         _save()
     return int(round(hit * scale)) if scale != 1.0 else int(hit)
 

@@ -25,16 +25,22 @@ from torch.overrides import TorchFunctionMode
 
 from gradscope._torch import ACCUMULATE_GRAD, TENSOR_DATA, peek_sequence_nr, storage_key
 from gradscope._torch import version as tensor_version
-
+from gradscope.tracing.probes import (
+    INPLACE_FLAG,
+    SAVES_OUTPUT,
+    in_checkpoint,
+    in_optimizer,
+    inside_function,
+    user_location,
+    versions,
+)
 from gradscope.walk.release import keep_until_dead
-from gradscope.tracing.probes import (INPLACE_FLAG, SAVES_OUTPUT, in_checkpoint, in_optimizer, inside_function,
-                                      user_location, versions)
 
 __all__ = ["CutMode", "user_location", "param_ids", "MAX_EVENTS", "WALK_LIMIT"]
 
-MAX_EVENTS = 10_000     # events kept per recording; later ones are only counted
+MAX_EVENTS = 10_000  # events kept per recording; later ones are only counted
 WALK_LIMIT = 1_000_000  # nodes visited per event to find its parameters
-_DEEP = 10_000          # from this many nodes on, release our wrappers safely: NOTE [freeing deep graphs]
+_DEEP = 10_000  # from this many nodes on, release our wrappers safely: NOTE [freeing deep graphs]
 
 _peek_seq = peek_sequence_nr
 _ACCUMULATE = ACCUMULATE_GRAD
@@ -44,11 +50,27 @@ _Tensor = torch.Tensor
 # Categories (NOTE [cheap per-op path]); small ints compare fastest.
 _PLAIN, _GETTER, _DETACH, _DATA_GET, _TO_PYTHON, _INPLACE, _FUNCTIONAL = range(7)
 
-_TO_PYTHON_NAMES = frozenset({"item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__",
-                              "__complex__", "__array__"})
-_INPLACE_DUNDERS = frozenset({"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__",
-                              "__ifloordiv__", "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__",
-                              "__ilshift__", "__irshift__", "__imatmul__"})
+_TO_PYTHON_NAMES = frozenset(
+    {"item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__", "__complex__", "__array__"}
+)
+_INPLACE_DUNDERS = frozenset(
+    {
+        "__setitem__",
+        "__iadd__",
+        "__isub__",
+        "__imul__",
+        "__itruediv__",
+        "__ifloordiv__",
+        "__imod__",
+        "__ipow__",
+        "__iand__",
+        "__ior__",
+        "__ixor__",
+        "__ilshift__",
+        "__irshift__",
+        "__imatmul__",
+    }
+)
 _NOT_WRITES = frozenset({"requires_grad_", "share_memory_", "retain_grad", "detach_"})
 # Ops that carry a detached tensor on towards .numpy() (x.detach().cpu().numpy()).
 _CARRY = frozenset({"cpu", "to", "contiguous", "clone", "float", "double", "resolve_conj", "resolve_neg"})
@@ -64,14 +86,13 @@ def _classify(func) -> int:
         cat = _DETACH
     elif name in _TO_PYTHON_NAMES:
         cat = _TO_PYTHON
-    elif name in _INPLACE_DUNDERS or (name.endswith("_") and not name.startswith("__")
-                                      and name not in _NOT_WRITES):
+    elif name in _INPLACE_DUNDERS or (name.endswith("_") and not name.startswith("__") and name not in _NOT_WRITES):
         cat = _INPLACE
     elif getattr(func, "__module__", None) == "torch.nn.functional":
-        cat = _FUNCTIONAL   # NOTE [in-place writes inside torch functions]
+        cat = _FUNCTIONAL  # NOTE [in-place writes inside torch functions]
     else:
         cat = _PLAIN
-    if not isinstance(getattr(func, "__self__", None), _Tensor):   # never keep a tensor alive in the cache
+    if not isinstance(getattr(func, "__self__", None), _Tensor):  # never keep a tensor alive in the cache
         try:
             _CATEGORY[func] = cat
         except TypeError:  # an unhashable callable: classify it every time
@@ -112,16 +133,17 @@ def _grad_inputs(args, kwargs) -> list:
             out.extend(t for t in a if isinstance(t, _Tensor) and t.requires_grad)
     return out
 
+
 class CutMode(TorchFunctionMode):
     """Records cut and in-place events into ``rec`` (a :class:`gradscope.tracing.recorder.Trace`)."""
 
     def __init__(self, rec):
         super().__init__()
         self.rec = rec
-        self._detached: Any = None   # (weakref to the last detach() output, its event index)
-        self._made = {}         # NOTE [in-place inside reentrant checkpoint]: id -> (weakref, op)
+        self._detached: Any = None  # (weakref to the last detach() output, its event index)
+        self._made = {}  # NOTE [in-place inside reentrant checkpoint]: id -> (weakref, op)
         self._ckpt_seen = False
-        self._views_written = False     # NOTE [in-place on a slice]
+        self._views_written = False  # NOTE [in-place on a slice]
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         try:
@@ -135,7 +157,7 @@ class CutMode(TorchFunctionMode):
         try:
             if before:
                 self._functional_writes(func, before, kwargs or {})
-            if cat == _PLAIN or cat == _FUNCTIONAL:     # NOTE [cheap per-op path]
+            if cat == _PLAIN or cat == _FUNCTIONAL:  # NOTE [cheap per-op path]
                 if isinstance(out, _Tensor):
                     if not out.requires_grad:
                         self._plain_cut(func, args, kwargs or {}, out)
@@ -167,7 +189,7 @@ class CutMode(TorchFunctionMode):
         if not torch.is_grad_enabled():
             kind = "no_grad"
         elif name.endswith("_like") or name.startswith("new_"):
-            return      # a factory that reads only the shape: no data flows, nothing was cut
+            return  # a factory that reads only the shape: no data flows, nothing was cut
         else:
             kind = "non-differentiable"
         self._record(kind, name, inputs)
@@ -206,7 +228,7 @@ class CutMode(TorchFunctionMode):
             region = in_checkpoint() if ref is not None and ref() is t else None
             if region is not None:
                 extra["producer"], extra["region"] = op, region
-        if t._base is not None:     # NOTE [in-place on a slice]: which storage, written through a view
+        if t._base is not None:  # NOTE [in-place on a slice]: which storage, written through a view
             try:
                 extra["storage"], extra["view"] = storage_key(t), True
             except (RuntimeError, NotImplementedError):
@@ -223,8 +245,7 @@ class CutMode(TorchFunctionMode):
         name = _op_name(func)
         for t, v in before:
             if tensor_version(t) != v:
-                how = ("max_norm=..." if name == "embedding" else "inplace=True" if name in INPLACE_FLAG
-                       else "...")
+                how = "max_norm=..." if name == "embedding" else "inplace=True" if name in INPLACE_FLAG else "..."
                 self._record("inplace", f"{name}({how})", (), shape=list(t.shape), version=tensor_version(t))
 
     def _note_made(self, func, out) -> None:
@@ -240,21 +261,21 @@ class CutMode(TorchFunctionMode):
         rec = self.rec
         if kind != "inplace" and inside_function():
             seq = in_checkpoint()
-            if seq is not None:    # NOTE [parameters inside reentrant checkpoint]
+            if seq is not None:  # NOTE [parameters inside reentrant checkpoint]
                 self._ckpt_seen = True
                 for t in inputs:
                     while t.grad_fn is None and t._base is not None:
-                        t = t._base     # a view taken in the body (under no_grad) of a parameter
+                        t = t._base  # a view taken in the body (under no_grad) of a parameter
                     if t.grad_fn is None:
                         _leaf(t, {}, rec.leaf_refs)
                         rec.checkpoint_params.setdefault(id(t), set()).add(seq)
-            return None     # NOTE [cuts inside autograd.Function]
+            return None  # NOTE [cuts inside autograd.Function]
         if rec.full():
             rec.drop_event()
             return None
         if in_optimizer():
             if kind != "inplace":
-                return None     # an optimizer's state or update under no_grad cuts no forward graph
+                return None  # an optimizer's state or update under no_grad cuts no forward graph
             extra = {**(extra or {}), "optimizer": True}
         location = user_location(3)
         params = param_ids(inputs, rec.leaf_refs) if inputs else ()
@@ -268,9 +289,9 @@ def param_ids(inputs, refs: dict) -> tuple[int, ...]:
     for t in inputs:
         try:
             node = t.grad_fn
-        except RuntimeError:    # a multi-output view whose base was written in place: torch refuses
-            node = None         # its grad_fn; the parameters that feed it feed its base
-        if node is None and t._base is not None:    # also a view taken under no_grad (.sample())
+        except RuntimeError:  # a multi-output view whose base was written in place: torch refuses
+            node = None  # its grad_fn; the parameters that feed it feed its base
+        if node is None and t._base is not None:  # also a view taken under no_grad (.sample())
             t = t._base
             node = t.grad_fn
         if node is not None:
@@ -278,7 +299,7 @@ def param_ids(inputs, refs: dict) -> tuple[int, ...]:
         elif t is not None:
             _leaf(t, found, refs)
     seen = set()
-    order = []      # discovery (root-first) order, for keep_until_dead
+    order = []  # discovery (root-first) order, for keep_until_dead
     while stack and len(order) < WALK_LIMIT:
         node = stack.pop()
         if node in seen:

@@ -12,8 +12,15 @@ import torch
 
 from gradscope._torch import sequence_nr, version
 
-__all__ = ["user_location", "in_checkpoint", "in_optimizer", "inside_function", "versions", "SAVES_OUTPUT",
-           "INPLACE_FLAG"]
+__all__ = [
+    "user_location",
+    "in_checkpoint",
+    "in_optimizer",
+    "inside_function",
+    "versions",
+    "SAVES_OUTPUT",
+    "INPLACE_FLAG",
+]
 
 _Tensor = torch.Tensor
 _APPLY = torch.autograd.function.Function.apply.__func__.__code__
@@ -33,8 +40,9 @@ def user_location(depth: int = 1) -> str | None:
         filename = f.f_code.co_filename
         internal = _INTERNAL.get(filename)
         if internal is None:
-            internal = _INTERNAL[filename] = (filename.startswith(_TORCH_DIR)
-                                              or os.path.abspath(filename) in _TRACER_FILES)
+            internal = _INTERNAL[filename] = (
+                filename.startswith(_TORCH_DIR) or os.path.abspath(filename) in _TRACER_FILES
+            )
         if not internal:
             return f"{os.path.basename(filename)}:{f.f_lineno}"
         f = f.f_back
@@ -62,8 +70,26 @@ def user_location(depth: int = 1) -> str | None:
 # that op as its ``producer`` and checks/inplace.py reports it. Tracking starts at the first checkpoint
 # body seen (one stack walk per op there), so recordings without reentrant checkpoints pay nothing. A
 # write to a tensor that a *later* op of the region saved as its input is not detected (documented).
-SAVES_OUTPUT = frozenset({"sigmoid", "tanh", "exp", "exp2", "relu", "softmax", "log_softmax", "sqrt",
-                           "rsqrt", "elu", "selu", "celu", "hardtanh", "relu6", "_softmax", "_log_softmax"})
+SAVES_OUTPUT = frozenset(
+    {
+        "sigmoid",
+        "tanh",
+        "exp",
+        "exp2",
+        "relu",
+        "softmax",
+        "log_softmax",
+        "sqrt",
+        "rsqrt",
+        "elu",
+        "selu",
+        "celu",
+        "hardtanh",
+        "relu6",
+        "_softmax",
+        "_log_softmax",
+    }
+)
 _CKPT_FORWARD = None
 
 
@@ -103,9 +129,29 @@ def in_checkpoint() -> int | None:
 # inside the Python function, where the mode is not active, so the write itself is never seen. For the
 # functions of torch.nn.functional we read the version counters of the tensor arguments that require grad
 # before and after the call: a counter that moved is an in-place write at the user's line of that call.
-INPLACE_FLAG = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
-                           "feature_alpha_dropout", "relu", "relu6", "leaky_relu", "elu", "selu", "celu",
-                           "hardtanh", "threshold", "rrelu", "hardswish", "silu", "mish", "hardsigmoid"})
+INPLACE_FLAG = frozenset(
+    {
+        "dropout",
+        "dropout1d",
+        "dropout2d",
+        "dropout3d",
+        "alpha_dropout",
+        "feature_alpha_dropout",
+        "relu",
+        "relu6",
+        "leaky_relu",
+        "elu",
+        "selu",
+        "celu",
+        "hardtanh",
+        "threshold",
+        "rrelu",
+        "hardswish",
+        "silu",
+        "mish",
+        "hardsigmoid",
+    }
+)
 
 
 def versions(args, kwargs) -> list:
@@ -114,7 +160,7 @@ def versions(args, kwargs) -> list:
         if isinstance(a, _Tensor) and a.requires_grad:
             try:
                 out.append((a, version(a)))
-            except RuntimeError:    # inference tensors have no version counter
+            except RuntimeError:  # inference tensors have no version counter
                 pass
     return out
 

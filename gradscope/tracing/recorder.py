@@ -22,8 +22,8 @@ from typing import Literal, NamedTuple
 import torch
 
 from gradscope import _torch
-from gradscope.errors import InputTypeError, InputValueError
 from gradscope._format import one_line
+from gradscope.errors import InputTypeError, InputValueError
 from gradscope.graph import CALLED_MODULES, EVENTS, EVENTS_DROPPED
 from gradscope.tracing.modes import MAX_EVENTS, CutMode
 
@@ -62,15 +62,15 @@ def trace(model=None) -> Trace:
 class RecordedEvent(NamedTuple):
     """One cut or in-place write as the mode records it: ids and numbers only, named in :meth:`Trace.annotate`."""
 
-    kind: str                      # "detach", ".data", "no_grad-region", "to-python", ..., "inplace"
-    op: str                        # the torch function, e.g. "detach", "add_"
-    location: str | None           # the user's "file.py:LINE"
-    params: tuple[int, ...]        # ids of the parameters that fed the cut input (see leaf_refs)
-    call: int                      # the innermost open module call (index into _calls), -1 outside
-    seq: int                       # the next sequence number when it was recorded
-    shape: list[int] | None        # in-place: the written tensor's shape
-    version: int | None            # in-place: its version after the write
-    extra: dict | None = None      # more keys for the event dict ("producer", "region", "optimizer", ...)
+    kind: str  # "detach", ".data", "no_grad-region", "to-python", ..., "inplace"
+    op: str  # the torch function, e.g. "detach", "add_"
+    location: str | None  # the user's "file.py:LINE"
+    params: tuple[int, ...]  # ids of the parameters that fed the cut input (see leaf_refs)
+    call: int  # the innermost open module call (index into _calls), -1 outside
+    seq: int  # the next sequence number when it was recorded
+    shape: list[int] | None  # in-place: the written tensor's shape
+    version: int | None  # in-place: its version after the write
+    extra: dict | None = None  # more keys for the event dict ("producer", "region", "optimizer", ...)
 
 
 class Trace:
@@ -85,7 +85,8 @@ class Trace:
         if model is not None and not isinstance(model, torch.nn.Module):
             raise InputTypeError(
                 f"gradscope.trace(model) takes an nn.Module (or nothing), got {type(model).__name__} "
-                f"{one_line(model)}. Call gradscope.trace() without arguments and pass model= to inspect().")
+                f"{one_line(model)}. Call gradscope.trace() without arguments and pass model= to inspect()."
+            )
         self._model = None if model is None else weakref.ref(_unwrap(model))
         self._active = False
         self._handles: list = []
@@ -93,13 +94,13 @@ class Trace:
         self._reset()
 
     def _reset(self) -> None:
-        self._calls: list[tuple[int, int]] = []     # (id(module), parent call index or -1)
-        self._stack: list[int] = []                 # open module calls (indices into _calls)
-        self._seg_seq: list[int] = []               # segment starts (sequence numbers), ascending
-        self._seg_call: list[int] = []              # innermost call of each segment, -1 outside
-        self._refs: dict[int, weakref.ref] = {}     # id(module) -> weak reference
-        self.leaf_refs: dict[int, weakref.ref] = {}   # id(parameter) -> weak reference, filled by the mode
-        self._events: list[RecordedEvent] = []      # see record_event
+        self._calls: list[tuple[int, int]] = []  # (id(module), parent call index or -1)
+        self._stack: list[int] = []  # open module calls (indices into _calls)
+        self._seg_seq: list[int] = []  # segment starts (sequence numbers), ascending
+        self._seg_call: list[int] = []  # innermost call of each segment, -1 outside
+        self._refs: dict[int, weakref.ref] = {}  # id(module) -> weak reference
+        self.leaf_refs: dict[int, weakref.ref] = {}  # id(parameter) -> weak reference, filled by the mode
+        self._events: list[RecordedEvent] = []  # see record_event
         self.checkpoint_params: dict[int, set] = {}  # id -> region seqs: NOTE [parameters inside reentrant checkpoint]
         self._dropped = 0
 
@@ -108,7 +109,8 @@ class Trace:
         if self._active:
             raise InputValueError(
                 "This gradscope.trace() is already recording; it cannot be entered twice at once. "
-                "Use a second gradscope.trace() for a nested recording.")
+                "Use a second gradscope.trace() for a nested recording."
+            )
         self._reset()
         self._tid = threading.get_ident()
         self._segment(-1)
@@ -143,7 +145,7 @@ class Trace:
     def _segment(self, call: int) -> None:
         seq = _peek_seq()
         starts = self._seg_seq
-        if starts and starts[-1] == seq:   # the previous segment made no node: reuse it
+        if starts and starts[-1] == seq:  # the previous segment made no node: reuse it
             self._seg_call[-1] = call
         else:
             starts.append(seq)
@@ -191,9 +193,17 @@ class Trace:
         """Count an event that was not kept."""
         self._dropped += 1
 
-    def record_event(self, kind: str, op: str, location: str | None, params: tuple[int, ...], seq: int,
-                     shape: list[int] | None = None, version: int | None = None,
-                     extra: dict | None = None) -> int:
+    def record_event(
+        self,
+        kind: str,
+        op: str,
+        location: str | None,
+        params: tuple[int, ...],
+        seq: int,
+        shape: list[int] | None = None,
+        version: int | None = None,
+        extra: dict | None = None,
+    ) -> int:
         """Keep one event, inside the innermost open module call; returns its index."""
         call = self._stack[-1] if self._stack else -1
         self._events.append(RecordedEvent(kind, op, location, params, call, seq, shape, version, extra))
@@ -232,19 +242,25 @@ class Trace:
         if self._active:
             raise InputValueError(
                 "inspect(..., trace=tr) was called inside the `with gradscope.trace() as tr:` block; "
-                "call it after the block ends so the recording is complete.")
+                "call it after the block ends so the recording is complete."
+            )
         if not self._seg_seq:
             raise InputValueError(
                 "inspect(..., trace=tr) got a trace that never recorded: use it as "
-                "`with gradscope.trace() as tr: loss = ...` before passing it to inspect().")
-        ops = [d for _, d in graph.nodes(data=True)
-               if d.get("kind") == "op" and d.get("seq") is not None and d["seq"] != _U64_MAX]
+                "`with gradscope.trace() as tr: loss = ...` before passing it to inspect()."
+            )
+        ops = [
+            d
+            for _, d in graph.nodes(data=True)
+            if d.get("kind") == "op" and d.get("seq") is not None and d["seq"] != _U64_MAX
+        ]
         first, end = self._seg_seq[0], self._seg_seq[-1]
         if ops and not any(first <= d["seq"] < end for d in ops):
             raise InputValueError(
                 f"inspect(..., trace=tr) got a trace of another forward pass: none of the {len(ops)} "
                 "autograd nodes behind this loss was created inside its `with gradscope.trace()` block. "
-                "Compute the loss inside the block you pass as trace=.")
+                "Compute the loss inside the block you pass as trace=."
+            )
         call_names = self._names(model)
         starts = self._seg_seq
         for data in ops:
@@ -252,8 +268,9 @@ class Trace:
             data["module"] = call_names.get(self._seg_call[i]) if i >= 0 else None
         pnames = self._param_names(model, names)
         graph.graph[EVENTS] = self._event_dicts(call_names, pnames)
-        graph.graph["checkpoint_params"] = {pnames[p]: sorted(s) for p, s in self.checkpoint_params.items()
-                                            if p in pnames}
+        graph.graph["checkpoint_params"] = {
+            pnames[p]: sorted(s) for p, s in self.checkpoint_params.items() if p in pnames
+        }
         if model is not None or self._live_model() is not None:
             called = {call_names[i] for i in range(len(self._calls))} - {None}
             graph.graph[CALLED_MODULES] = sorted(c for c in called if c is not None)
@@ -275,9 +292,9 @@ class Trace:
             entry = live.get(key)
             ref = self._refs.get(key)
             if entry is not None and ref is not None and ref() is entry[1]:
-                out[index] = entry[0] or None       # the model itself: ops in its own forward
+                out[index] = entry[0] or None  # the model itself: ops in its own forward
             else:
-                out[index] = out[parent]            # not part of the model: the enclosing module's
+                out[index] = out[parent]  # not part of the model: the enclosing module's
         return out
 
     def _param_names(self, model, names) -> dict[int, str]:
@@ -299,20 +316,28 @@ class Trace:
     def _event_dicts(self, call_names, param_names) -> list[dict]:
         out = []
         for kind, op, location, params, call, seq, shape, version, extra in self._events:
-            ev = {"kind": kind, "op": op, "location": location,
-                  "params": sorted({param_names[p] for p in params if p in param_names}),
-                  "module": call_names.get(call), "seq": seq, "shape": shape}
+            ev = {
+                "kind": kind,
+                "op": op,
+                "location": location,
+                "params": sorted({param_names[p] for p in params if p in param_names}),
+                "module": call_names.get(call),
+                "seq": seq,
+                "shape": shape,
+            }
             if version is not None:
                 ev["version"] = version
-            if extra:   # "producer" (NOTE [in-place inside reentrant checkpoint]), "optimizer"
+            if extra:  # "producer" (NOTE [in-place inside reentrant checkpoint]), "optimizer"
                 ev.update(extra)
             out.append(ev)
         return out
 
     def __repr__(self) -> str:
         state = "recording" if self._active else "finished"
-        return (f"<gradscope.trace: {state}, {len(self._calls)} module calls, {len(self._events)} events"
-                f"{f', {self._dropped} dropped' if self._dropped else ''}>")
+        return (
+            f"<gradscope.trace: {state}, {len(self._calls)} module calls, {len(self._events)} events"
+            f"{f', {self._dropped} dropped' if self._dropped else ''}>"
+        )
 
 
 def _unwrap(model):

@@ -23,31 +23,46 @@ def box_part(report, box, within, collapse, fold):
     view = within.view
     grp = view.groups.get(box) if view is not None else None
     if grp is None and box.startswith("module:"):
-        name = box[len("module:"):]
+        name = box[len("module:") :]
         mods = infer_modules(graph)
         members = [n for n, m in mods.items() if m == name or (m or "").startswith(name + ".")]
-        members += [n for n in graph if graph.nodes[n]["kind"] != "op"
-                    and any(s in set(members) for s in graph.successors(n))]
+        members += [
+            n for n in graph if graph.nodes[n]["kind"] != "op" and any(s in set(members) for s in graph.successors(n))
+        ]
         kind, reps = "module", 1
     elif grp is None:
-        raise InputValueError(f"no box {box!r} in the drawing; its boxes are "
-                              f"{', '.join(view.groups) if view and view.groups else '(none)'}.")
+        raise InputValueError(
+            f"no box {box!r} in the drawing; its boxes are "
+            f"{', '.join(view.groups) if view and view.groups else '(none)'}."
+        )
     else:
         members, kind, reps = list(grp.members), grp.kind, grp.reps
     mods = view.module_of if view is not None else infer_modules(graph)
-    if kind == "fold":                       # one repetition: the others run the same ops
+    if kind == "fold":  # one repetition: the others run the same ops
         ops = [n for n in members if graph.nodes[n]["kind"] == "op"]
         ops.sort(key=lambda n: (graph.nodes[n].get("seq") or 0, n))
-        first = set(ops[:max(1, len(ops) // max(reps, 1))])
-        members = [n for n in members if n in first or (graph.nodes[n]["kind"] != "op"
-                                                         and any(s in first for s in graph.successors(n)))]
+        first = set(ops[: max(1, len(ops) // max(reps, 1))])
+        members = [
+            n
+            for n in members
+            if n in first or (graph.nodes[n]["kind"] != "op" and any(s in first for s in graph.successors(n)))
+        ]
         fold = False if fold is None else fold
     inside = set(members)
-    inside |= {p for n in list(inside) if graph.nodes[n]["kind"] == "op" for p in graph.predecessors(n)
-               if graph.nodes[p]["kind"] != "op"}            # the parameters the ops read, even if shared
-    context = {v for n in inside if graph.nodes[n]["kind"] == "op"
-               for v in list(graph.predecessors(n)) + list(graph.successors(n))
-               if v not in inside and graph.nodes[v]["kind"] == "op"}
+    inside |= {
+        p
+        for n in list(inside)
+        if graph.nodes[n]["kind"] == "op"
+        for p in graph.predecessors(n)
+        if graph.nodes[p]["kind"] != "op"
+    }  # the parameters the ops read, even if shared
+    context = {
+        v
+        for n in inside
+        if graph.nodes[n]["kind"] == "op"
+        for v in list(graph.predecessors(n)) + list(graph.successors(n))
+        if v not in inside and graph.nodes[v]["kind"] == "op"
+    }
     sub = graph.subgraph(inside | context).copy()
     sub.graph = {k: v for k, v in graph.graph.items() if k == "called_modules"}
     sub.graph["context"] = sorted(context)
@@ -67,11 +82,10 @@ def unmeasured(report, collapse, fold, limit, rankdir, module_of, size, dpi, kw)
     graph = report.graph
     module_of = infer_modules(graph) if module_of is None else module_of
     view = None
-    for view in candidates(graph, report.findings, fold=fold, collapse=collapse, module_of=module_of,
-                           cache={}):
+    for view in candidates(graph, report.findings, fold=fold, collapse=collapse, module_of=module_of, cache={}):
         if collapse is not None or graph.number_of_nodes() - len(view.owner) + len(view.groups) <= PAGE_ELEMENTS:
             break
-    assert view is not None                   # candidates() always yields a view
+    assert view is not None  # candidates() always yields a view
     out = draw(report, view, rankdir=rankdir, limit=limit, **kw)
     scale(out, size, dpi)
     return out

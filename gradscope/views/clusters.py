@@ -24,15 +24,18 @@ _MAX_UNUSED_BOXES = 24
 def calls(graph, module_of) -> dict:
     """Op -> [call number of its module at depth 1, 2, ...]; a call is a run of consecutive ops (in
     forward order) inside that module."""
-    order = sorted((d.get("seq") if d.get("seq") is not None else -1, i, n)
-                   for i, (n, d) in enumerate(graph.nodes(data=True)) if d["kind"] == "op")
+    order = sorted(
+        (d.get("seq") if d.get("seq") is not None else -1, i, n)
+        for i, (n, d) in enumerate(graph.nodes(data=True))
+        if d["kind"] == "op"
+    )
     counts: dict = {}
     prev: list = []
     out = {}
     for _, _, n in order:
         m = module_of.get(n)
         parts = m.split(".") if m else []
-        prefixes = [".".join(parts[:i + 1]) for i in range(len(parts))]
+        prefixes = [".".join(parts[: i + 1]) for i in range(len(parts))]
         row = []
         for i, p in enumerate(prefixes):
             if i >= len(prev) or prev[i] != p:
@@ -60,11 +63,12 @@ def unused_and_cuts(b) -> None:
     per_param = len(unused) <= _MAX_UNUSED_NODES
     groups: dict = {}
     level = max(depth(n) for n in unused) - 1
-    while True:                            # by module, at the deepest level giving few enough boxes
+    while True:  # by module, at the deepest level giving few enough boxes
         groups = {}
         for name in unused:
-            groups.setdefault(name if per_param else (truncate(name, max(level, 1)) if depth(name) > 1
-                                                      else name), []).append(name)
+            groups.setdefault(
+                name if per_param else (truncate(name, max(level, 1)) if depth(name) > 1 else name), []
+            ).append(name)
         if per_param or len(groups) <= _MAX_UNUSED_BOXES or level <= 1:
             break
         level -= 1
@@ -75,12 +79,29 @@ def unused_and_cuts(b) -> None:
             lines = [key, f"{shape_str(p.get('shape'))} {p.get('dtype') or ''}", "no gradient"]
         else:
             rest = [_short(x, key) for x in names]
-            lines = [key or "(top level)", f"{len(names)} parameters, no gradient",
-                     ", ".join(rest[:3]) + (", ..." if len(rest) > 3 else "")]
-        info = {"kind": "unused", "name": key, "params": names, "module": key.rpartition(".")[0] or None,
-                "bytes": "0 B", "saved": []}
-        b.add(eid, "\0unused", _label(lines), ["gs-param", "gs-unused"], info,
-                 fillcolor=COLORS["finding_fill"], color=COLORS["finding"], style="rounded,filled,dashed")
+            lines = [
+                key or "(top level)",
+                f"{len(names)} parameters, no gradient",
+                ", ".join(rest[:3]) + (", ..." if len(rest) > 3 else ""),
+            ]
+        info = {
+            "kind": "unused",
+            "name": key,
+            "params": names,
+            "module": key.rpartition(".")[0] or None,
+            "bytes": "0 B",
+            "saved": [],
+        }
+        b.add(
+            eid,
+            "\0unused",
+            _label(lines),
+            ["gs-param", "gs-unused"],
+            info,
+            fillcolor=COLORS["finding_fill"],
+            color=COLORS["finding"],
+            style="rounded,filled,dashed",
+        )
         for name in names:
             b.out.element_of[name] = eid
     events = [e for e in b.g.graph.get("events", ()) if e.get("kind") != "inplace"]
@@ -92,61 +113,92 @@ def unused_and_cuts(b) -> None:
         eid = f"cut:{loc}"
         if eid not in b.items:
             op = (ev or {}).get("op") or "cut"
-            b.add(eid, None, _label([f"CUT: {op}", loc]), ["gs-cut"],
-                     {"kind": "cut", "name": op, "location": loc, "bytes": "0 B", "saved": []},
-                     shape="octagon", style="filled", fillcolor=COLORS["finding_fill"],
-                     color=COLORS["finding"])
+            b.add(
+                eid,
+                None,
+                _label([f"CUT: {op}", loc]),
+                ["gs-cut"],
+                {"kind": "cut", "name": op, "location": loc, "bytes": "0 B", "saved": []},
+                shape="octagon",
+                style="filled",
+                fillcolor=COLORS["finding_fill"],
+                color=COLORS["finding"],
+            )
             consumer = (ev or {}).get("node")
             if consumer in b.out.element_of:
-                b.edges[(eid, b.out.element_of[consumer])] = {"style": "dashed",
-                                                                    "color": COLORS["finding"]}
+                b.edges[(eid, b.out.element_of[consumer])] = {"style": "dashed", "color": COLORS["finding"]}
         for p in f.params:
             if p in b.out.element_of:
                 b.edges[(b.out.element_of[p], eid)] = {"style": "dashed", "color": COLORS["finding"]}
         b.cut_of[f.params] = [eid]
 
 
-
 def emit_clusters(b, body: list, tree: dict) -> None:
     """Write the elements into their (nested) module clusters as DOT lines."""
+
     # Written as DOT lines directly: graphviz's per-attribute quoting was most of to_dot's time.
     def nodes(eids, indent):
         body.extend(f"{indent}{_q(b.names[e])}{_attrs(b.items[e][1])}\n" for e in eids)
         here = set(eids)
-        body.extend(f"{indent}{{rank=same; {_q(b.names[e])}; {_q(b.names[b.beside[e]])}}}\n"
-                    for e in eids if b.beside.get(e) in here)
+        body.extend(
+            f"{indent}{{rank=same; {_q(b.names[e])}; {_q(b.names[b.beside[e]])}}}\n"
+            for e in eids
+            if b.beside.get(e) in here
+        )
 
     nodes(tree.get(None, ()), "\t")
     if "\0unused" in tree:
-        body.append("\tsubgraph cluster_unused {\n\t\t" + _attrs(dict(
-            label="no gradient: unreachable from the root", style="dashed,rounded", color=COLORS["finding"],
-            fontcolor=COLORS["finding"], id="cluster_unused"), sep="\n\t\t", bracket=False) + "\n")
+        body.append(
+            "\tsubgraph cluster_unused {\n\t\t"
+            + _attrs(
+                dict(
+                    label="no gradient: unreachable from the root",
+                    style="dashed,rounded",
+                    color=COLORS["finding"],
+                    fontcolor=COLORS["finding"],
+                    id="cluster_unused",
+                ),
+                sep="\n\t\t",
+                bracket=False,
+            )
+            + "\n"
+        )
         nodes(tree["\0unused"], "\t\t")
-        cells = tree["\0unused"]              # a compact grid: invisible edges stack the rows
+        cells = tree["\0unused"]  # a compact grid: invisible edges stack the rows
         cols = max(1, math.ceil(math.sqrt(len(cells) * 1.5)))
-        body.extend(f"\t\t{_q(b.names[cells[i]])} -> {_q(b.names[cells[i + cols]])} [style=invis]\n"
-                    for i in range(len(cells) - cols))
+        body.extend(
+            f"\t\t{_q(b.names[cells[i]])} -> {_q(b.names[cells[i + cols]])} [style=invis]\n"
+            for i in range(len(cells) - cols)
+        )
         body.append("\t}\n")
-    modules = sorted({m for m in tree if m and m != "\0unused"} |
-                     {".".join(m.split(".")[:k]) for m in tree if m and m != "\0unused"
-                      for k in range(1, depth(m))})
+    modules = sorted(
+        {m for m in tree if m and m != "\0unused"}
+        | {".".join(m.split(".")[:k]) for m in tree if m and m != "\0unused" for k in range(1, depth(m))}
+    )
     children: dict = {}
     for m in modules:
         children.setdefault(truncate(m, depth(m) - 1) if depth(m) > 1 else None, []).append(m)
     stack = [(m, 1, False) for m in reversed(children.get(None, []))]
-    while stack:                                       # explicit stack: no recursion
+    while stack:  # explicit stack: no recursion
         m, level, done = stack.pop()
         indent = "\t" * level
         if done:
             body.append(f"{indent}}}\n")
             continue
-        if not tree.get(m) and len(children.get(m, ())) == 1:     # a cluster around one cluster only
+        if not tree.get(m) and len(children.get(m, ())) == 1:  # a cluster around one cluster only
             stack.append((children[m][0], level, False))
             continue
-        body.append(f"{indent}subgraph {_q('cluster_' + m)} {{\n{indent}\t" + _attrs(dict(
-            label=esc(call_label(m)), style="rounded", color="#cbd5e1", fontcolor="#475569",
-            id=f"cluster:{m}"),
-            sep=f"\n{indent}\t", bracket=False) + "\n")
+        body.append(
+            f"{indent}subgraph {_q('cluster_' + m)} {{\n{indent}\t"
+            + _attrs(
+                dict(
+                    label=esc(call_label(m)), style="rounded", color="#cbd5e1", fontcolor="#475569", id=f"cluster:{m}"
+                ),
+                sep=f"\n{indent}\t",
+                bracket=False,
+            )
+            + "\n"
+        )
         nodes(tree.get(m, ()), indent + "\t")
         stack.append((m, level, True))
         stack.extend((c, level + 1, False) for c in reversed(children.get(m, [])))

@@ -32,11 +32,11 @@ class View:
     """The drawing plan: per-node module and owner, the groups, and a note when we collapsed on our own."""
 
     module_of: dict
-    owner: dict                    # node id -> group id for nodes drawn inside a box
-    groups: dict                   # group id -> Group, in a deterministic order
-    depth: int | None              # module depth kept as clusters (None: everything expanded)
+    owner: dict  # node id -> group id for nodes drawn inside a box
+    groups: dict  # group id -> Group, in a deterministic order
+    depth: int | None  # module depth kept as clusters (None: everything expanded)
     note: str | None = None
-    keep_open: set = field(default_factory=set)   # modules kept open down to a finding's node
+    keep_open: set = field(default_factory=set)  # modules kept open down to a finding's node
 
 
 def depth(module: str | None) -> int:
@@ -90,9 +90,19 @@ def finding_nodes(graph, finding) -> list:
     return [finding.node]
 
 
-def build_view(graph, findings=(), *, collapse=None, fold=True, min_reps: int = MIN_REPS,
-               min_ops: int = MIN_OPS, module_of: dict | None = None, cache: dict | None = None,
-               limit=None, chains: int | None = None) -> View:
+def build_view(
+    graph,
+    findings=(),
+    *,
+    collapse=None,
+    fold=True,
+    min_reps: int = MIN_REPS,
+    min_ops: int = MIN_OPS,
+    module_of: dict | None = None,
+    cache: dict | None = None,
+    limit=None,
+    chains: int | None = None,
+) -> View:
     """Plan the drawing.
 
     Args:
@@ -110,6 +120,7 @@ def build_view(graph, findings=(), *, collapse=None, fold=True, min_reps: int = 
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         from gradscope.errors import InputValueError
+
         raise InputValueError(f"limit must be a positive int (a node count), got {one_line(limit)}.")
     order = forward_order(graph)
     module_of = infer_modules(graph, order) if module_of is None else module_of
@@ -119,8 +130,7 @@ def build_view(graph, findings=(), *, collapse=None, fold=True, min_reps: int = 
         for n in finding_nodes(graph, f):
             by_node.setdefault(n, []).append(f)
             protected.add(n)
-    keep_open = {truncate(module_of.get(n), k) for n in protected
-                 for k in range(1, depth(module_of.get(n)) + 1)}
+    keep_open = {truncate(module_of.get(n), k) for n in protected for k in range(1, depth(module_of.get(n)) + 1)}
     roots = {n for n, d in graph.nodes(data=True) if d.get("root")}
     owner: dict = {}
     groups: dict = {}
@@ -133,11 +143,11 @@ def build_view(graph, findings=(), *, collapse=None, fold=True, min_reps: int = 
         else:
             runs = cache[key]
         for start, period, reps in runs:
-            members = [n for n in order[start:start + period * reps] if n not in roots]
+            members = [n for n in order[start : start + period * reps] if n not in roots]
             mod = module_of.get(members[0])
             for n in members[1:]:
                 mod = lcp(mod, module_of.get(n))
-            names = tuple(graph.nodes[n]["name"] for n in order[start:start + period])
+            names = tuple(graph.nodes[n]["name"] for n in order[start : start + period])
             g = Group(f"fold:{order[start]}", "fold", f"x{reps}", mod, members, reps=reps, pattern=names)
             ends = [truncate(module_of.get(n), depth(mod) + 1) for n in (members[0], members[-1])]
             if all(ends) and ends[0] != ends[1]:
@@ -149,12 +159,12 @@ def build_view(graph, findings=(), *, collapse=None, fold=True, min_reps: int = 
     depth_kept = None if collapse is None or collapse is False else int(collapse)
     if depth_kept is not None:
         calls: dict = {}
-        last = None                                 # (box, gid) of the previous op in forward order
+        last = None  # (box, gid) of the previous op in forward order
         for n in order:
             m = module_of.get(n)
             box = None
             if not (n in owner or n in roots or n in protected or depth(m) <= depth_kept):
-                k = depth_kept + 1                  # the module holding a finding stays open
+                k = depth_kept + 1  # the module holding a finding stays open
                 while k <= depth(m) and truncate(m, k) in keep_open:
                     k += 1
                 box = truncate(m, k) if k <= depth(m) else None

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 import graphviz
 import networkx as nx
 
-from gradscope.views.collapse import View, depth, finding_nodes, truncate
-from gradscope.memory.attribution import node_bytes
 from gradscope._format import human_bytes, shape_str
+from gradscope.memory.attribution import node_bytes
+from gradscope.views.clusters import calls, emit_clusters, unused_and_cuts
+from gradscope.views.collapse import View, depth, finding_nodes, truncate
 from gradscope.views.style import COLORS, esc
 from gradscope.views.style import attrs as _attrs
 from gradscope.views.style import dot_id as _q
@@ -25,10 +26,8 @@ from gradscope.views.style import legend as _legend
 from gradscope.views.style import saved_lines as _saved_lines
 from gradscope.views.style import shade as _shade
 from gradscope.views.style import short as _short
-from gradscope.views.clusters import calls, emit_clusters, unused_and_cuts
 
 __all__ = ["Drawing", "draw", "COLORS"]
-
 
 
 @dataclass(slots=True)
@@ -36,12 +35,12 @@ class Drawing:
     """The Digraph plus what the HTML view needs: per-element details and per-finding target ids."""
 
     dot: graphviz.Digraph
-    elements: dict = field(default_factory=dict)     # element id -> details shown on hover/click
-    targets: list = field(default_factory=list)      # finding index -> element ids to highlight
-    element_of: dict = field(default_factory=dict)   # graph node id -> element id
-    view: View | None = None                         # the plan drawn (groups, module of each node)
-    svg: str | None = None                           # dot's SVG output, once laid out
-    size: tuple | None = None                        # (width, height) of the laid-out drawing, in pt
+    elements: dict = field(default_factory=dict)  # element id -> details shown on hover/click
+    targets: list = field(default_factory=list)  # finding index -> element ids to highlight
+    element_of: dict = field(default_factory=dict)  # graph node id -> element id
+    view: View | None = None  # the plan drawn (groups, module of each node)
+    svg: str | None = None  # dot's SVG output, once laid out
+    size: tuple | None = None  # (width, height) of the laid-out drawing, in pt
 
 
 _finding_nodes = finding_nodes
@@ -50,29 +49,30 @@ FINDING_FONT, FONT = 14, 10
 
 
 class _Builder:
-    def __init__(self, report, view: View, show_saved: bool, clusters, legend: bool, limit: int,
-                 rankdir: str = "TB", context=()):
+    def __init__(
+        self, report, view: View, show_saved: bool, clusters, legend: bool, limit: int, rankdir: str = "TB", context=()
+    ):
         self.limit = limit
         self.rankdir = rankdir
         # nodes outside a drilled-down box, drawn as small stubs (render.drawing(report, box=...))
         self.context = set(context) | set(report.graph.graph.get("context", ()))
-        self.own = node_bytes(report.graph)            # activations each node holds, each storage once
+        self.own = node_bytes(report.graph)  # activations each node holds, each storage once
         self.by_ref = {n: b - self.own.get(n, 0) for n, b in node_bytes(report.graph, params=True).items()}
         self.g = report.graph
         self.findings = list(report.findings)
         self.saved_bytes = report.saved_bytes
-        self.cut_of: dict = {}         # finding params -> cut element ids
+        self.cut_of: dict = {}  # finding params -> cut element ids
         self.view = view
         self.show_saved = show_saved
         self.clusters = clusters
         self.legend = legend
-        self.items: dict = {}          # element id -> (cluster, attrs)
-        self.edges: dict = {}          # (a, b) -> attrs
-        self.beside: dict = {}         # leaf element -> the one element it feeds: drawn on the same rank
-        self.calls = None              # op -> call count per module level (see call_key)
-        self.names: dict = {}          # element id -> DOT node name
+        self.items: dict = {}  # element id -> (cluster, attrs)
+        self.edges: dict = {}  # (a, b) -> attrs
+        self.beside: dict = {}  # leaf element -> the one element it feeds: drawn on the same rank
+        self.calls = None  # op -> call count per module level (see call_key)
+        self.names: dict = {}  # element id -> DOT node name
         self.out = Drawing(graphviz.Digraph("gradscope"), view=view)
-        self.flagged: dict = {}        # node id -> [Finding]
+        self.flagged: dict = {}  # node id -> [Finding]
         for f in self.findings:
             for n in _finding_nodes(self.g, f):
                 self.flagged.setdefault(n, []).append(f)
@@ -99,8 +99,7 @@ class _Builder:
             self.calls = calls(self.g, self.view.module_of)
         counts = self.calls.get(n, ())
         parts = m.split(".")
-        return ".".join(p + (f"#{counts[i]}" if i < len(counts) and counts[i] > 1 else "")
-                        for i, p in enumerate(parts))
+        return ".".join(p + (f"#{counts[i]}" if i < len(counts) and counts[i] > 1 else "") for i, p in enumerate(parts))
 
     def cluster_of(self, eid) -> str | None:
         return self.items[eid][0]
@@ -116,8 +115,7 @@ class _Builder:
     # -- elements --------------------------------------------------------------------------------
     def build(self) -> Drawing:
         g, view = self.g, self.view
-        top = max(list(self.own.values()) +
-                  [grp.saved_bytes for grp in view.groups.values()] + [0])
+        top = max(list(self.own.values()) + [grp.saved_bytes for grp in view.groups.values()] + [0])
         self.compact = g.number_of_nodes() - len(view.owner) + len(view.groups) > self.limit
         if self.show_saved is None:
             self.show_saved = not self.compact
@@ -134,9 +132,14 @@ class _Builder:
         for u, v in g.edges():
             if g.nodes[u]["kind"] == "op" or u in view.owner:
                 self.edge(self.out.element_of[u], self.out.element_of[v])
-        for n, d in g.nodes(data=True):                  # weight.t(): on its consumer's rank too
-            if d["kind"] == "op" and n not in view.owner and g.in_degree(n) and g.out_degree(n) == 1 and all(
-                    g.nodes[p]["kind"] != "op" for p in g.predecessors(n)):
+        for n, d in g.nodes(data=True):  # weight.t(): on its consumer's rank too
+            if (
+                d["kind"] == "op"
+                and n not in view.owner
+                and g.in_degree(n)
+                and g.out_degree(n) == 1
+                and all(g.nodes[p]["kind"] != "op" for p in g.predecessors(n))
+            ):
                 self.beside[n] = self.out.element_of[next(iter(g.successors(n)))]
         self.unused_and_cuts()
         for f in self.findings:
@@ -173,11 +176,11 @@ class _Builder:
             lines.append(f"holds {human_bytes(own)}")
         for f in self.flagged.get(n, ()):
             lines.append(f"!! {f.kind}")
-        if d.get("planned"):        # set by Plan.render(): the module is checkpointed / offloaded
+        if d.get("planned"):  # set by Plan.render(): the module is checkpointed / offloaded
             lines.append(f"plan: {d['planned']}")
         classes = ["gs-op"] + (["gs-root"] if d.get("root") else []) + (["gs-planned"] if d.get("planned") else [])
         attrs = {"fillcolor": _shade(own, top)}
-        if d.get("memory_peak"):    # set by BackwardMemory.render(): backward's memory peak is here
+        if d.get("memory_peak"):  # set by BackwardMemory.render(): backward's memory peak is here
             lines.append(d["memory_peak"])
             classes.append("gs-memory-peak")
             attrs.update(color=COLORS["finding"], penwidth="3")
@@ -188,10 +191,19 @@ class _Builder:
             classes.append("gs-context")
             attrs.update(style="rounded,dashed", fontsize="8", fillcolor="#ffffff")
         params = [self.g.nodes[p]["name"] for p in self.g.predecessors(n) if self.g.nodes[p]["kind"] == "param"]
-        info = {"kind": "op", "name": d["name"], "op": d["name"], "node": n, "module": self.view.module_of.get(n),
-                "params": params, "bytes": human_bytes(own), "held": own, "by_reference": self.by_ref.get(n, 0),
-                "context": n in self.context,
-                "saved": _saved_lines(d["saved"]) if d["saved"] else []}
+        info = {
+            "kind": "op",
+            "name": d["name"],
+            "op": d["name"],
+            "node": n,
+            "module": self.view.module_of.get(n),
+            "params": params,
+            "bytes": human_bytes(own),
+            "held": own,
+            "by_reference": self.by_ref.get(n, 0),
+            "context": n in self.context,
+            "saved": _saved_lines(d["saved"]) if d["saved"] else [],
+        }
         self.add(n, self.cluster_of_node(n), _label(lines), classes, info, **attrs)
         self.out.element_of[n] = n
 
@@ -202,14 +214,17 @@ class _Builder:
             lines = [head, pat] + ([f"{grp.span[0]} ... {grp.span[1]}"] if grp.span else [])
             cluster = self.call_key(grp.module, self._first_op(grp))
         elif grp.kind == "chain":
-            lines = [f"{grp.title}: " + ", ".join(x.replace("Backward0", "") for x in grp.pattern[:4])
-                     + (", ..." if len(grp.pattern) > 4 else "")]
+            lines = [
+                f"{grp.title}: "
+                + ", ".join(x.replace("Backward0", "") for x in grp.pattern[:4])
+                + (", ..." if len(grp.pattern) > 4 else "")
+            ]
             cluster = self.call_key(grp.module, self._first_op(grp))
         else:
             cluster = self.call_key(truncate(grp.module, depth(grp.module) - 1), self._first_op(grp))
             named = grp.title if self.compact or self.clusters is False else _short(grp.title, cluster)
-            if named.split(".")[0].isdigit():       # "layers.1", not "1", inside the cluster "layers"
-                named = ".".join(grp.title.split(".")[-2 - named.count("."):])
+            if named.split(".")[0].isdigit():  # "layers.1", not "1", inside the cluster "layers"
+                named = ".".join(grp.title.split(".")[-2 - named.count(".") :])
             call = gid.rpartition("#")[2] if "#" in gid else None
             lines = [f"{named}  (collapsed{', call ' + call if call else ''})"]
         lines.append(f"{_count(grp.n_ops, 'op')}, {human_bytes(grp.saved_bytes)} saved")
@@ -217,39 +232,69 @@ class _Builder:
             lines.append(f"!! {grp.worst.kind}")
         classes, marks = ["gs-group", f"gs-{grp.kind}"], {}
         members = [self.g.nodes[m] for m in grp.members]
-        planned = sorted({d["planned"] for d in members if d.get("planned")})   # Plan.render() (see op())
+        planned = sorted({d["planned"] for d in members if d.get("planned")})  # Plan.render() (see op())
         if planned:
             lines.append("plan: " + ", ".join(planned))
             classes.append("gs-planned")
-        peak = next((d["memory_peak"] for d in members if d.get("memory_peak")), None)   # BackwardMemory.render()
+        peak = next((d["memory_peak"] for d in members if d.get("memory_peak")), None)  # BackwardMemory.render()
         if peak:
             lines.append(peak)
             classes.append("gs-memory-peak")
             marks = {"color": COLORS["finding"], "penwidth": "3"}
-        info = {"kind": grp.kind, "name": grp.title, "group": gid, "module": grp.module, "ops": grp.n_ops,
-                "bytes": human_bytes(grp.saved_bytes), "held": grp.saved_bytes, "members": len(grp.members),
-                "reps": grp.reps, "expandable": True,
-                "params": sorted({self.g.nodes[m]["name"] for m in grp.members if self.g.nodes[m]["kind"] == "param"}),
-                "op_names": sorted({self.g.nodes[m]["name"] for m in grp.members if self.g.nodes[m]["kind"] == "op"}),
-                "pattern": list(grp.pattern[:12]), "worst": grp.worst.message if grp.worst else None}
+        info = {
+            "kind": grp.kind,
+            "name": grp.title,
+            "group": gid,
+            "module": grp.module,
+            "ops": grp.n_ops,
+            "bytes": human_bytes(grp.saved_bytes),
+            "held": grp.saved_bytes,
+            "members": len(grp.members),
+            "reps": grp.reps,
+            "expandable": True,
+            "params": sorted({self.g.nodes[m]["name"] for m in grp.members if self.g.nodes[m]["kind"] == "param"}),
+            "op_names": sorted({self.g.nodes[m]["name"] for m in grp.members if self.g.nodes[m]["kind"] == "op"}),
+            "pattern": list(grp.pattern[:12]),
+            "worst": grp.worst.message if grp.worst else None,
+        }
         shade = _shade(grp.saved_bytes, top)
         fill = COLORS["group"] if shade == COLORS["shades"][0] else shade
-        self.add(gid, cluster, _label(lines), classes, info, shape="box3d", margin="0.14,0.05", style="filled",
-                 fillcolor=fill, **{"color": COLORS["group_line"], **marks})
+        self.add(
+            gid,
+            cluster,
+            _label(lines),
+            classes,
+            info,
+            shape="box3d",
+            margin="0.14,0.05",
+            style="filled",
+            fillcolor=fill,
+            **{"color": COLORS["group_line"], **marks},
+        )
 
     def leaf(self, n, d):
         kind = d["kind"]
         users = list(dict.fromkeys(self.out.element_of[c] for c in self.g.successors(n)))
         base = {"fillcolor": COLORS[kind], "color": COLORS[kind + "_line"]}
-        info = {"kind": kind, "name": d["name"], "node": n, "module": d.get("module"),
-                "params": [d["name"]] if kind == "param" else [],
-                "shape": shape_str(d.get("shape")), "dtype": d.get("dtype"), "bytes": "0 B", "saved": []}
+        info = {
+            "kind": kind,
+            "name": d["name"],
+            "node": n,
+            "module": d.get("module"),
+            "params": [d["name"]] if kind == "param" else [],
+            "shape": shape_str(d.get("shape")),
+            "dtype": d.get("dtype"),
+            "bytes": "0 B",
+            "saved": [],
+        }
         if len(users) <= 1:
             cluster = self.cluster_of(users[0]) if users else None
-            lines = [_short(d["name"], cluster) if kind == "param" else d["name"],
-                     f"{shape_str(d.get('shape'))} {d.get('dtype') or ''}"]
+            lines = [
+                _short(d["name"], cluster) if kind == "param" else d["name"],
+                f"{shape_str(d.get('shape'))} {d.get('dtype') or ''}",
+            ]
             classes = [f"gs-{kind}"]
-            if d.get("root"):                               # inspect(leaf): the root is the leaf itself
+            if d.get("root"):  # inspect(leaf): the root is the leaf itself
                 classes.append("gs-root")
                 base.update(peripheries="2", penwidth="2")
             self.add(n, cluster, _label(lines), classes, info, **base)
@@ -262,8 +307,16 @@ class _Builder:
             sid = f"{n}~{i}"
             cluster = self.cluster_of(u)
             label = _label([_short(d["name"], cluster), f"shared x{self.g.out_degree(n)}"])
-            self.add(sid, cluster, label, [f"gs-{kind}", "gs-stub", f"gs-of-{n}"], info, fontsize="8",
-                     style="rounded,filled,dashed", **base)
+            self.add(
+                sid,
+                cluster,
+                label,
+                [f"gs-{kind}", "gs-stub", f"gs-of-{n}"],
+                info,
+                fontsize="8",
+                style="rounded,filled,dashed",
+                **base,
+            )
             self.edge(sid, u)
             self.beside[sid] = u
         self.out.element_of[n] = f"{n}~0"
@@ -278,18 +331,34 @@ class _Builder:
     # -- output ----------------------------------------------------------------------------------
     def emit(self):
         dot = self.out.dot
-        dot.attr("graph", rankdir=self.rankdir, newrank="true", nodesep="0.2", ranksep="0.3", fontname="Helvetica",
-                 fontsize="10", id="gradscope-graph")
-        dot.attr("node", shape="box", style="rounded,filled", fontname="Helvetica", fontsize="10",
-                 color=COLORS["op_line"], height="0.3", margin="0.08,0.03")
+        dot.attr(
+            "graph",
+            rankdir=self.rankdir,
+            newrank="true",
+            nodesep="0.2",
+            ranksep="0.3",
+            fontname="Helvetica",
+            fontsize="10",
+            id="gradscope-graph",
+        )
+        dot.attr(
+            "node",
+            shape="box",
+            style="rounded,filled",
+            fontname="Helvetica",
+            fontsize="10",
+            color=COLORS["op_line"],
+            height="0.3",
+            margin="0.08,0.03",
+        )
         dot.attr("edge", color=COLORS["edge"], arrowsize="0.6")
         clusters = self.clusters if self.clusters is not None else len(self.items) <= self.limit
-        tree: dict = {}                                    # cluster -> [element ids]
+        tree: dict = {}  # cluster -> [element ids]
         for eid, (cluster, _) in self.items.items():
             if not clusters and cluster != "\0unused":
                 cluster = None
             tree.setdefault(cluster, []).append(eid)
-        for (a, b) in self._spine():
+        for a, b in self._spine():
             self.edges[(a, b)] = dict(self.edges[(a, b)] or {}, weight="8")
         self._emit_clusters(dot.body, tree)
         for (a, b), attrs in self.edges.items():
@@ -322,19 +391,25 @@ class _Builder:
         g = self.g
         n_err = sum(1 for f in self.findings if f.severity == "error")
         acts = sum(self.own.values())
-        held = (f"{human_bytes(acts)} of activations saved for backward"
-                + (f" (+ {human_bytes(self.saved_bytes - acts)} of parameters saved by reference)"
-                   if self.saved_bytes > acts else ""))
-        lines = [f"gradscope: {_count(g.number_of_nodes(), 'node')}, {held}, "
-                 f"{_count(len(self.findings), 'finding')} ({_count(n_err, 'error')})"]
+        held = f"{human_bytes(acts)} of activations saved for backward" + (
+            f" (+ {human_bytes(self.saved_bytes - acts)} of parameters saved by reference)"
+            if self.saved_bytes > acts
+            else ""
+        )
+        lines = [
+            f"gradscope: {_count(g.number_of_nodes(), 'node')}, {held}, "
+            f"{_count(len(self.findings), 'finding')} ({_count(n_err, 'error')})"
+        ]
         kinds = list(dict.fromkeys(f.kind for f in self.findings))
         if kinds:
             lines.append("findings (red): " + ", ".join(kinds))
         if self.view.note:
             lines.append(self.view.note)
         if self.compact:
-            lines.append(f"Large drawing: labels shortened and module clusters left out to keep the layout fast "
-                         f"(more than {self.limit} elements); see the .html view for saved tensors.")
+            lines.append(
+                f"Large drawing: labels shortened and module clusters left out to keep the layout fast "
+                f"(more than {self.limit} elements); see the .html view for saved tensors."
+            )
         return [part for line in lines for part in textwrap.wrap(line, 110)]
 
 
@@ -342,8 +417,17 @@ def _count(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def draw(report, view: View, *, show_saved: bool = True, clusters=None, legend: bool = False,
-         limit: int = 1000, rankdir: str = "TB", context=()) -> Drawing:
+def draw(
+    report,
+    view: View,
+    *,
+    show_saved: bool = True,
+    clusters=None,
+    legend: bool = False,
+    limit: int = 1000,
+    rankdir: str = "TB",
+    context=(),
+) -> Drawing:
     """Build the :class:`Drawing` of ``report`` following ``view``.
 
     ``clusters=None`` draws module clusters when at most ``limit`` elements are drawn: beyond that, dot

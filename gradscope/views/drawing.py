@@ -17,13 +17,29 @@ __all__ = ["drawing", "pipe", "AUTO_LIMIT"]
 
 #: The most elements the default drawing has (beyond it: short labels, no clusters).
 AUTO_LIMIT = 1000
-_DOT_INSTALL = ("the Graphviz 'dot' program is not installed or not on PATH; install it with "
-                "'apt-get install graphviz' (Debian/Ubuntu), 'brew install graphviz' (macOS) or "
-                "'conda install graphviz', or write a .dot/.json/.graphml file, which needs no Graphviz.")
+_DOT_INSTALL = (
+    "the Graphviz 'dot' program is not installed or not on PATH; install it with "
+    "'apt-get install graphviz' (Debian/Ubuntu), 'brew install graphviz' (macOS) or "
+    "'conda install graphviz', or write a .dot/.json/.graphml file, which needs no Graphviz."
+)
 
 
-def _laid_out(report, *, collapse=None, show_saved=None, fold=None, clusters=None, legend=False,
-              limit=AUTO_LIMIT, rankdir=None, size=None, dpi=None, box=None, within=None, layout=True):
+def _laid_out(
+    report,
+    *,
+    collapse=None,
+    show_saved=None,
+    fold=None,
+    clusters=None,
+    legend=False,
+    limit=AUTO_LIMIT,
+    rankdir=None,
+    size=None,
+    dpi=None,
+    box=None,
+    within=None,
+    layout=True,
+):
     """The :class:`~gradscope.views.dot.Drawing` to show (laid out when ``layout`` and dot is installed)."""
     from gradscope.views.fit import choose
 
@@ -39,8 +55,9 @@ def _laid_out(report, *, collapse=None, show_saved=None, fold=None, clusters=Non
     kw = dict(show_saved=show_saved, clusters=clusters, legend=legend)
     if not layout or shutil.which("dot") is None:
         return unmeasured(report, collapse, fold, limit, rankdir or "TB", module_of, size, dpi, kw)
-    out = choose(report, pipe=pipe, fold=fold, collapse=collapse, rankdir=rankdir, limit=limit,
-                 module_of=module_of, **kw)
+    out = choose(
+        report, pipe=pipe, fold=fold, collapse=collapse, rankdir=rankdir, limit=limit, module_of=module_of, **kw
+    )
     if size is not None or dpi is not None:
         scale(out, size, dpi)
         out.svg = pipe(out.dot, "svg").decode("utf-8")
@@ -50,9 +67,22 @@ def _laid_out(report, *, collapse=None, show_saved=None, fold=None, clusters=Non
     return out
 
 
-def drawing(report, *, box: str | None = None, within=None, collapse=None, fold=None, show_saved=None,
-            clusters=None, legend: bool = False, limit: int = AUTO_LIMIT, rankdir: str | None = None,
-            size=None, dpi=None, layout: bool = True):
+def drawing(
+    report,
+    *,
+    box: str | None = None,
+    within=None,
+    collapse=None,
+    fold=None,
+    show_saved=None,
+    clusters=None,
+    legend: bool = False,
+    limit: int = AUTO_LIMIT,
+    rankdir: str | None = None,
+    size=None,
+    dpi=None,
+    layout: bool = True,
+):
     """The laid-out drawing of ``report`` (the default one), or of one box of a drawing opened.
 
     This is the stable entry point of views that navigate a picture (the HTML page, the notebook).
@@ -99,8 +129,21 @@ def drawing(report, *, box: str | None = None, within=None, collapse=None, fold=
         >>> d.elements[d.element_of[weight]]["params"]
         ['weight']
     """
-    return _laid_out(report, box=box, within=within, collapse=collapse, fold=fold, show_saved=show_saved,
-                    clusters=clusters, legend=legend, limit=limit, rankdir=rankdir, size=size, dpi=dpi, layout=layout)
+    return _laid_out(
+        report,
+        box=box,
+        within=within,
+        collapse=collapse,
+        fold=fold,
+        show_saved=show_saved,
+        clusters=clusters,
+        legend=legend,
+        limit=limit,
+        rankdir=rankdir,
+        size=size,
+        dpi=dpi,
+        layout=layout,
+    )
 
 
 def pipe(dot: graphviz.Digraph, fmt: str) -> bytes:
@@ -111,5 +154,7 @@ def pipe(dot: graphviz.Digraph, fmt: str) -> bytes:
         raise RenderError(_DOT_INSTALL) from None
     except graphviz.CalledProcessError as exc:
         err = (exc.stderr or b"").decode("utf-8", "replace").strip().splitlines()
-        raise RenderError(f"Graphviz 'dot' failed to lay out the graph ({err[-1] if err else exc}); "
-                          "write a .dot file instead, or render with a smaller collapse=N.") from None
+        raise RenderError(
+            f"Graphviz 'dot' failed to lay out the graph ({err[-1] if err else exc}); "
+            "write a .dot file instead, or render with a smaller collapse=N."
+        ) from None

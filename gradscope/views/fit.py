@@ -80,8 +80,17 @@ def candidates(graph, findings, *, fold, collapse, module_of, cache):
         stages += [(folds[-1], d, CHAIN) for d in depths]
     seen = set()
     for f, d, chains in stages:
-        view = build_view(graph, findings, collapse=d, fold=f is not None, min_reps=(f or _LOOSE)[0],
-                          min_ops=(f or _LOOSE)[1], module_of=module_of, cache=cache, chains=chains)
+        view = build_view(
+            graph,
+            findings,
+            collapse=d,
+            fold=f is not None,
+            min_reps=(f or _LOOSE)[0],
+            min_ops=(f or _LOOSE)[1],
+            module_of=module_of,
+            cache=cache,
+            chains=chains,
+        )
         key = (frozenset(view.owner.items()), d)
         if key not in seen:
             seen.add(key)
@@ -100,10 +109,9 @@ def choose(report, *, pipe, fold=None, collapse=None, rankdir=None, limit=1000, 
     directions = [rankdir] if rankdir else ["TB", "LR"]
     fixed = collapse is not None
     budget = min(limit, PAGE_ELEMENTS)
-    best = None                     # (longer side, view, direction, drawing) of the smallest layout seen
+    best = None  # (longer side, view, direction, drawing) of the smallest layout seen
     tried = []
-    for view in candidates(graph, report.findings, fold=fold, collapse=collapse, module_of=module_of,
-                           cache=cache):
+    for view in candidates(graph, report.findings, fold=fold, collapse=collapse, module_of=module_of, cache=cache):
         if not fixed and _elements(graph, view) > budget:
             tried.append(view)
             continue
@@ -118,15 +126,16 @@ def choose(report, *, pipe, fold=None, collapse=None, rankdir=None, limit=1000, 
                 return drawing
             if best is None or max(w, h) < best[0]:
                 best = (max(w, h), view, direction, drawing)
-            if h >= w:              # LR swaps the sides: a drawing too tall in TB is too wide in LR
+            if h >= w:  # LR swaps the sides: a drawing too tall in TB is too wide in LR
                 break
-    if best is None:                # every candidate was over budget: draw the smallest one
+    if best is None:  # every candidate was over budget: draw the smallest one
         view = min(tried, key=lambda v: _elements(graph, v))
         direction = directions[0]
     else:
         _, view, direction, _ = best
     view.note = (_note(graph, view) if view.groups else "") + (
-        " No drawing of this graph fits one page: zoom in, or open the .html view.")
+        " No drawing of this graph fits one page: zoom in, or open the .html view."
+    )
     drawing = draw(report, view, rankdir=direction, limit=limit, **draw_kw)
     drawing.svg = pipe(drawing.dot, "svg").decode("utf-8")
     drawing.size = svg_size(drawing.svg)
@@ -137,10 +146,16 @@ def _note(graph, view) -> str:
     what = []
     folds = [g for g in view.groups.values() if g.kind == "fold"]
     if folds:
-        what.append("repeated blocks folded (" + ", ".join(g.title for g in folds[:4]) +
-                    (", ..." if len(folds) > 4 else "") + ")")
+        what.append(
+            "repeated blocks folded ("
+            + ", ".join(g.title for g in folds[:4])
+            + (", ..." if len(folds) > 4 else "")
+            + ")"
+        )
     if view.depth is not None and any(g.kind == "module" for g in view.groups.values()):
         what.append(f"modules deeper than depth {view.depth} boxed")
-    return (f"Drawn to fit a page: {graph.number_of_nodes()} nodes as {_elements(graph, view)} boxes "
-            f"({'; '.join(what) or 'nothing folded'}); findings stay expanded. Everything: "
-            f"render(path, collapse=False) (CLI --expand); collapse=N keeps modules to depth N.")
+    return (
+        f"Drawn to fit a page: {graph.number_of_nodes()} nodes as {_elements(graph, view)} boxes "
+        f"({'; '.join(what) or 'nothing folded'}); findings stay expanded. Everything: "
+        f"render(path, collapse=False) (CLI --expand); collapse=N keeps modules to depth N."
+    )

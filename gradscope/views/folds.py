@@ -27,22 +27,21 @@ _DIGITS = re.compile(r"\d+")
 # a cycle. The default drawing boxes chains only as a last resort (gradscope.views.fit).
 
 
-
 @dataclass(slots=True)
 class Group:
     """A box drawn in place of many nodes."""
 
     gid: str
-    kind: str                      # "module" (collapsed module) or "fold" (repetition)
+    kind: str  # "module" (collapsed module) or "fold" (repetition)
     title: str
-    module: str | None             # where the box sits (its cluster); for a module box, the module itself
+    module: str | None  # where the box sits (its cluster); for a module box, the module itself
     members: list = field(default_factory=list)
     n_ops: int = 0
     saved_bytes: int = 0
     reps: int = 1
     pattern: tuple = ()
-    worst: object = None           # the most severe Finding inside, or None
-    span: tuple = ()               # (first, last) module a fold runs over, e.g. ("layers.0", "layers.94")
+    worst: object = None  # the most severe Finding inside, or None
+    span: tuple = ()  # (first, last) module a fold runs over, e.g. ("layers.0", "layers.94")
 
 
 def tokens(graph, order, module_of) -> list[int]:
@@ -56,13 +55,14 @@ def tokens(graph, order, module_of) -> list[int]:
     return out
 
 
-def find_folds(tokens: list[int], min_reps: int = MIN_REPS, min_ops: int = MIN_OPS,
-               max_period: int = MAX_PERIOD) -> list[tuple[int, int, int]]:
+def find_folds(
+    tokens: list[int], min_reps: int = MIN_REPS, min_ops: int = MIN_OPS, max_period: int = MAX_PERIOD
+) -> list[tuple[int, int, int]]:
     """Runs of repetition in ``tokens``: ``(start, period, reps)``, non-overlapping, left to right."""
     n = len(tokens)
     periods = range(1, min(max_period, n // max(min_reps, 1)) + 1)
     match = {}
-    for p in periods:                       # match[p][i]: how far t[j] == t[j+p] holds from i on
+    for p in periods:  # match[p][i]: how far t[j] == t[j+p] holds from i on
         m = [0] * (n + 1)
         for i in range(n - p - 1, -1, -1):
             if tokens[i] == tokens[i + p]:
@@ -88,8 +88,7 @@ def find_folds(tokens: list[int], min_reps: int = MIN_REPS, min_ops: int = MIN_O
 def runs(toks, order, protected, min_reps, min_ops):
     """Fold runs ``(start, period, reps)``; a run holding a finding is split around that repetition."""
     for start, period, reps in find_folds(toks, min_reps, min_ops):
-        hit = sorted({(i - start) // period for i in range(start, start + period * reps)
-                      if order[i] in protected})
+        hit = sorted({(i - start) // period for i in range(start, start + period * reps) if order[i] in protected})
         lo = 0
         for k in hit + [reps]:
             if k - lo >= 2:
@@ -125,8 +124,14 @@ def chains(graph, order, module_of, owner, groups, fixed, min_len) -> None:
         done.update(run)
         if len(run) >= min_len:
             gid = f"chain:{run[0]}"
-            g = Group(gid, "chain", f"{len(run)} ops", module_of.get(n), list(run),
-                      pattern=tuple(nodes[m]["name"] for m in run))
+            g = Group(
+                gid,
+                "chain",
+                f"{len(run)} ops",
+                module_of.get(n),
+                list(run),
+                pattern=tuple(nodes[m]["name"] for m in run),
+            )
             groups[gid] = g
             for m in run:
                 owner[m] = gid

@@ -21,7 +21,9 @@ def findings_list(report) -> str:
     items = "".join(
         f'<li style="text-align:left;margin:0 0 6px"><code>{html.escape(f.kind)}</code> '
         f"({html.escape(f.severity)}){' at ' + html.escape(f.location) if f.location else ''}<br>"
-        f"{html.escape(f.message)}</li>" for f in report.findings)
+        f"{html.escape(f.message)}</li>"
+        for f in report.findings
+    )
     return summary_line(report) + (f'<ol class="gs-plain" style="text-align:left">{items}</ol>' if items else "")
 
 
@@ -32,8 +34,10 @@ def _view(report) -> tuple[str, str | None]:
     except GradscopeError as exc:
         return findings_list(report) + f"<p><i>No graph picture: {html.escape(str(exc))}</i></p>", None
     except Exception as exc:  # noqa: BLE001 - a notebook display must never raise
-        return (findings_list(report) + f"<p><i>No graph picture ({html.escape(type(exc).__name__)}: "
-                f"{html.escape(str(exc))}).</i></p>"), None
+        return (
+            findings_list(report) + f"<p><i>No graph picture ({html.escape(type(exc).__name__)}: "
+            f"{html.escape(str(exc))}).</i></p>"
+        ), None
     return summary_line(report) + widget(report, all_scenes, height="auto"), all_scenes[0].svg
 
 

@@ -19,13 +19,18 @@ class RenderWarning(UserWarning):
 
 
 def check(collapse, rankdir, size, dpi, max_pixels):
-    if collapse is not None and collapse is not False and (
-            isinstance(collapse, bool) or not isinstance(collapse, int) or collapse < 0):
-        raise InputValueError(f"collapse must be None (automatic), False (expand all) or a module depth "
-                              f">= 0, got {collapse!r}.")
+    if (
+        collapse is not None
+        and collapse is not False
+        and (isinstance(collapse, bool) or not isinstance(collapse, int) or collapse < 0)
+    ):
+        raise InputValueError(
+            f"collapse must be None (automatic), False (expand all) or a module depth >= 0, got {collapse!r}."
+        )
     if rankdir is not None and (not isinstance(rankdir, str) or rankdir.upper() not in RANKDIRS):
-        raise InputValueError(f"rankdir must be one of {', '.join(RANKDIRS)} (TB: top to bottom, LR: left to "
-                              f"right), got {rankdir!r}.")
+        raise InputValueError(
+            f"rankdir must be one of {', '.join(RANKDIRS)} (TB: top to bottom, LR: left to right), got {rankdir!r}."
+        )
     if size is not None:
         size_attr(size)
     for name, v in (("dpi", dpi), ("max_pixels", max_pixels)):
@@ -45,8 +50,9 @@ def size_attr(size) -> str:
         if len(parts) != 2 or min(parts) <= 0:
             raise ValueError
     except (TypeError, ValueError):
-        raise InputValueError(f"size must be (width, height) in inches, 'W,H' or one number, got {size!r}; "
-                              f"for example size=(8, 10).") from None
+        raise InputValueError(
+            f"size must be (width, height) in inches, 'W,H' or one number, got {size!r}; for example size=(8, 10)."
+        ) from None
     return f"{parts[0]:g},{parts[1]:g}"
 
 
@@ -65,9 +71,13 @@ def cap_pixels(out, dpi, max_pixels, path) -> None:
     side = max(out.size) / 72 * dpi
     if side <= max_pixels:
         return
-    new = dpi * max_pixels / side * 0.98         # dot rounds up and pads a little
+    new = dpi * max_pixels / side * 0.98  # dot rounds up and pads a little
     w, h = (round(x / 72 * dpi) for x in out.size)
-    warnings.warn(f"{path}: a {w:,} x {h:,} px image would be written; scaled down to {max_pixels:,} px on its "
-                  f"longer side (dpi {new:.0f}). Pass max_pixels=None (CLI --max-pixels 0) for full size, or "
-                  f"write .svg/.pdf, which scale without loss.", RenderWarning, stacklevel=3)
+    warnings.warn(
+        f"{path}: a {w:,} x {h:,} px image would be written; scaled down to {max_pixels:,} px on its "
+        f"longer side (dpi {new:.0f}). Pass max_pixels=None (CLI --max-pixels 0) for full size, or "
+        f"write .svg/.pdf, which scale without loss.",
+        RenderWarning,
+        stacklevel=3,
+    )
     out.dot.attr("graph", dpi=f"{new:.2f}")

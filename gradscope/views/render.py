@@ -55,9 +55,21 @@ __all__ = ["render", "to_dot", "drawing", "FORMATS", "RANKDIRS", "AUTO_LIMIT", "
 
 #: Suffixes :func:`render` understands.
 FORMATS = ("svg", "png", "pdf", "html", "dot", "json", "graphml")
-def to_dot(report, *, collapse=None, show_saved=None, fold=None, clusters=None,
-           legend: bool = False, limit: int = AUTO_LIMIT, rankdir: str | None = None, size=None,
-           dpi=None) -> graphviz.Digraph:
+
+
+def to_dot(
+    report,
+    *,
+    collapse=None,
+    show_saved=None,
+    fold=None,
+    clusters=None,
+    legend: bool = False,
+    limit: int = AUTO_LIMIT,
+    rankdir: str | None = None,
+    size=None,
+    dpi=None,
+) -> graphviz.Digraph:
     """The report's graph as a ``graphviz.Digraph`` (deterministic: same model, same source).
 
     Args:
@@ -94,13 +106,36 @@ def to_dot(report, *, collapse=None, show_saved=None, fold=None, clusters=None,
         >>> "AddmmBackward0" in report.to_dot().source
         True
     """
-    return drawing(report, collapse=collapse, show_saved=show_saved, fold=fold, clusters=clusters,
-                    legend=legend, limit=limit, rankdir=rankdir, size=size, dpi=dpi).dot
+    return drawing(
+        report,
+        collapse=collapse,
+        show_saved=show_saved,
+        fold=fold,
+        clusters=clusters,
+        legend=legend,
+        limit=limit,
+        rankdir=rankdir,
+        size=size,
+        dpi=dpi,
+    ).dot
 
 
-def render(report, path, *, format: str | None = None, collapse=None, show_saved=None,
-           fold=None, clusters=None, legend: bool = False, limit: int = AUTO_LIMIT, rankdir: str | None = None,
-           size=None, dpi=None, max_pixels: int | None = MAX_PIXELS) -> str:
+def render(
+    report,
+    path,
+    *,
+    format: str | None = None,
+    collapse=None,
+    show_saved=None,
+    fold=None,
+    clusters=None,
+    legend: bool = False,
+    limit: int = AUTO_LIMIT,
+    rankdir: str | None = None,
+    size=None,
+    dpi=None,
+    max_pixels: int | None = MAX_PIXELS,
+) -> str:
     """Write the report's graph to ``path``; the format comes from the suffix (or ``format=``).
 
     Args:
@@ -129,8 +164,10 @@ def render(report, path, *, format: str | None = None, collapse=None, show_saved
         True
     """
     if not isinstance(path, (str, os.PathLike)):
-        raise InputTypeError(f"render() needs a file path (str or os.PathLike), got {type(path).__name__} "
-                             f"{path!r}; for example report.render('graph.svg').")
+        raise InputTypeError(
+            f"render() needs a file path (str or os.PathLike), got {type(path).__name__} "
+            f"{path!r}; for example report.render('graph.svg')."
+        )
     path = os.fspath(path)
     if not isinstance(path, str) or "\0" in path:
         raise InputValueError(f"cannot render to {path!r:.80}: a file name must be text without NUL bytes.")
@@ -138,13 +175,25 @@ def render(report, path, *, format: str | None = None, collapse=None, show_saved
     if fmt == "gv":
         fmt = "dot"
     if fmt not in FORMATS:
-        got = repr(format) if format else (repr(os.path.splitext(path)[1]) if os.path.splitext(path)[1]
-                                           else "no suffix")
-        raise InputValueError(f"cannot render {path!r}: unknown format {got}. Supported: "
-                              f"{', '.join('.' + f for f in FORMATS)} (or pass format='svg').")
+        got = (
+            repr(format) if format else (repr(os.path.splitext(path)[1]) if os.path.splitext(path)[1] else "no suffix")
+        )
+        raise InputValueError(
+            f"cannot render {path!r}: unknown format {got}. Supported: "
+            f"{', '.join('.' + f for f in FORMATS)} (or pass format='svg')."
+        )
     check(collapse, rankdir, size, dpi, max_pixels)
-    kw = dict(collapse=collapse, show_saved=show_saved, fold=fold, clusters=clusters, legend=legend, limit=limit,
-              rankdir=rankdir, size=size, dpi=dpi)
+    kw = dict(
+        collapse=collapse,
+        show_saved=show_saved,
+        fold=fold,
+        clusters=clusters,
+        legend=legend,
+        limit=limit,
+        rankdir=rankdir,
+        size=size,
+        dpi=dpi,
+    )
     if fmt == "json":
         from gradscope.views.serialize import report_to_data
 
@@ -174,8 +223,9 @@ def _write(path: str, data: bytes) -> None:
         with open(path, "wb") as f:
             f.write(data)
     except OSError as exc:
-        raise RenderError(f"cannot write {path!r}: {exc.strerror}. Check that the folder exists and is "
-                          "writable.") from None
+        raise RenderError(
+            f"cannot write {path!r}: {exc.strerror}. Check that the folder exists and is writable."
+        ) from None
 
 
 def _plain(value):

@@ -39,19 +39,19 @@ _COMMENT = re.compile(r"<!--.*?-->", re.S)
 class Scene:
     """One drawing of the viewer: its SVG text, its elements' details, where it sits in the box tree."""
 
-    sid: str                         # "top" or the id of the box it expands ("fold:n12", "module:enc")
+    sid: str  # "top" or the id of the box it expands ("fold:n12", "module:enc")
     title: str
     parent: str | None
     svg: str
     drawing: Drawing
-    nodes: list = field(default_factory=list)     # graph nodes inside this scene
+    nodes: list = field(default_factory=list)  # graph nodes inside this scene
     note: str | None = None
 
 
 def svg_text(svg_bytes: bytes) -> str:
     """The ``<svg>`` element of dot's SVG output (XML prolog, doctype and comments dropped)."""
     text = svg_bytes.decode("utf-8")
-    return _COMMENT.sub("", text[text.index("<svg"):])
+    return _COMMENT.sub("", text[text.index("<svg") :])
 
 
 def _boxes(drawing) -> dict:
@@ -94,8 +94,10 @@ def scenes(report, top, open_box, pipe, *, budget=(MAX_SCENES, MAX_BYTES, MAX_SE
             if box in seen:
                 continue
             if len(out) >= max_scenes or spent >= max_bytes or time.monotonic() - start > max_seconds:
-                info["closed"] = ("Not pre-rendered (the page's size budget is spent): draw it with "
-                                  "render(path, collapse=N) or collapse=False.")
+                info["closed"] = (
+                    "Not pre-rendered (the page's size budget is spent): draw it with "
+                    "render(path, collapse=N) or collapse=False."
+                )
                 continue
             drawing = open_box(box, parent.drawing)
             svg = _svg(drawing, pipe)
@@ -103,8 +105,10 @@ def scenes(report, top, open_box, pipe, *, budget=(MAX_SCENES, MAX_BYTES, MAX_SE
             seen.add(box)
             note = None
             if info.get("kind") == "fold" and (info.get("reps") or 1) > 1:
-                note = (f"One repetition of {info.get('name')} drawn: every repetition runs the same ops "
-                        f"(render(path, collapse=False) draws them all).")
+                note = (
+                    f"One repetition of {info.get('name')} drawn: every repetition runs the same ops "
+                    f"(render(path, collapse=False) draws them all)."
+                )
             out.append(Scene(box, _title(info), parent.sid, svg, drawing, members, note))
     return out
 
@@ -152,9 +156,16 @@ def search_index(report, all_scenes: list) -> dict:
             else:
                 drawn = 1
             break
-        rows.append([n, name(d["name"]), name(module_of.get(n) or d.get("module")),
-                     paths.setdefault(tuple(chain), len(paths)), drawn])
-    for eid, info in by_sid["top"].drawing.elements.items():        # parameters no gradient reaches
+        rows.append(
+            [
+                n,
+                name(d["name"]),
+                name(module_of.get(n) or d.get("module")),
+                paths.setdefault(tuple(chain), len(paths)),
+                drawn,
+            ]
+        )
+    for eid, info in by_sid["top"].drawing.elements.items():  # parameters no gradient reaches
         if info.get("kind") == "unused":
             for p in info.get("params") or ():
                 rows.append([eid, name(p), name(p.rpartition(".")[0]), 0, 1])

@@ -14,7 +14,7 @@ __all__ = ["validate"]
 
 _MAX_DEPTH = 64
 _MAX_INT = 2**63
-_STATUSES = ("live", "stale", "hooked", "offloaded", "recomputed", "opaque", "freed")   # known today
+_STATUSES = ("live", "stale", "hooked", "offloaded", "recomputed", "opaque", "freed")  # known today
 
 
 class _Bad(Exception):
@@ -22,13 +22,21 @@ class _Bad(Exception):
 
 
 def _type(v) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
-            float: "a number", type(None): "null"}.get(type(v), type(v).__name__)
+    return {
+        dict: "an object",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        type(None): "null",
+    }.get(type(v), type(v).__name__)
 
 
 def _fail(where: str, want: str, v) -> None:
-    shown = repr(v) if isinstance(v, (int, float, bool, type(None))) or (isinstance(v, str) and len(v) < 40) \
-        else _type(v)
+    shown = (
+        repr(v) if isinstance(v, (int, float, bool, type(None))) or (isinstance(v, str) and len(v) < 40) else _type(v)
+    )
     raise _Bad(f"{where}: expected {want}, got {shown}")
 
 
@@ -90,8 +98,9 @@ def _plain(where, v) -> None:
 # -- fast checks: the common, valid case without building any path string ----------------------------
 _NONE = type(None)
 _SCALARS = (str, float, bool, _NONE)
-_NODE_KEYS = frozenset({"id", "kind", "name", "saved", "saved_bytes", "module", "root", "opaque", "seq",
-                        "attrs", "out_shapes"})
+_NODE_KEYS = frozenset(
+    {"id", "kind", "name", "saved", "saved_bytes", "module", "root", "opaque", "seq", "attrs", "out_shapes"}
+)
 _SAVED_KEYS = frozenset({"slot", "status", "shape", "dtype", "device", "nbytes", "storage"})
 
 
@@ -107,7 +116,7 @@ def _plain_ok(v, depth: int = 0) -> bool:
         elif t is list or t is dict:
             if d >= _MAX_DEPTH:
                 return False
-            for y in (x if t is list else x.values()):
+            for y in x if t is list else x.values():
                 ty = type(y)
                 if ty is int:
                     if not -_MAX_INT < y < _MAX_INT:
@@ -132,42 +141,61 @@ def _shape_ok(v, null=False) -> bool:
 
 
 def _saved_ok(e) -> bool:
-    return (type(e) is dict and type(e.get("slot")) is str and type(e.get("status")) is str
-            and _shape_ok(e.get("shape"), True) and type(e.get("dtype")) in (str, _NONE)
-            and type(e.get("device")) in (str, _NONE) and _count(e.get("nbytes"))
-            and _count(e.get("storage"), null=True)
-            and all(k in _SAVED_KEYS or _plain_ok(x, 2) for k, x in e.items()))
+    return (
+        type(e) is dict
+        and type(e.get("slot")) is str
+        and type(e.get("status")) is str
+        and _shape_ok(e.get("shape"), True)
+        and type(e.get("dtype")) in (str, _NONE)
+        and type(e.get("device")) in (str, _NONE)
+        and _count(e.get("nbytes"))
+        and _count(e.get("storage"), null=True)
+        and all(k in _SAVED_KEYS or _plain_ok(x, 2) for k, x in e.items())
+    )
 
 
 def _node_ok(d) -> bool:
-    if type(d) is not dict or type(d.get("id")) is not str or d.get("kind") not in ("op", "param", "input") \
-            or type(d.get("name")) is not str or type(d.get("saved")) is not list:
+    if (
+        type(d) is not dict
+        or type(d.get("id")) is not str
+        or d.get("kind") not in ("op", "param", "input")
+        or type(d.get("name")) is not str
+        or type(d.get("saved")) is not list
+    ):
         return False
-    if not (_count(d.get("saved_bytes")) and type(d.get("module")) in (str, _NONE)
-            and type(d.get("root")) is bool and type(d.get("opaque")) is bool
-            and _count(d.get("seq"), low=-_MAX_INT, null=True)):
+    if not (
+        _count(d.get("saved_bytes"))
+        and type(d.get("module")) in (str, _NONE)
+        and type(d.get("root")) is bool
+        and type(d.get("opaque")) is bool
+        and _count(d.get("seq"), low=-_MAX_INT, null=True)
+    ):
         return False
     attrs, outs = d.get("attrs"), d.get("out_shapes")
     if not (attrs is None or (type(attrs) is dict and _plain_ok(attrs, 1))):
         return False
     if not (outs is None or (type(outs) is list and all(_shape_ok(s) for s in outs))):
         return False
-    return all(_saved_ok(e) for e in d["saved"]) and all(
-        k in _NODE_KEYS or _plain_ok(x, 1) for k, x in d.items())
+    return all(_saved_ok(e) for e in d["saved"]) and all(k in _NODE_KEYS or _plain_ok(x, 1) for k, x in d.items())
 
 
 def _edge_ok(e, ids) -> bool:
-    return (type(e) is dict and e.get("source") in ids and e.get("target") in ids
-            and _count(e.get("index")) and _count(e.get("output")) and _count(e.get("count"))
-            and all(k in ("source", "target", "index", "output", "count") or _plain_ok(x, 1)
-                    for k, x in e.items()))
+    return (
+        type(e) is dict
+        and e.get("source") in ids
+        and e.get("target") in ids
+        and _count(e.get("index"))
+        and _count(e.get("output"))
+        and _count(e.get("count"))
+        and all(k in ("source", "target", "index", "output", "count") or _plain_ok(x, 1) for k, x in e.items())
+    )
 
 
 # -- detailed checks: run only to name the first bad field -------------------------------------------
 def _saved(where, e) -> None:
     _obj(where, e)
     _str(f"{where}.slot", e.get("slot"))
-    _str(f"{where}.status", e.get("status"))    # a newer walk may add states beyond _STATUSES
+    _str(f"{where}.status", e.get("status"))  # a newer walk may add states beyond _STATUSES
     _shape(f"{where}.shape", e.get("shape"), null=True)
     _str(f"{where}.dtype", e.get("dtype"), null=True)
     _str(f"{where}.device", e.get("device"), null=True)
@@ -301,6 +329,6 @@ def validate(data, source: str = "the report") -> str:
             raise _Bad("a gradscope report is a directed graph without parallel edges")
     except _Bad as exc:
         raise InputValueError(
-            f"{source} is not a gradscope report ({exc}); pass a file written by "
-            "report.render('x.json').") from None
+            f"{source} is not a gradscope report ({exc}); pass a file written by report.render('x.json')."
+        ) from None
     return edges

@@ -61,8 +61,9 @@ def read_json(path: str | os.PathLike) -> tuple[dict, str]:
         InputValueError: the file is missing or unreadable, is not JSON, or is not a gradscope report.
     """
     if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
-        raise InputTypeError(f"gradscope.load() takes the path of a report file (str or pathlib.Path), got "
-                             f"{type(path).__name__}.")
+        raise InputTypeError(
+            f"gradscope.load() takes the path of a report file (str or pathlib.Path), got {type(path).__name__}."
+        )
     try:
         name = os.fspath(path)
     except TypeError as exc:
@@ -80,12 +81,11 @@ def read_json(path: str | os.PathLike) -> tuple[dict, str]:
     except OSError as exc:
         raise InputValueError(f"cannot read {shown}: {exc.strerror or exc}.") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputValueError(f"{shown} is not JSON ({exc}); pass a file written by "
-                              "report.render('x.json').") from None
+        raise InputValueError(f"{shown} is not JSON ({exc}); pass a file written by report.render('x.json').") from None
     except RecursionError:
-        raise InputValueError(f"{shown} is not a gradscope report: its JSON is nested too deeply to be "
-                              "one.") from None
-    except ValueError:   # an integer of more digits than Python converts (4300 by default)
-        raise InputValueError(f"{shown} is not a gradscope report: it holds an integer thousands of digits "
-                              "long.") from None
+        raise InputValueError(f"{shown} is not a gradscope report: its JSON is nested too deeply to be one.") from None
+    except ValueError:  # an integer of more digits than Python converts (4300 by default)
+        raise InputValueError(
+            f"{shown} is not a gradscope report: it holds an integer thousands of digits long."
+        ) from None
     return data, shown

@@ -12,10 +12,16 @@ from gradscope._format import human_bytes, shape_str
 __all__ = ["COLORS", "esc", "label", "shade", "saved_lines", "short", "legend", "dot_id", "attrs"]
 
 COLORS = {
-    "param": "#dbeafe", "param_line": "#2563eb",
-    "input": "#dcfce7", "input_line": "#16a34a",
-    "op_line": "#475569", "group": "#ede9fe", "group_line": "#7c3aed",
-    "finding": "#dc2626", "finding_fill": "#fee2e2", "edge": "#64748b",
+    "param": "#dbeafe",
+    "param_line": "#2563eb",
+    "input": "#dcfce7",
+    "input_line": "#16a34a",
+    "op_line": "#475569",
+    "group": "#ede9fe",
+    "group_line": "#7c3aed",
+    "finding": "#dc2626",
+    "finding_fill": "#fee2e2",
+    "edge": "#64748b",
     "shades": ("#ffffff", "#fff3e0", "#ffe0b2", "#ffb74d", "#fb8c00"),
 }
 _MAX_SAVED_LINES = 3
@@ -46,8 +52,9 @@ def saved_lines(saved) -> list[str]:
     for e in saved[:_MAX_SAVED_LINES]:
         status = e.get("status", "live")
         mark = " STALE" if status == "stale" else ("" if status == "live" else f" ({status})")
-        out.append(f"{e['slot']}: {shape_str(e.get('shape'))} {e.get('dtype') or ''} "
-                   f"{human_bytes(e.get('nbytes') or 0)}{mark}")
+        out.append(
+            f"{e['slot']}: {shape_str(e.get('shape'))} {e.get('dtype') or ''} {human_bytes(e.get('nbytes') or 0)}{mark}"
+        )
     if len(saved) > _MAX_SAVED_LINES:
         rest = sum(e.get("nbytes") or 0 for e in saved[_MAX_SAVED_LINES:])
         out.append(f"+{len(saved) - _MAX_SAVED_LINES} more ({human_bytes(rest)})")
@@ -55,8 +62,7 @@ def saved_lines(saved) -> list[str]:
 
 
 def short(name: str, cluster: str | None) -> str:
-    return name[len(cluster) + 1:] if cluster and name.startswith(cluster + ".") else name
-
+    return name[len(cluster) + 1 :] if cluster and name.startswith(cluster + ".") else name
 
 
 def legend(dot):
@@ -66,11 +72,23 @@ def legend(dot):
         c.node("legend_input", "input", fillcolor=COLORS["input"], color=COLORS["input_line"])
         c.node("legend_op", "op (fill: saved bytes)", fillcolor=COLORS["shades"][3])
         c.node("legend_root", "root", peripheries="2", penwidth="2", fillcolor=COLORS["shades"][0])
-        c.node("legend_group", "collapsed / xN", shape="box3d", style="filled", fillcolor=COLORS["group"],
-               color=COLORS["group_line"])
+        c.node(
+            "legend_group",
+            "collapsed / xN",
+            shape="box3d",
+            style="filled",
+            fillcolor=COLORS["group"],
+            color=COLORS["group_line"],
+        )
         c.node("legend_finding", "finding", color=COLORS["finding"], penwidth="3", fillcolor=COLORS["shades"][0])
-        c.node("legend_stub", "shared leaf (one stub per use)", style="rounded,filled,dashed",
-               fillcolor=COLORS["param"], color=COLORS["param_line"], fontsize="8")
+        c.node(
+            "legend_stub",
+            "shared leaf (one stub per use)",
+            style="rounded,filled,dashed",
+            fillcolor=COLORS["param"],
+            color=COLORS["param_line"],
+            fontsize="8",
+        )
 
 
 _ID = re.compile(r"[A-Za-z_][A-Za-z_0-9]*|-?(\.[0-9]+|[0-9]+(\.[0-9]*)?)")

@@ -35,19 +35,23 @@ def bar_chart(rows, *, title: str = "", width: int = 640, bar: int = 18) -> str:
     top = 44
     height = top + len(rows) * (bar + 6) + 8
     biggest = max((sum(getattr(r, a) for a, _, _ in SERIES) for r in rows), default=0) or 1
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
-           f'<text x="4" y="14" font-weight="bold">{escape(title)}</text>']
-    x: float = 4                                  # legend: int positions; bars: float
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
+        f'<text x="4" y="14" font-weight="bold">{escape(title)}</text>',
+    ]
+    x: float = 4  # legend: int positions; bars: float
     for _, label, colour in SERIES:
         out.append(f'<rect x="{x}" y="22" width="10" height="10" fill="{colour}"/>')
         out.append(f'<text x="{x + 14}" y="31">{escape(label)}</text>')
         x += 24 + 7 * len(label)
     for i, r in enumerate(rows):
         y = top + i * (bar + 6)
-        name = r.name if len(r.name) * 7 + 12 <= label_w else r.name[:max(1, (label_w - 12) // 7 - 1)] + "…"
-        out.append(f'<text x="{label_w - 6}" y="{y + bar - 5}" text-anchor="end">'
-                   f'<title>{escape(r.name)}</title>{escape(name)}</text>')
+        name = r.name if len(r.name) * 7 + 12 <= label_w else r.name[: max(1, (label_w - 12) // 7 - 1)] + "…"
+        out.append(
+            f'<text x="{label_w - 6}" y="{y + bar - 5}" text-anchor="end">'
+            f"<title>{escape(r.name)}</title>{escape(name)}</text>"
+        )
         x = float(label_w)
         total = 0
         for attr, label, colour in SERIES:
@@ -56,8 +60,10 @@ def bar_chart(rows, *, title: str = "", width: int = 640, bar: int = 18) -> str:
             if v <= 0:
                 continue
             w = plot_w * v / biggest
-            out.append(f'<rect x="{x:.1f}" y="{y}" width="{max(w, 1.0):.1f}" height="{bar}" fill="{colour}">'
-                       f'<title>{escape(r.name)}: {escape(human_bytes(v))} {escape(label)}</title></rect>')
+            out.append(
+                f'<rect x="{x:.1f}" y="{y}" width="{max(w, 1.0):.1f}" height="{bar}" fill="{colour}">'
+                f"<title>{escape(r.name)}: {escape(human_bytes(v))} {escape(label)}</title></rect>"
+            )
             x += w
         out.append(f'<text x="{x + 4:.1f}" y="{y + bar - 5}">{escape(human_bytes(total))}</text>')
     out.append("</svg>")

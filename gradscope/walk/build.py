@@ -15,12 +15,12 @@ from collections.abc import Mapping
 import networkx as nx
 import torch
 
-from gradscope.walk.release import keep_until_dead
+from gradscope._format import one_line
 from gradscope.errors import InputTypeError, InputValueError, NoGradRootError
 from gradscope.walk.holders import external
 from gradscope.walk.loop import walk
-from gradscope._format import one_line
 from gradscope.walk.records import Records, node_id
+from gradscope.walk.release import keep_until_dead
 from gradscope.walk.saved import _DTYPES, StorageIds, dtype_str
 
 __all__ = ["build", "build_graph", "flatten_roots", "param_names", "model_buffers"]
@@ -35,7 +35,8 @@ def flatten_roots(root) -> list[torch.Tensor]:
     if not isinstance(root, (list, tuple)):
         raise InputTypeError(
             f"inspect() needs a tensor (the loss) or a list/tuple of tensors, got {_describe(root)}. "
-            "Pass the tensor you would call .backward() on.")
+            "Pass the tensor you would call .backward() on."
+        )
     out: list[torch.Tensor] = []
     stack = [iter(root)]
     while stack:
@@ -48,7 +49,8 @@ def flatten_roots(root) -> list[torch.Tensor]:
             stack.append(iter(item))
         else:
             raise InputTypeError(
-                f"inspect() got a list of roots holding {_describe(item)}; every root must be a tensor.")
+                f"inspect() got a list of roots holding {_describe(item)}; every root must be a tensor."
+            )
     if not out:
         raise InputTypeError("inspect() got an empty list of roots; pass at least one tensor.")
     return out
@@ -68,27 +70,33 @@ def param_names(model=None, params=None) -> dict[int, tuple[str, torch.Tensor]]:
     if model is not None:
         if not isinstance(model, torch.nn.Module):
             raise InputTypeError(f"model= must be a torch.nn.Module, got {_describe(model)}.")
-        inner = model.module if isinstance(model, (torch.nn.parallel.DistributedDataParallel,
-                                                  torch.nn.DataParallel)) else model
+        inner = (
+            model.module
+            if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel))
+            else model
+        )
         named = _plain_named_parameters(inner)
         for item in inner.named_parameters() if named is None else named:
             if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], torch.Tensor)):
                 raise InputTypeError(
                     f"model.named_parameters() of {type(inner).__name__} must yield (name, tensor) pairs, "
-                    f"it yielded {_describe(item)}; pass params=dict(...) instead.")
+                    f"it yielded {_describe(item)}; pass params=dict(...) instead."
+                )
             out.setdefault(id(item[1]), (str(item[0]), item[1]))
     if params is not None:
         if not isinstance(params, Mapping):
             raise InputTypeError(
                 f"params= must be a mapping of names to tensors (e.g. dict(model.named_parameters())), "
-                f"got {_describe(params)}.")
+                f"got {_describe(params)}."
+            )
         for name, p in params.items():
             try:
                 text = name if isinstance(name, str) else str(name)
             except Exception:  # noqa: BLE001 - a key whose __str__/__repr__ raises
                 raise InputTypeError(
                     f"params= keys must be parameter names (str); got a {type(name).__name__} key that "
-                    "cannot be turned into a string. Use dict(model.named_parameters()).") from None
+                    "cannot be turned into a string. Use dict(model.named_parameters())."
+                ) from None
             if not isinstance(p, torch.Tensor):
                 raise InputTypeError(f"params[{text!r}] must be a tensor, got {_describe(p)}.")
             if p.grad_fn is not None:
@@ -98,7 +106,8 @@ def param_names(model=None, params=None) -> dict[int, tuple[str, torch.Tensor]]:
                     f"params[{text!r}] is not a leaf tensor (it was computed by {p.grad_fn.name()}): "
                     "params= names the leaves a gradient accumulates into (parameters, inputs that "
                     "require grad). Pass the leaves it was computed from, or check its .grad after "
-                    "backward() if you called retain_grad() on it.")
+                    "backward() if you called retain_grad() on it."
+                )
             out.setdefault(id(p), (text, p))
     return out
 
@@ -121,8 +130,11 @@ def _plain_named_parameters(module) -> list | None:
         if m in memo:
             continue
         cls = type(m)
-        if (cls.named_parameters is not _MODULE.named_parameters or cls.named_modules is not _MODULE.named_modules
-                or cls._named_members is not _MODULE._named_members):
+        if (
+            cls.named_parameters is not _MODULE.named_parameters
+            or cls.named_modules is not _MODULE.named_modules
+            or cls._named_members is not _MODULE._named_members
+        ):
             return None
         memo.add(m)
         dot = prefix + "." if prefix else ""
@@ -144,8 +156,9 @@ def model_buffers(model) -> list:
     """
     if not isinstance(model, _MODULE):
         return []
-    inner = model.module if isinstance(model, (torch.nn.parallel.DistributedDataParallel,
-                                              torch.nn.DataParallel)) else model
+    inner = (
+        model.module if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)) else model
+    )
     out: list = []
     memo: set = set()
     stack = [inner]
@@ -154,8 +167,12 @@ def model_buffers(model) -> list:
         if m in memo:
             continue
         cls = type(m)
-        if (cls.buffers is not _MODULE.buffers or cls.named_buffers is not _MODULE.named_buffers
-                or cls.named_modules is not _MODULE.named_modules or cls._named_members is not _MODULE._named_members):
+        if (
+            cls.buffers is not _MODULE.buffers
+            or cls.named_buffers is not _MODULE.named_buffers
+            or cls.named_modules is not _MODULE.named_modules
+            or cls._named_members is not _MODULE._named_members
+        ):
             try:
                 return list(inner.buffers())
             except Exception:  # noqa: BLE001 - a module whose buffers() is overridden and raises
@@ -186,7 +203,8 @@ def _root_node(t: torch.Tensor, index: int):
         raise InputValueError(
             f"root {index} (a tensor of shape {_shape_text(t)}) cannot be differentiated: torch refuses "
             f"to read its grad_fn ({str(exc).split('. ')[0]}). backward() raises the same; see torch's "
-            "message for the fix.") from None
+            "message for the fix."
+        ) from None
     if grad_fn is not None:
         return grad_fn
     if t.requires_grad:
@@ -203,7 +221,8 @@ def _root_node(t: torch.Tensor, index: int):
     raise NoGradRootError(
         f"root {index} (a tensor of shape {_shape_text(t)}) has no grad_fn and does not require grad, so "
         "backward() has nothing to do: it was computed under torch.no_grad()/inference_mode, detached, "
-        "or from inputs that do not require grad. Inspect the loss before any .detach()/.item().")
+        "or from inputs that do not require grad. Inspect the loss before any .detach()/.item()."
+    )
 
 
 def _root_storage_bytes(t: torch.Tensor) -> int | None:
@@ -218,8 +237,9 @@ def build_graph(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Ten
     return build(roots, names).digraph()
 
 
-def build(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]], buffers=(),
-          fast: bool = True) -> Records:
+def build(
+    roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]], buffers=(), fast: bool = True
+) -> Records:
     """Walk from ``roots`` into compact :class:`~gradscope.walk.records.Records` (NOTE [compact records]).
 
     ``records.digraph()`` is :func:`build_graph`'s DiGraph; ``buffers``: the model's buffers (for the
@@ -239,7 +259,8 @@ def build(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]],
         root_info.append((i, node, _shape(t)))
     if not root_info:
         raise NoGradRootError(
-            f"none of the {len(roots)} roots has a grad_fn or requires grad: there is no graph to inspect.")
+            f"none of the {len(roots)} roots has a grad_fn or requires grad: there is no graph to inspect."
+        )
     gc_was_enabled = gc.isenabled()
     gc.disable()  # generational GC passes over the walk's allocations would dominate its time
     try:
@@ -247,16 +268,20 @@ def build(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]],
         records, ids = walk([node for _, node, _ in root_info], names, storages, fast)
         roots_idx = [ids[node] for _, node, _ in root_info]
         records.roots = roots_idx
-        records.graph.update({
-            "roots": [node_id(i) for i in roots_idx],
-            "root_shapes": [shape for _, _, shape in root_info],
-            "root_storage_bytes": [_root_storage_bytes(roots[i]) for i, _, _ in root_info],  # a scalar loss may view a big buffer
-            "no_grad_roots": no_grad_roots,
-            "storage_bytes": list(storages.sizes),
-            "params": _params_info(records.param_nodes, names, storages),
-            "external": external(storages.uses, storages.impls),   # NOTE [holder counts]
-            "buffers": _buffers_info(buffers, storages),
-        })
+        records.graph.update(
+            {
+                "roots": [node_id(i) for i in roots_idx],
+                "root_shapes": [shape for _, _, shape in root_info],
+                "root_storage_bytes": [
+                    _root_storage_bytes(roots[i]) for i, _, _ in root_info
+                ],  # a scalar loss may view a big buffer
+                "no_grad_roots": no_grad_roots,
+                "storage_bytes": list(storages.sizes),
+                "params": _params_info(records.param_nodes, names, storages),
+                "external": external(storages.uses, storages.impls),  # NOTE [holder counts]
+                "buffers": _buffers_info(buffers, storages),
+            }
+        )
         if len(ids) >= _DEEP:
             keep_until_dead([t for i, t in enumerate(roots) if i not in no_grad_roots], list(ids))
         del ids
@@ -294,7 +319,13 @@ def _params_info(where: dict, names, storages: StorageIds) -> dict:
             shape = list(p.shape)
         except RuntimeError:  # a nested tensor
             shape = None
-        out[name] = {"requires_grad": bool(p.requires_grad), "shape": shape,
-                     "dtype": _DTYPES.get(dtype) or dtype_str(dtype), "node": where.get(name), "storage": sid,
-                     "grad": p.grad is not None, "pid": id(p)}
+        out[name] = {
+            "requires_grad": bool(p.requires_grad),
+            "shape": shape,
+            "dtype": _DTYPES.get(dtype) or dtype_str(dtype),
+            "node": where.get(name),
+            "storage": sid,
+            "grad": p.grad is not None,
+            "pid": id(p),
+        }
     return out

@@ -89,9 +89,11 @@ def checkpoint_inputs(raws, storages, classify) -> list[dict]:
         if not isinstance(arg, saved_type):
             continue
         data = arg.data
-        tensor = data if isinstance(data, torch.Tensor) else (
-            data[1] if isinstance(data, tuple) and len(data) == 2 and isinstance(data[1], torch.Tensor)
-            else None)
+        tensor = (
+            data
+            if isinstance(data, torch.Tensor)
+            else (data[1] if isinstance(data, tuple) and len(data) == 2 and isinstance(data[1], torch.Tensor) else None)
+        )
         if tensor is None:
             continue
         stale = _stale(arg, tensor)
@@ -100,7 +102,7 @@ def checkpoint_inputs(raws, storages, classify) -> list[dict]:
                 continue
         except (RuntimeError, NotImplementedError, TypeError):
             pass
-        del data, tensor   # our references would read as a holder outside the graph (walk/holders.py)
+        del data, tensor  # our references would read as a holder outside the graph (walk/holders.py)
         entry = classify(None, f"checkpoint input[{i}]", None, arg, storages)
         if entry is not None:
             entry.pop("_version", None)
@@ -127,7 +129,7 @@ def _stale(arg, tensor):
         if m:
             return int(m.group(1)), int(m.group(2))
         if "its base or another view of its base has been modified inplace" in str(exc):
-            return tensor._version, None    # a split/unbind view whose base was written (issue 16)
+            return tensor._version, None  # a split/unbind view whose base was written (issue 16)
     return None
 
 
@@ -161,8 +163,14 @@ def holder_meta(unpack_hook, holder, storages) -> dict | None:
     n = 1
     for s in shape:
         n *= s
-    return {"region": rec[0], "index": i, "shape": shape, "dtype": str(dtype).removeprefix("torch."),
-            "nbytes": n * (dtype.itemsize if hasattr(dtype, "itemsize") else 4), "frame_bytes": rec[3]}
+    return {
+        "region": rec[0],
+        "index": i,
+        "shape": shape,
+        "dtype": str(dtype).removeprefix("torch."),
+        "nbytes": n * (dtype.itemsize if hasattr(dtype, "itemsize") else 4),
+        "frame_bytes": rec[3],
+    }
 
 
 def _frame_tensor_bytes(frame) -> int:
@@ -174,7 +182,7 @@ def _frame_tensor_bytes(frame) -> int:
             value = cell.cell_contents
         except ValueError:
             continue
-        for v in (value if isinstance(value, (list, tuple)) else (value,)):
+        for v in value if isinstance(value, (list, tuple)) else (value,):
             if isinstance(v, torch.Tensor) and not v.requires_grad:
                 try:
                     total += v.untyped_storage().nbytes()

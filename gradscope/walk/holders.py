@@ -47,7 +47,7 @@ def note_impl(impls: dict, t, sid: int, py_extra: int) -> None:
     """
     try:
         key = t._cdata
-        uses = t._use_count() - 1          # - 1: our wrapper
+        uses = t._use_count() - 1  # - 1: our wrapper
         base = t._base if t._is_view() else None
     except (AttributeError, RuntimeError):
         return
@@ -67,7 +67,7 @@ def note_impl(impls: dict, t, sid: int, py_extra: int) -> None:
 
 def external(uses: list, impls: dict) -> list[int]:
     """Storage ids that a holder outside the graph keeps alive (see NOTE [holder counts])."""
-    per_storage = [0] * len(uses)     # TensorImpls seen per storage id (every id has its use count)
+    per_storage = [0] * len(uses)  # TensorImpls seen per storage id (every id has its use count)
     out = set()
     for sid, tensor_uses, py_extra, slots, views in impls.values():
         per_storage[sid] += 1

@@ -26,7 +26,17 @@ import torch
 
 from gradscope.walk.holders import _FAST_REFS, getrefcount, note_impl, storage_uses
 from gradscope.walk.records import Records, node_id
-from gradscope.walk.saved import HELD, _DEVICES, _DTYPES, StorageIds, device_str, dtype_str, node_type, plain_value, read_saved
+from gradscope.walk.saved import (
+    _DEVICES,
+    _DTYPES,
+    HELD,
+    StorageIds,
+    device_str,
+    dtype_str,
+    node_type,
+    plain_value,
+    read_saved,
+)
 
 __all__ = ["walk"]
 
@@ -38,7 +48,7 @@ _SCALAR_DTYPES = frozenset((torch.float64, torch.int64, torch.complex128, torch.
 _STORAGE_ERRORS = (RuntimeError, NotImplementedError, TypeError)
 
 _OP, _LEAF, _OTHER = 0, 1, 2
-_SPECS: dict = {}   # node class -> (code, name, tensor slots, value slots, NodeType)
+_SPECS: dict = {}  # node class -> (code, name, tensor slots, value slots, NodeType)
 _SHAPES: dict = {}  # interned shapes and output-shape tuples (plain tuples of ints: no tensor kept)
 _MAX_SHAPES = 1 << 16
 _DTYPE_TUPLES: dict = {}  # torch.dtype -> ("float32",): the out_dtypes of a one-output node, interned
@@ -96,7 +106,7 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
     nexts_of: list = []
     visit = nexts_of.append
     seqs: list = []
-    held_of: list = []      # both become arrays at the end (list.append is the cheaper one)
+    held_of: list = []  # both become arrays at the end (list.append is the cheaper one)
     types_add, seqs_add, dev_add = r.types.append, seqs.append, r.devices.append
     held_col, saved_add, values_add, outs_add = held_of.append, r.saved.append, r.values.append, r.outs.append
     dts_add = r.out_dtypes.append
@@ -148,8 +158,13 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
             except RuntimeError:  # a nested tensor
                 shape = None
             # .grad already set: backward adds into it in place (the last entry)
-            leaf = (None, dtypes_get(dt) or dtype_str(dt), bool(var.requires_grad), devices_get(dev) or device_str(dev),
-                    var.grad is not None)
+            leaf = (
+                None,
+                dtypes_get(dt) or dtype_str(dt),
+                bool(var.requires_grad),
+                devices_get(dev) or device_str(dev),
+                var.grad is not None,
+            )
             if named:
                 qual = named[0]
                 param_nodes[qual] = node_id(i)  # the last one, as a dict built over the nodes
@@ -168,7 +183,7 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
         held = 0
         ok = fast and code == _OP
         if ok:
-            rec = ()   # () + t is t itself: no copy for the common single slot
+            rec = ()  # () + t is t itself: no copy for the common single slot
             node_sids = None
             for s, raw_attr, attr in spec[2]:
                 try:
@@ -245,9 +260,9 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
                 saved_add(rec)
                 values_add(values)
         if not ok:
-            data = None   # the fast path's reference would read as a holder outside the graph
+            data = None  # the fast path's reference would read as a holder outside the graph
             saved, values = read_saved(node, spec[4], storages)
-            if fast and code == _OP and rec:   # slots the fast path counted before it gave up: counted twice
+            if fast and code == _OP and rec:  # slots the fast path counted before it gave up: counted twice
                 _uncount(node, spec[2], len(rec) // 5, impls)
             held = 0
             seen = set()

@@ -35,7 +35,7 @@ from gradscope.walk.values import plain_value
 
 __all__ = ["Records", "CompactGraph", "node_id"]
 
-_IDS: list[str] = []    # "n0", "n1", ...: the same strings in every walk
+_IDS: list[str] = []  # "n0", "n1", ...: the same strings in every walk
 _MAX_CACHED_IDS = 1 << 18
 
 
@@ -58,9 +58,29 @@ def _index(nid) -> int | None:
 class Records:
     """The compact form of one walk (see NOTE [compact records])."""
 
-    __slots__ = ("types", "seqs", "devices", "held", "saved", "values", "outs", "out_dtypes", "leaves", "kid_off", "kids",
-                 "kid_out", "sizes", "graph", "roots", "special", "param_nodes", "held_total", "_dicts",
-                 "_digraph", "__weakref__")
+    __slots__ = (
+        "types",
+        "seqs",
+        "devices",
+        "held",
+        "saved",
+        "values",
+        "outs",
+        "out_dtypes",
+        "leaves",
+        "kid_off",
+        "kids",
+        "kid_out",
+        "sizes",
+        "graph",
+        "roots",
+        "special",
+        "param_nodes",
+        "held_total",
+        "_dicts",
+        "_digraph",
+        "__weakref__",
+    )
 
     def __init__(self) -> None:
         self.types: list = []
@@ -75,13 +95,13 @@ class Records:
         self.kid_off = array("q", [0])
         self.kids = array("q")
         self.kid_out = array("q")
-        self.sizes: list[int] = []       # storage id -> storage bytes
-        self.graph: dict = {}            # the DiGraph's graph attributes (roots, params, ...)
+        self.sizes: list[int] = []  # storage id -> storage bytes
+        self.graph: dict = {}  # the DiGraph's graph attributes (roots, params, ...)
         self.roots: list[int] = []
-        self.special: list[int] = []     # nodes read by the general reader (NOTE [walk fast path])
-        self.param_nodes: dict = {}      # parameter name -> node id
+        self.special: list[int] = []  # nodes read by the general reader (NOTE [walk fast path])
+        self.param_nodes: dict = {}  # parameter name -> node id
         self.held_total = 0
-        self._dicts: dict = {}           # node index -> attribute dict already handed out
+        self._dicts: dict = {}  # node index -> attribute dict already handed out
         self._digraph = None
 
     def __len__(self) -> int:
@@ -100,14 +120,36 @@ class Records:
         leaf = self.leaves.get(i)
         if leaf is not None:
             kind, name, module, shape, dtype, requires_grad, device, grad = leaf
-            return {"kind": kind, "name": name, "saved": [], "saved_bytes": 0, "module": module, "root": root,
-                    "opaque": False, "seq": None, "shape": None if shape is None else list(shape),
-                    "dtype": dtype, "requires_grad": requires_grad, "device": device, "grad": grad}
+            return {
+                "kind": kind,
+                "name": name,
+                "saved": [],
+                "saved_bytes": 0,
+                "module": module,
+                "root": root,
+                "opaque": False,
+                "seq": None,
+                "shape": None if shape is None else list(shape),
+                "dtype": dtype,
+                "requires_grad": requires_grad,
+                "device": device,
+                "grad": grad,
+            }
         t = self.types[i]
-        d = {"kind": "op", "name": t.name, "saved": self.saved_dicts(i), "saved_bytes": self.held[i],
-             "device": self.devices[i], "module": None, "root": root, "opaque": t.opaque, "seq": self.seqs[i],
-             "attrs": self._values(i), "out_shapes": [None if s is None else list(s) for s in self.outs[i]],
-             "out_dtypes": list(self.out_dtypes[i])}
+        d = {
+            "kind": "op",
+            "name": t.name,
+            "saved": self.saved_dicts(i),
+            "saved_bytes": self.held[i],
+            "device": self.devices[i],
+            "module": None,
+            "root": root,
+            "opaque": t.opaque,
+            "seq": self.seqs[i],
+            "attrs": self._values(i),
+            "out_shapes": [None if s is None else list(s) for s in self.outs[i]],
+            "out_dtypes": list(self.out_dtypes[i]),
+        }
         if t.function is not None:
             d["function"] = t.function
         return d
@@ -127,8 +169,15 @@ class Records:
             scalar = sid < 0
             if scalar:
                 sid = ~sid
-            e = {"slot": rec[k], "shape": list(rec[k + 1]), "dtype": rec[k + 2], "device": rec[k + 3],
-                 "nbytes": sizes[sid], "status": "live", "storage": sid}
+            e = {
+                "slot": rec[k],
+                "shape": list(rec[k + 1]),
+                "dtype": rec[k + 2],
+                "device": rec[k + 3],
+                "nbytes": sizes[sid],
+                "status": "live",
+                "storage": sid,
+            }
             if scalar:
                 e["scalar"] = True
             out.append(e)
@@ -139,7 +188,7 @@ class Records:
         if type(vals) is dict:
             return vals
         slots = self.types[i].value_slots
-        if len(slots) == 1:   # one value slot: the value itself
+        if len(slots) == 1:  # one value slot: the value itself
             return {slots[0][0]: plain_value(vals)}
         return {s: plain_value(v) for (s, _), v in zip(slots, vals)}
 
@@ -187,7 +236,7 @@ class Records:
         succ: list[dict[str, dict[str, int]]] = [{} for _ in range(n)]
         pred: list[dict[str, dict[str, int]]] = [{} for _ in range(n)]
         off, kids, outs = self.kid_off, self.kids, self.kid_out
-        for v in range(n - 1, -1, -1):   # consumers last-discovered first, inputs by index
+        for v in range(n - 1, -1, -1):  # consumers last-discovered first, inputs by index
             into = pred[v]
             vid = ids[v]
             start = off[v]
@@ -202,7 +251,7 @@ class Records:
                 else:
                     e["count"] += 1
                     out_nr = outs[k]
-                    if out_nr != e["output"] or "outputs" in e:   # several outputs of u: the replay needs each
+                    if out_nr != e["output"] or "outputs" in e:  # several outputs of u: the replay needs each
                         e.setdefault("outputs", [e["output"]] * (e["count"] - 1)).append(out_nr)
         g._succ.update(zip(ids, succ))
         g._pred.update(zip(ids, pred))
@@ -245,7 +294,7 @@ class _Nodes:
         if data == "saved_bytes" and not r._dicts:
             held, leaves = r.held, r.leaves
             return [(node_id(i), 0 if i in leaves else held[i]) for i in range(n)]
-        if data == "module" and not r._dicts:   # op modules are None until trace() annotates
+        if data == "module" and not r._dicts:  # op modules are None until trace() annotates
             leaves = r.leaves
             return [(node_id(i), leaves[i][2] if i in leaves else None) for i in range(n)]
         return [(node_id(i), r.node_attrs(i).get(data, default)) for i in range(n)]
@@ -289,6 +338,6 @@ class CompactGraph:
         return len(self.compact)
 
     def __getattr__(self, name):
-        if name.startswith("__") or name in CompactGraph.__slots__:   # copy/pickle probing: no DiGraph
+        if name.startswith("__") or name in CompactGraph.__slots__:  # copy/pickle probing: no DiGraph
             raise AttributeError(name)
         return getattr(self.compact.digraph(), name)

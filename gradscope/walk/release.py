@@ -40,8 +40,8 @@ _STACK = 256 * 1024 * 1024
 _MIN_WAIT, _MAX_WAIT = 0.05, 1.0
 _lock = threading.Lock()
 _wake = threading.Event()
-_held: list[list] = []          # [head nodes, root-first node list] per held graph
-_ids: set[int] = set()          # id() of every node held, in whichever list
+_held: list[list] = []  # [head nodes, root-first node list] per held graph
+_ids: set[int] = set()  # id() of every node held, in whichever list
 _worker: threading.Thread | None = None
 _stopping = False
 _getrefcount = sys.getrefcount
@@ -49,7 +49,7 @@ _getrefcount = sys.getrefcount
 
 def _calibrate() -> int:
     probe = [object()]
-    return _getrefcount(probe[0])   # a list entry read as `_getrefcount(lst[i])`: ours only
+    return _getrefcount(probe[0])  # a list entry read as `_getrefcount(lst[i])`: ours only
 
 
 _ONLY_OURS = _calibrate()
@@ -67,7 +67,7 @@ def keep_until_dead(roots, nodes: list) -> None:
     ``roots``: the tensors whose ``grad_fn`` the walk started from; their nodes are checked first, and
     their finalizers wake the releaser.
     """
-    with _lock:     # each node is held once, by the first list that met it (two inspects of one graph)
+    with _lock:  # each node is held once, by the first list that met it (two inspects of one graph)
         nodes = [n for n in nodes if id(n) not in _ids]
         _ids.update(id(n) for n in nodes)
     if not nodes:
@@ -76,7 +76,7 @@ def keep_until_dead(roots, nodes: list) -> None:
     heads = []
     for t in roots:
         node = getattr(t, "grad_fn", None)
-        if node is not None and id(node) in known:    # counted below as held twice
+        if node is not None and id(node) in known:  # counted below as held twice
             heads.append(node)
     del known
     entry = [heads if len(heads) == len(roots) else [], nodes]
@@ -111,10 +111,10 @@ def _release(entry: list) -> bool:
     heads, nodes = entry
     if heads:
         for i in range(len(heads)):
-            if _getrefcount(heads[i]) <= _ONLY_OURS + 1:    # heads and nodes both hold it
+            if _getrefcount(heads[i]) <= _ONLY_OURS + 1:  # heads and nodes both hold it
                 break
         else:
-            return False        # every root node is owned elsewhere, hence every node
+            return False  # every root node is owned elsewhere, hence every node
         heads.clear()
     while True:
         keep = []
@@ -122,7 +122,7 @@ def _release(entry: list) -> bool:
         for i in range(len(nodes)):
             if _getrefcount(nodes[i]) <= _ONLY_OURS:
                 _ids.discard(id(nodes[i]))
-                nodes[i] = None     # frees exactly this node: its inputs are still held
+                nodes[i] = None  # frees exactly this node: its inputs are still held
                 freed += 1
             else:
                 keep.append(i)
@@ -158,7 +158,7 @@ def _run() -> None:
         busy = _scan()
         if not busy:
             wait = _MIN_WAIT
-            _wake.wait()            # nothing held: sleep until the next keep_until_dead or finalizer
+            _wake.wait()  # nothing held: sleep until the next keep_until_dead or finalizer
             continue
         wait = _MIN_WAIT if (woken or pending() < before) else min(wait * 2, _MAX_WAIT)
 
@@ -174,5 +174,5 @@ def _drain() -> None:
     _scan()
     with _lock:
         left = list(_held)
-    for entry in left:   # still owned by the user's objects: never free them during finalization
+    for entry in left:  # still owned by the user's objects: never free them during finalization
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(entry))

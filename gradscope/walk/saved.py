@@ -48,8 +48,8 @@ class NodeType:
     """What we know about a node class, computed once per class (dir() is slow)."""
 
     name: str
-    tensor_slots: tuple[tuple[str, str, str], ...]   # (slot, "_raw_saved_<slot>", "_saved_<slot>")
-    value_slots: tuple[tuple[str, str], ...]         # (slot, "_saved_<slot>")
+    tensor_slots: tuple[tuple[str, str, str], ...]  # (slot, "_raw_saved_<slot>", "_saved_<slot>")
+    value_slots: tuple[tuple[str, str], ...]  # (slot, "_saved_<slot>")
     custom: bool
     function: str | None
     opaque: bool
@@ -71,8 +71,8 @@ def node_type(node) -> NodeType:
 
 def _make_type(node, cls) -> NodeType:
     names = dir(cls)
-    raw = {n[len("_raw_saved_"):] for n in names if n.startswith("_raw_saved_")}
-    saved = [n[len("_saved_"):] for n in names if n.startswith("_saved_")]
+    raw = {n[len("_raw_saved_") :] for n in names if n.startswith("_raw_saved_")}
+    saved = [n[len("_saved_") :] for n in names if n.startswith("_saved_")]
     tensor_slots = tuple((s, "_raw_saved_" + s, "_saved_" + s) for s in saved if s in raw)
     value_slots = tuple((s, "_saved_" + s) for s in saved if s not in raw)
     fwd = getattr(node, "_forward_cls", None)
@@ -85,12 +85,22 @@ def _make_type(node, cls) -> NodeType:
         name = f"{fwd.__name__}Backward"
     else:
         name = cls.__name__
-    template = {"kind": "op", "name": name, "saved": None, "saved_bytes": 0, "device": None, "module": None,
-                "root": False, "opaque": opaque, "seq": None, "attrs": None, "out_shapes": None}
+    template = {
+        "kind": "op",
+        "name": name,
+        "saved": None,
+        "saved_bytes": 0,
+        "device": None,
+        "module": None,
+        "root": False,
+        "opaque": opaque,
+        "seq": None,
+        "attrs": None,
+        "out_shapes": None,
+    }
     if function is not None:
         template["function"] = function
-    return NodeType(name, tensor_slots, value_slots, custom, function, opaque, name == "AccumulateGrad",
-                    template)
+    return NodeType(name, tensor_slots, value_slots, custom, function, opaque, name == "AccumulateGrad", template)
 
 
 class StorageIds:
@@ -105,10 +115,10 @@ class StorageIds:
     def __init__(self) -> None:
         self.ids: dict[int, int] = {}
         self.sizes: list[int] = []
-        self.frames: set[int] = set()   # checkpoint frames already listed this walk (_checkpoint.py)
-        self.uses: list[int] = []       # storage use count at first sight: NOTE [holder counts], walk/holders.py
+        self.frames: set[int] = set()  # checkpoint frames already listed this walk (_checkpoint.py)
+        self.uses: list[int] = []  # storage use count at first sight: NOTE [holder counts], walk/holders.py
         self.impls: dict[int, list] = {}
-        self.regions: dict[int, tuple] = {}   # id(checkpoint frame) -> (region number, {id(holder): i})
+        self.regions: dict[int, tuple] = {}  # id(checkpoint frame) -> (region number, {id(holder): i})
 
     def key(self, t: torch.Tensor) -> tuple[int | None, int]:
         """Return ``(storage_id, storage_nbytes)`` of a tensor; id None when it has no plain storage."""
@@ -121,7 +131,7 @@ class StorageIds:
         if sid is None:
             sid = self.ids[ptr] = len(self.sizes)
             self.sizes.append(size)
-            self.uses.append(_storage_uses(ptr) - 1)   # - 1: our `st`
+            self.uses.append(_storage_uses(ptr) - 1)  # - 1: our `st`
         note_impl(self.impls, t, sid, getrefcount(t) - _KEY_REFS)
         return sid, size
 
@@ -142,8 +152,12 @@ def _dense_nbytes(t: torch.Tensor) -> int:
 def _is_wrapped_scalar(t: torch.Tensor) -> bool:
     # Python numbers in ops such as x * 2 or x / 4.0 are saved as 0-d int64/float64 CPU tensors that never
     # pass through pack hooks and are not activations (TORCH-FACTS section 10).
-    return t.dim() == 0 and t.dtype in (torch.float64, torch.int64, torch.complex128, torch.bool) \
-        and t.device.type == "cpu" and not t.requires_grad
+    return (
+        t.dim() == 0
+        and t.dtype in (torch.float64, torch.int64, torch.complex128, torch.bool)
+        and t.device.type == "cpu"
+        and not t.requires_grad
+    )
 
 
 _DTYPES: dict = {}
@@ -191,8 +205,7 @@ def _meta(slot: str, t: torch.Tensor, status: str, storages: StorageIds, device=
 
 
 def _blank(slot: str, status: str) -> dict:
-    return {"slot": slot, "shape": None, "dtype": None, "device": None, "nbytes": 0, "status": status,
-            "storage": None}
+    return {"slot": slot, "shape": None, "dtype": None, "device": None, "nbytes": 0, "status": status, "storage": None}
 
 
 def _classify(node, slot: str, attr: str, raw, storages: StorageIds) -> dict | None:
@@ -209,7 +222,7 @@ def _classify(node, slot: str, attr: str, raw, storages: StorageIds) -> dict | N
             entry = _blank(slot, "recomputed")
             meta = holder_meta(raw.unpack_hook, data, storages)
             if meta:
-                entry["recompute"] = meta   # what backward's recompute re-creates (walk/checkpoint.py)
+                entry["recompute"] = meta  # what backward's recompute re-creates (walk/checkpoint.py)
             return entry
         return _blank(slot, "opaque")
     if data is None:
@@ -310,11 +323,14 @@ def _read_custom(node, saved: list, attrs: dict, storages: StorageIds) -> None:
     for key, value in getattr(node, "__dict__", {}).items():
         if not key.startswith("_") and isinstance(value, (int, float, str, bool, tuple, type(None))):
             attrs[key] = plain_value(value)
-    fn = getattr(node, "run_function", None)    # a reentrant checkpoint: its module's parameters get grads
+    fn = getattr(node, "run_function", None)  # a reentrant checkpoint: its module's parameters get grads
     module = fn if isinstance(fn, torch.nn.Module) else getattr(fn, "__self__", None)
     if isinstance(module, torch.nn.Module):
-        attrs["region_params"] = [[list(p.shape), dtype_str(p.dtype), p.grad is not None, id(p)]
-                                  for p in module.parameters() if p.requires_grad]
+        attrs["region_params"] = [
+            [list(p.shape), dtype_str(p.dtype), p.grad is not None, id(p)]
+            for p in module.parameters()
+            if p.requires_grad
+        ]
 
 
 _READS_SAVED: dict = {}
@@ -326,14 +342,17 @@ def _reads_saved(node) -> bool:
     known = _READS_SAVED.get(fwd)
     if known is None:
         code = getattr(getattr(fwd, "backward", None), "__code__", None)
-        known = _READS_SAVED[fwd] = code is None or bool(
-            {"saved_tensors", "saved_variables", "_raw_saved_tensors"} & set(code.co_names)) or bool(code.co_freevars)
+        known = _READS_SAVED[fwd] = (
+            code is None
+            or bool({"saved_tensors", "saved_variables", "_raw_saved_tensors"} & set(code.co_names))
+            or bool(code.co_freevars)
+        )
     return known
 
 
 def _freed_or_none(node, slot: str) -> dict | None:
     try:
-        node.saved_tensors
+        _ = node.saved_tensors
     except RuntimeError as exc:
         return _blank(slot, "freed" if _FREED_MARK in str(exc) else "opaque")
     return None
@@ -343,10 +362,10 @@ def _check_custom_versions(node, saved: list) -> None:
     # A custom Function exposes only saved_tensors (all slots at once), so the error names no slot: mark
     # the first live slot whose current version matches the one in the message.
     try:
-        node.saved_tensors
+        _ = node.saved_tensors
     except RuntimeError as exc:
         m = _VERSION_RE.search(str(exc))
-        if not m and _VIEW_MARK in str(exc):    # a saved split/unbind view whose base was written (issue 16)
+        if not m and _VIEW_MARK in str(exc):  # a saved split/unbind view whose base was written (issue 16)
             for e in saved:
                 if e["status"] == "live" and e.get("_version", 0) > 0:
                     e.update(status="stale", version=e["_version"], saved_version=None)

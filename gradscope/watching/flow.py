@@ -22,7 +22,7 @@ __all__ = ["Flow"]
 
 
 def _local(g):
-    to_local = getattr(g, "to_local", None)       # DTensor (FSDP2): this rank's shard
+    to_local = getattr(g, "to_local", None)  # DTensor (FSDP2): this rank's shard
     return to_local() if callable(to_local) else g
 
 
@@ -34,9 +34,9 @@ class Flow:
         self._index = {m: i for i, m in enumerate(self.modules)}
         self.history: deque = deque(maxlen=history) if history else deque(maxlen=1)
         self.keep = bool(history)
-        self.steps: deque = deque(maxlen=history or 1)      # backward number of each history entry
-        self.flags: deque = deque(maxlen=1000)              # (backward, module, "vanishing"/"exploding", norm)
-        self.ratios: deque = deque(maxlen=history or 1)     # {module: ||update|| / ||weight||}
+        self.steps: deque = deque(maxlen=history or 1)  # backward number of each history entry
+        self.flags: deque = deque(maxlen=1000)  # (backward, module, "vanishing"/"exploding", norm)
+        self.ratios: deque = deque(maxlen=history or 1)  # {module: ||update|| / ||weight||}
         self.vanishing, self.exploding = vanishing, exploding
 
     def measure(self, got: list[WatchedParam], backward: int, scale: float | None) -> list[BadGrad]:
@@ -63,7 +63,7 @@ class Flow:
         seen = [False] * len(self.modules)
         bad: list[BadGrad] = []
         for wps, grads, idx in groups.values():
-            norms = torch.stack(foreach_norm(grads, 2, dtype=torch.float32)).tolist()   # one sync
+            norms = torch.stack(foreach_norm(grads, 2, dtype=torch.float32)).tolist()  # one sync
             for i, n in zip(idx, norms):
                 sums[i] += n * n
                 seen[i] = True
@@ -96,12 +96,11 @@ class UpdateRatios:
         self._flow, self._every, self._params = flow, every, params
         self._calls = 0
         self._before: tuple[list[torch.Tensor], list[torch.Tensor], list[float]] | None = None
-        self._handles = [optimizer.register_step_pre_hook(self._pre),
-                         optimizer.register_step_post_hook(self._post)]
+        self._handles = [optimizer.register_step_pre_hook(self._pre), optimizer.register_step_post_hook(self._post)]
 
     def _pre(self, _opt, _args, _kwargs):
         self._calls += 1
-        if self._calls % self._every:                   # steps every, 2*every, ...
+        if self._calls % self._every:  # steps every, 2*every, ...
             self._before = None
             return
         with torch.no_grad():
@@ -115,7 +114,7 @@ class UpdateRatios:
         tensors, before, wn = self._before
         self._before = None
         with torch.no_grad():
-            foreach_sub_(before, tensors)              # in place: -(update), same norm
+            foreach_sub_(before, tensors)  # in place: -(update), same norm
             dn = torch.stack(foreach_norm(before, 2, dtype=torch.float32)).double().square().tolist()
         del before
         num: dict = {}
@@ -123,8 +122,7 @@ class UpdateRatios:
         for wp, d, w in zip(self._params, dn, wn):
             num[wp.module] = num.get(wp.module, 0.0) + d
             den[wp.module] = den.get(wp.module, 0.0) + w
-        self._flow.ratios.append({m: (math.sqrt(num[m]) / math.sqrt(den[m]) if den[m] > 0 else math.inf)
-                                  for m in num})
+        self._flow.ratios.append({m: (math.sqrt(num[m]) / math.sqrt(den[m]) if den[m] > 0 else math.inf) for m in num})
 
     def remove(self):
         for h in self._handles:

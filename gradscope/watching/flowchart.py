@@ -23,12 +23,11 @@ def _colour(t: float) -> str:
     i = min(int(x), len(_STOPS) - 2)
     f = x - i
     a, b = _STOPS[i], _STOPS[i + 1]
-    rgb = [round(int(a[k:k + 2], 16) * (1 - f) + int(b[k:k + 2], 16) * f) for k in (1, 3, 5)]
+    rgb = [round(int(a[k : k + 2], 16) * (1 - f) + int(b[k : k + 2], 16) * f) for k in (1, 3, 5)]
     return "#" + "".join(f"{c:02x}" for c in rgb)
 
 
-def flow_chart(steps, history, modules, flags, *, title="gradient flow", log=True, cell=14,
-               max_columns=200) -> str:
+def flow_chart(steps, history, modules, flags, *, title="gradient flow", log=True, cell=14, max_columns=200) -> str:
     """Args: ``steps`` (backward number per entry), ``history`` (``{module: norm}`` per entry), ``modules``
     (row order), ``flags`` (``(backward, module, kind, norm)``). Returns a standalone ``<svg>`` document;
     with more than ``max_columns`` entries, evenly spaced ones are shown."""
@@ -40,6 +39,7 @@ def flow_chart(steps, history, modules, flags, *, title="gradient flow", log=Tru
 
     def scale(v):
         return math.log10(v) if log else v
+
     lo = min(map(scale, values), default=0.0)
     hi = max(map(scale, values), default=1.0)
     span = (hi - lo) or 1.0
@@ -48,17 +48,21 @@ def flow_chart(steps, history, modules, flags, *, title="gradient flow", log=Tru
     width = label_w + max(len(history), 1) * cell + 20
     width = max(width, 360)
     height = top + len(modules) * cell + legend_h
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
-           f'<text x="4" y="14" font-weight="bold">{escape(title)}</text>',
-           f'<text x="4" y="31">gradient L2 norm per module ({"log10, " if log else ""}one column per '
-           f'checked step; red outline: vanishing / exploding)</text>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
+        f'<text x="4" y="14" font-weight="bold">{escape(title)}</text>',
+        f'<text x="4" y="31">gradient L2 norm per module ({"log10, " if log else ""}one column per '
+        f"checked step; red outline: vanishing / exploding)</text>",
+    ]
     for r, m in enumerate(modules):
         name = m or "(root)"
         y = top + r * cell
-        shown = name if len(name) * 7 + 12 <= label_w else name[:max(1, (label_w - 12) // 7 - 1)] + "…"
-        out.append(f'<text x="{label_w - 6}" y="{y + cell - 3}" text-anchor="end">'
-                   f'<title>{escape(name)}</title>{escape(shown)}</text>')
+        shown = name if len(name) * 7 + 12 <= label_w else name[: max(1, (label_w - 12) // 7 - 1)] + "…"
+        out.append(
+            f'<text x="{label_w - 6}" y="{y + cell - 3}" text-anchor="end">'
+            f"<title>{escape(name)}</title>{escape(shown)}</text>"
+        )
         for c, (b, entry) in enumerate(zip(steps, history)):
             x = label_w + c * cell
             v = entry.get(m)
@@ -72,14 +76,16 @@ def flow_chart(steps, history, modules, flags, *, title="gradient flow", log=Tru
             else:
                 fill, text = _colour((scale(v) - lo) / span), f"{v:.3g}"
             stroke = ' stroke="#d62728" stroke-width="2"' if kind else ""
-            out.append(f'<rect class="cell" x="{x}" y="{y}" width="{cell - 1}" height="{cell - 1}" '
-                       f'fill="{fill}"{stroke}><title>{escape(name)}, backward {b}: {escape(text)}'
-                       f'{" (" + kind + ")" if kind else ""}</title></rect>')
+            out.append(
+                f'<rect class="cell" x="{x}" y="{y}" width="{cell - 1}" height="{cell - 1}" '
+                f'fill="{fill}"{stroke}><title>{escape(name)}, backward {b}: {escape(text)}'
+                f"{' (' + kind + ')' if kind else ''}</title></rect>"
+            )
     y = top + len(modules) * cell + 10
     for i in range(10):
         out.append(f'<rect x="{label_w + i * 12}" y="{y}" width="12" height="10" fill="{_colour(i / 9)}"/>')
-    lo_text = f"{10 ** lo:.2g}" if log else f"{lo:.2g}"
-    hi_text = f"{10 ** hi:.2g}" if log else f"{hi:.2g}"
+    lo_text = f"{10**lo:.2g}" if log else f"{lo:.2g}"
+    hi_text = f"{10**hi:.2g}" if log else f"{hi:.2g}"
     out.append(f'<text x="{label_w - 6}" y="{y + 10}" text-anchor="end">{escape(lo_text)}</text>')
     out.append(f'<text x="{label_w + 126}" y="{y + 10}">{escape(hi_text)}</text>')
     out.append("</svg>")

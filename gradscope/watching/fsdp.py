@@ -23,7 +23,7 @@ __all__ = ["is_fsdp2", "FsdpStamps"]
 def is_fsdp2(module) -> bool:
     try:
         from torch.distributed.fsdp import FSDPModule
-    except ImportError:                # torch built without distributed
+    except ImportError:  # torch built without distributed
         return False
     return isinstance(module, FSDPModule)
 
@@ -51,6 +51,7 @@ class FsdpStamps:
             if tid not in guard._pending and not guard._removed:
                 guard._pending.add(tid)
                 queue_engine_callback(guard._on_end)
+
         for fn in outs:
             fn.register_prehook(queue)
 

@@ -44,7 +44,7 @@ class ForwardRec:
     def __init__(self, step, seq0, seq1, training, location):
         self.step, self.seq0, self.seq1, self.training, self.location = step, seq0, seq1, training, location
         self.used = False
-        self.alive: weakref.ref | None = None       # to the backward prehook on its outputs' nodes
+        self.alive: weakref.ref | None = None  # to the backward prehook on its outputs' nodes
         self.bytes: int | None = None
         self.nodes: int | None = None
 
@@ -69,28 +69,30 @@ class GraphWatch:
 
     def __init__(self, root, model_name, param_ids, params, report, before_forward, enabled=True):
         self._root_name = model_name
-        self._param_ids = param_ids          # id(param) -> name; shared with the guard
-        self._params = params                # () -> the watched parameters (tensors)
+        self._param_ids = param_ids  # id(param) -> name; shared with the guard
+        self._params = params  # () -> the watched parameters (tensors)
         self._report, self._before_forward = report, before_forward
         self._mark = peek_sequence_nr()
         self.step = 0
         self._seq0 = 0
         self._records: list[ForwardRec] = []
-        self._old_alive: list[int] = []      # per boundary: graphs alive from before the previous step
+        self._old_alive: list[int] = []  # per boundary: graphs alive from before the previous step
         self._retained_reported = 0
-        self._eval_backwarded = False        # an eval-mode forward was backwarded: eval mode is training
+        self._eval_backwarded = False  # an eval-mode forward was backwarded: eval mode is training
         self._measured_run = False
         self._active = True
         self._enabled = enabled
-        self.on_outputs = None             # FSDP2: the guard's hook on each forward's outputs
-        self._wasted_at: set = set()       # forward locations already reported without backward
-        self._carried_seen = False         # a carried graph already explains graphs kept alive
+        self.on_outputs = None  # FSDP2: the guard's hook on each forward's outputs
+        self._wasted_at: set = set()  # forward locations already reported without backward
+        self._carried_seen = False  # a carried graph already explains graphs kept alive
         try:
             self._arg_names = list(_inspect.signature(root.forward).parameters)
         except (TypeError, ValueError):
             self._arg_names = []
-        self._handles = [root.register_forward_pre_hook(self._pre, with_kwargs=True),
-                         root.register_forward_hook(self._post)]
+        self._handles = [
+            root.register_forward_pre_hook(self._pre, with_kwargs=True),
+            root.register_forward_hook(self._post),
+        ]
 
     def _pstores(self) -> set[int]:
         out = set()
@@ -138,43 +140,54 @@ class GraphWatch:
 
         def used(_grad_outputs, rec=rec):
             rec.used = True
+
         for fn in outs:
             fn.register_prehook(used)
         rec.alive = weakref.ref(used)
         records = self._records
         suspicious = (not rec.training and not self._eval_backwarded) or any(
-            not r.used and r.step == rec.step for r in records[-4:])
+            not r.used and r.step == rec.step for r in records[-4:]
+        )
         if suspicious and not self._measured_run:
             self._measured_run = True
             rec.nodes, rec.bytes, _, _ = graph_stats(outs, self._param_ids, self._pstores(), at_least=rec.seq0)
         records.append(rec)
         if len(records) > _RECORDS_AT_MOST:
-            del records[:len(records) - _RECORDS_AT_MOST]
+            del records[: len(records) - _RECORDS_AT_MOST]
         return None
 
     # -- carried graph --------------------------------------------------------------------------
     def _carried(self, t, fn, name):
         nodes, held, freed, reached = graph_stats([fn], self._param_ids, self._pstores(), below=self._mark)
         if not reached:
-            return                               # another model's output (a GAN's fake): not ours
+            return  # another model's output (a GAN's fake): not ours
         frame = user_frame()
         location = frame_location(frame)
         del frame
         origin = self._origin(sequence_nr(fn))
-        what = (f"The input {name!r} of {self._root_name}.forward" + (f" at {location}" if location else "")
-                + f" carries an autograd graph built in an earlier step{origin}: it reaches "
-                f"{len(reached)} parameter{'s' if len(reached) != 1 else ''} of the model "
-                f"({', '.join(sorted(reached)[:4])}{', ...' if len(reached) > 4 else ''}) through {nodes} "
-                f"node{'s' if nodes != 1 else ''} from before this step")
-        fix = (f" Fix: cut the graph at the step boundary, `{name} = {name}.detach()` before passing it in "
-               f"(truncated backpropagation through time).")
+        what = (
+            f"The input {name!r} of {self._root_name}.forward"
+            + (f" at {location}" if location else "")
+            + f" carries an autograd graph built in an earlier step{origin}: it reaches "
+            f"{len(reached)} parameter{'s' if len(reached) != 1 else ''} of the model "
+            f"({', '.join(sorted(reached)[:4])}{', ...' if len(reached) > 4 else ''}) through {nodes} "
+            f"node{'s' if nodes != 1 else ''} from before this step"
+        )
+        fix = (
+            f" Fix: cut the graph at the step boundary, `{name} = {name}.detach()` before passing it in "
+            f"(truncated backpropagation through time)."
+        )
         if freed:
-            msg = (f"{what}, whose saved tensors the previous backward already freed, so this step's "
-                   f"backward will fail with \"Trying to backward through the graph a second time\".{fix}")
+            msg = (
+                f"{what}, whose saved tensors the previous backward already freed, so this step's "
+                f'backward will fail with "Trying to backward through the graph a second time".{fix}'
+            )
         else:
-            msg = (f"{what} and keeps {human_bytes(held)} of saved tensors alive. The graph was kept with "
-                   f"retain_graph=True, so every backward runs through all earlier steps again and memory "
-                   f"grows every step.{fix}")
+            msg = (
+                f"{what} and keeps {human_bytes(held)} of saved tensors alive. The graph was kept with "
+                f"retain_graph=True, so every backward runs through all earlier steps again and memory "
+                f"grows every step.{fix}"
+            )
         finding = Finding("carried-graph", "error", msg, params=tuple(sorted(reached)), location=location)
         self._carried_seen = True
         if freed:
@@ -189,16 +202,19 @@ class GraphWatch:
             if self._active:
                 raise GradientError(
                     "gradscope.watch: this backward reached a graph from an earlier step that was already "
-                    "freed: torch would now raise \"Trying to backward through the graph a second time (or "
-                    "directly access saved tensors after they have already been freed)\".\n- "
-                    + finding.message, [finding])
+                    'freed: torch would now raise "Trying to backward through the graph a second time (or '
+                    'directly access saved tensors after they have already been freed)".\n- ' + finding.message,
+                    [finding],
+                )
+
         fn.register_prehook(explain)
 
     def _origin(self, seq) -> str:
         for rec in reversed(self._records):
             if rec.seq0 <= seq < rec.seq1:
-                return (f" (returned by {self._root_name}.forward in step {rec.step + 1}"
-                        + (f", called at {rec.location})" if rec.location else ")"))
+                return f" (returned by {self._root_name}.forward in step {rec.step + 1}" + (
+                    f", called at {rec.location})" if rec.location else ")"
+                )
         return ""
 
     # -- boundaries -----------------------------------------------------------------------------
@@ -246,13 +262,12 @@ class GraphWatch:
             else:
                 runs.append([r])
         if pending_ok:
-            runs = [run for run in runs
-                    if not (run[0].step == self.step - 1 and all(r.graph_alive() for r in run))]
+            runs = [run for run in runs if not (run[0].step == self.step - 1 and all(r.graph_alive() for r in run))]
         out = []
         for run in runs:
             for r in run:
-                r.used = True                    # reported once
-            if run[0].location not in self._wasted_at:    # and once per place in the user's code
+                r.used = True  # reported once
+            if run[0].location not in self._wasted_at:  # and once per place in the user's code
                 self._wasted_at.add(run[0].location)
                 out.append(self._wasted(run))
         return out
@@ -262,39 +277,52 @@ class GraphWatch:
         mode = "in model.eval() mode " if not first.training else ""
         measured = [r for r in run if r.bytes is not None]
         alive = [r for r in run if r.graph_alive()]
-        size = (f" Each graph held about {human_bytes(measured[0].bytes)} of saved tensors "
-                f"({measured[0].nodes} nodes) for as long as its output was kept." if measured else "")
+        size = (
+            f" Each graph held about {human_bytes(measured[0].bytes)} of saved tensors "
+            f"({measured[0].nodes} nodes) for as long as its output was kept."
+            if measured
+            else ""
+        )
         held = ""
         if alive:
             holders, _ = find_holders([(r.seq0, r.seq1) for r in alive], self._param_ids, self._pstores())
             if holders:
-                held = (f" {len(alive)} of these graphs {'is' if len(alive) == 1 else 'are'} still alive, held by "
-                        f"{holder_text(holders)}.")
+                held = (
+                    f" {len(alive)} of these graphs {'is' if len(alive) == 1 else 'are'} still alive, held by "
+                    f"{holder_text(holders)}."
+                )
         return Finding(
-            "graph-without-backward", "warning",
+            "graph-without-backward",
+            "warning",
             f"{n} forward{'s' if n != 1 else ''} of {self._root_name} {mode}with gradients enabled"
             + (f" (from {first.location})" if first.location else "")
             + f" built autograd graph{'s' if n != 1 else ''} with saved tensors that no backward used.{size}"
             f"{held} Fix: run evaluation and inference under `with torch.no_grad():` (or "
             f"`torch.inference_mode()`), and call `.item()` on values you keep for logging.",
-            location=first.location)
+            location=first.location,
+        )
 
     def _retained(self, old) -> Finding:
-        holders, (_, total_nodes, total_bytes) = find_holders([(r.seq0, r.seq1) for r in old],
-                                                              self._param_ids, self._pstores())
+        holders, (_, total_nodes, total_bytes) = find_holders(
+            [(r.seq0, r.seq1) for r in old], self._param_ids, self._pstores()
+        )
         steps = len({r.step for r in old})
         if holders:
-            where = (f" They are held by {holder_text(holders)}: {total_nodes} autograd nodes and "
-                     f"{human_bytes(total_bytes)} of saved tensors, growing by about "
-                     f"{total_nodes // max(steps, 1)} nodes and {human_bytes(total_bytes // max(steps, 1))} "
-                     f"per step.")
+            where = (
+                f" They are held by {holder_text(holders)}: {total_nodes} autograd nodes and "
+                f"{human_bytes(total_bytes)} of saved tensors, growing by about "
+                f"{total_nodes // max(steps, 1)} nodes and {human_bytes(total_bytes // max(steps, 1))} "
+                f"per step."
+            )
             location = holders[0].location
         else:
             where, location = " gradscope could not find which Python variable holds them.", None
         return Finding(
-            "retained-graph", "warning",
+            "retained-graph",
+            "warning",
             f"The autograd graphs of {len(old)} forwards of {self._root_name} from {steps} earlier steps are "
             f"still alive, and their number grew at each of the last 3 backwards.{where} A tensor that "
             f"still has a grad_fn keeps its whole graph alive: keep `loss.item()` (a Python float) or "
             f"`loss.detach()` in totals, lists and metric dicts, not `loss` itself.",
-            location=location)
+            location=location,
+        )

@@ -54,9 +54,23 @@ from gradscope.watching.step import WatchedParam, error_message, none_grad_findi
 __all__ = ["watch", "Watch"]
 
 
-def watch(model, *, on_error="raise", check_nonfinite=True, ignore=(), every=1, accumulate=1,
-          scaler=None, graphs=True, history=1000, vanishing=1e-7, exploding=1e3, optimizer=None,
-          ratio_every=100, find_origin=True) -> "Watch":
+def watch(
+    model,
+    *,
+    on_error="raise",
+    check_nonfinite=True,
+    ignore=(),
+    every=1,
+    accumulate=1,
+    scaler=None,
+    graphs=True,
+    history=1000,
+    vanishing=1e-7,
+    exploding=1e3,
+    optimizer=None,
+    ratio_every=100,
+    find_origin=True,
+) -> Watch:
     """Check every backward through ``model``: missing and non-finite gradients, graphs across steps.
 
     At the end of each backward that wrote a gradient into the model, every watched parameter
@@ -97,9 +111,22 @@ def watch(model, *, on_error="raise", check_nonfinite=True, ignore=(), every=1, 
         >>> with gradscope.watch(model):
         ...     model(torch.randn(2, 4)).sum().backward()      # healthy: nothing raised
     """
-    return Watch(model, on_error=on_error, check_nonfinite=check_nonfinite, ignore=ignore, every=every,
-                 accumulate=accumulate, scaler=scaler, graphs=graphs, history=history, vanishing=vanishing,
-                 exploding=exploding, optimizer=optimizer, ratio_every=ratio_every, find_origin=find_origin)
+    return Watch(
+        model,
+        on_error=on_error,
+        check_nonfinite=check_nonfinite,
+        ignore=ignore,
+        every=every,
+        accumulate=accumulate,
+        scaler=scaler,
+        graphs=graphs,
+        history=history,
+        vanishing=vanishing,
+        exploding=exploding,
+        optimizer=optimizer,
+        ratio_every=ratio_every,
+        find_origin=find_origin,
+    )
 
 
 class Watch(ParamHooks):
@@ -116,38 +143,53 @@ class Watch(ParamHooks):
         update_ratios: per measured optimizer step, ``{module: ||update|| / ||weight||}``.
     """
 
-    def __init__(self, model, *, on_error, check_nonfinite, ignore, every, accumulate, scaler, graphs=True,
-                 history=1000, vanishing=1e-7, exploding=1e3, optimizer=None, ratio_every=100,
-                 find_origin=True):
+    def __init__(
+        self,
+        model,
+        *,
+        on_error,
+        check_nonfinite,
+        ignore,
+        every,
+        accumulate,
+        scaler,
+        graphs=True,
+        history=1000,
+        vanishing=1e-7,
+        exploding=1e3,
+        optimizer=None,
+        ratio_every=100,
+        find_origin=True,
+    ):
         validate(model, on_error, every, accumulate, history, ratio_every, vanishing, exploding, scaler, optimizer)
         inner, ddp, chosen, patterns = select(model, ignore)
         self._params = [WatchedParam(n, p, *self._owner(inner, n)) for n, p in chosen]
         if not self._params:
-            raise InputValueError(f"{type(inner).__name__} has no parameter with requires_grad=True left to "
-                                  f"watch (ignore={patterns!r}).")
-        self._slots = [(inner.get_submodule(wp.module)._parameters, wp.name.rpartition(".")[2])
-                       for wp in self._params]
+            raise InputValueError(
+                f"{type(inner).__name__} has no parameter with requires_grad=True left to watch (ignore={patterns!r})."
+            )
+        self._slots = [(inner.get_submodule(wp.module)._parameters, wp.name.rpartition(".")[2]) for wp in self._params]
         self._param_ids = {id(wp.param): wp.name for wp in self._params}
         self._model_name = type(inner).__name__
         self._ddp_strict = ddp and not getattr(model, "find_unused_parameters", False)
         self._check_nonfinite, self._scaler = check_nonfinite, scaler
         self._every, self._accumulate, self._ignore = every, accumulate, patterns
-        self._stamp = [-1] * len(self._params)      # graph task id of each parameter's last gradient
-        self._pending: set[int] = set()             # graph tasks with our callback queued
+        self._stamp = [-1] * len(self._params)  # graph task id of each parameter's last gradient
+        self._pending: set[int] = set()  # graph tasks with our callback queued
         self._window_start: int | None = None
         self._in_window = self._windows = 0
         self._node_hooks: list = []
-        self._forwards = 0                          # forwards of the root since the last check
+        self._forwards = 0  # forwards of the root since the last check
         self._removed = False
         self.backwards = self.checks = self.skipped_by_scaler = 0
         self._flow = Flow(self._params, history=history, vanishing=vanishing, exploding=exploding)
         self._delivery = Delivery(on_error, self._model_name)
         self._origin = Origin(inner) if find_origin and check_nonfinite else None
-        self._options = options_text(on_error, check_nonfinite, every, accumulate, patterns, scaler, graphs,
-                                     optimizer)
+        self._options = options_text(on_error, check_nonfinite, every, accumulate, patterns, scaler, graphs, optimizer)
         self._handles = self._install()
-        self._graphs = GraphWatch(inner, self._model_name, self._param_ids, self._tensors, self._deliver,
-                                  self._before_forward, enabled=graphs)
+        self._graphs = GraphWatch(
+            inner, self._model_name, self._param_ids, self._tensors, self._deliver, self._before_forward, enabled=graphs
+        )
         self._ratios = UpdateRatios(optimizer, self._params, self._flow, ratio_every) if optimizer else None
         self._fsdp = FsdpStamps(self) if is_fsdp2(inner) else None
         if self._fsdp is not None:
@@ -163,8 +205,15 @@ class Watch(ParamHooks):
     def flow_svg(self, path=None, *, log=True) -> str:
         """The gradient-flow picture: one row per module, one column per checked step (see ``history``)."""
         from gradscope.watching.flowchart import flow_chart
-        svg = flow_chart(list(self._flow.steps), list(self._flow.history), self._flow.modules,
-                         list(self._flow.flags), title=f"gradient flow: {self._model_name}", log=log)
+
+        svg = flow_chart(
+            list(self._flow.steps),
+            list(self._flow.history),
+            self._flow.modules,
+            list(self._flow.flags),
+            title=f"gradient flow: {self._model_name}",
+            log=log,
+        )
         if path is not None:
             with open(path, "w", encoding="utf-8") as f:
                 f.write(svg)
@@ -183,7 +232,7 @@ class Watch(ParamHooks):
         if self._removed:
             return
         node = current_autograd_node()
-        if node is not None:                         # NOTE [nested backward]: hand over to the outer task
+        if node is not None:  # NOTE [nested backward]: hand over to the outer task
             handle = None
 
             def requeue(_grad_inputs, _grad_outputs):
@@ -194,25 +243,26 @@ class Watch(ParamHooks):
                 if not self._removed and outer not in self._pending:
                     self._pending.add(outer)
                     queue_engine_callback(self._on_end)
+
             handle = node.register_hook(requeue)
             self._node_hooks.append(handle)
             return
-        queue_engine_callback(self._on_last)        # NOTE [last callback]
+        queue_engine_callback(self._on_last)  # NOTE [last callback]
 
     def _on_last(self) -> None:
         if self._removed:
             return
-        self._pending.clear()                        # ids of earlier backwards that raised half-way
+        self._pending.clear()  # ids of earlier backwards that raised half-way
         tid = current_graph_task_id()
         if self._fsdp is not None:
-            self._fsdp.stamp(tid)                    # NOTE [FSDP2]
+            self._fsdp.stamp(tid)  # NOTE [FSDP2]
         if max(self._stamp) < tid and self._window_start is None:
-            return                                   # this backward wrote no watched gradient at all
+            return  # this backward wrote no watched gradient at all
         self._end_of_backward(tid)
 
     def _end_of_backward(self, tid: int) -> None:
         self.backwards += 1
-        late = self._graphs.backward_ended()        # graph findings go out with this check's, if any
+        late = self._graphs.backward_ended()  # graph findings go out with this check's, if any
         if self._window_start is None:
             self._window_start = tid
         self._in_window += 1
@@ -229,7 +279,7 @@ class Watch(ParamHooks):
         self._check(start, n, late)
 
     def _check(self, start: int, n: int, late=()) -> None:
-        if not self._forwards:                      # no forward of the root seen: refresh here instead
+        if not self._forwards:  # no forward of the root seen: refresh here instead
             self._refresh()
         self._forwards = 0
         got, missing = [], []
@@ -239,8 +289,7 @@ class Watch(ParamHooks):
         scale = None
         if self._scaler is not None and self._scaler.is_enabled():
             scale = float(self._scaler.get_scale())
-        bad = (self._flow.measure(got, self.backwards, scale) if self._check_nonfinite or self._flow.keep
-               else [])
+        bad = self._flow.measure(got, self.backwards, scale) if self._check_nonfinite or self._flow.keep else []
         if not self._check_nonfinite:
             bad = []
         birth = self._origin.result() if self._origin is not None else None
@@ -259,17 +308,25 @@ class Watch(ParamHooks):
             self._deliver(late)
             return
         rank = rank_text()
-        where = (f"in this backward (backward {self.backwards}" if n == 1 else
-                 f"in the accumulation window of {n} backwards ending at backward {self.backwards}")
+        where = (
+            f"in this backward (backward {self.backwards}"
+            if n == 1
+            else f"in the accumulation window of {n} backwards ending at backward {self.backwards}"
+        )
         stable = "in a backward" if n == 1 else f"in an accumulation window of {n} backwards"
         context = where + (f", {rank})" if rank else ")")
         armed = self._origin is not None and birth is None
-        findings = sort_findings(none_grad_findings(missing, context, self._ddp_strict)
-                                 + nonfinite_findings(bad, context, scale, birth, armed) + list(late))
+        findings = sort_findings(
+            none_grad_findings(missing, context, self._ddp_strict)
+            + nonfinite_findings(bad, context, scale, birth, armed)
+            + list(late)
+        )
         extra = "".join(f"\n- {f.kind} ({f.severity}): {f.message}" for f in late)
         message = error_message(missing, bad, context, self._ddp_strict, scale, birth, armed) + extra
-        quiet = error_message(missing, bad, stable + (f" ({rank})" if rank else ""), self._ddp_strict, scale,
-                              birth, armed) + extra
+        quiet = (
+            error_message(missing, bad, stable + (f" ({rank})" if rank else ""), self._ddp_strict, scale, birth, armed)
+            + extra
+        )
         self._delivery.deliver(findings, message, quiet)
 
     def _deliver(self, findings) -> None:
@@ -304,16 +361,18 @@ class Watch(ParamHooks):
         finally:
             self._delivery.summary(self.backwards)
 
-    def __enter__(self) -> "Watch":
+    def __enter__(self) -> Watch:
         return self
 
     def __exit__(self, exc_type, *exc) -> None:
         if exc_type is not None:
-            self._delivery.hold = True               # do not hide the exception in flight
+            self._delivery.hold = True  # do not hide the exception in flight
         self.remove()
 
     def __repr__(self) -> str:
         state = "removed" if self._removed else "active"
         n = self._watched if self._removed else len(self._params)
-        return (f"<gradscope.watch {self._model_name}: {n} parameters, {self._options}; "
-                f"{self.backwards} backwards, {self.checks} checks, {self._delivery.counts_text()}; {state}>")
+        return (
+            f"<gradscope.watch {self._model_name}: {n} parameters, {self._options}; "
+            f"{self.backwards} backwards, {self.checks} checks, {self._delivery.counts_text()}; {state}>"
+        )

@@ -21,8 +21,10 @@ from gradscope.watching.walks import graph_nodes
 
 __all__ = ["INTERNAL_DIRS", "user_frame", "frame_location", "find_holders", "holder_text", "Holder"]
 
-INTERNAL_DIRS = (os.path.dirname(torch.__file__) + os.sep,
-                 os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+INTERNAL_DIRS = (
+    os.path.dirname(torch.__file__) + os.sep,
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+)
 _FRAMES = 3
 _ITEMS = 10_000
 _NODES = 200_000
@@ -51,11 +53,11 @@ def frame_location(frame: FrameType | None) -> str | None:
 
 
 class Holder(NamedTuple):
-    name: str          # "the local variable 'total_loss' of train()"
-    location: str      # file:line of that frame's current line
-    forwards: int      # forwards (of the given ranges) whose graph it reaches
-    nodes: int         # autograd nodes of those forwards
-    bytes: int         # saved-tensor bytes in those nodes (parameters excluded)
+    name: str  # "the local variable 'total_loss' of train()"
+    location: str  # file:line of that frame's current line
+    forwards: int  # forwards (of the given ranges) whose graph it reaches
+    nodes: int  # autograd nodes of those forwards
+    bytes: int  # saved-tensor bytes in those nodes (parameters excluded)
 
 
 def _candidates(value, label, out, depth=2):
@@ -89,8 +91,11 @@ def find_holders(ranges, param_ids, param_storages=frozenset()):
             break
         location = frame_location(frame)
         filename = location.rpartition(":")[0]
-        where = (f"{frame.f_code.co_name}() in {filename}" if frame.f_code.co_name != "<module>"
-                 else f"the script {filename}")
+        where = (
+            f"{frame.f_code.co_name}() in {filename}"
+            if frame.f_code.co_name != "<module>"
+            else f"the script {filename}"
+        )
         scopes = [("local", frame.f_locals)]
         if frame.f_globals is not frame.f_locals:
             scopes.append(("global", frame.f_globals))
@@ -102,12 +107,16 @@ def find_holders(ranges, param_ids, param_storages=frozenset()):
                 _candidates(value, repr(var), cands)
                 for label, tensors in cands:
                     seen_values.add(id(value))
-                    forwards, nodes, held = graph_nodes([t.grad_fn for t in tensors], ranges, param_ids,
-                                                        param_storages, _NODES)
+                    forwards, nodes, held = graph_nodes(
+                        [t.grad_fn for t in tensors], ranges, param_ids, param_storages, _NODES
+                    )
                     if forwards:
                         every.extend(t.grad_fn for t in tensors)
-                        text = (f"the {scope} variable {label} of {where}" if not label.startswith("the ")
-                                else f"{label} (a {scope} variable of {where})")
+                        text = (
+                            f"the {scope} variable {label} of {where}"
+                            if not label.startswith("the ")
+                            else f"{label} (a {scope} variable of {where})"
+                        )
                         found.append(Holder(text, location, forwards, nodes, held))
         frame = frame.f_back
         while frame is not None and frame.f_code.co_filename.startswith(INTERNAL_DIRS):
@@ -119,6 +128,7 @@ def find_holders(ranges, param_ids, param_storages=frozenset()):
 
 
 def holder_text(holders) -> str:
-    parts = [f"{h.name} ({h.forwards} forward{'s' if h.forwards != 1 else ''}, "
-             f"{human_bytes(h.bytes)})" for h in holders[:3]]
+    parts = [
+        f"{h.name} ({h.forwards} forward{'s' if h.forwards != 1 else ''}, {human_bytes(h.bytes)})" for h in holders[:3]
+    ]
     return "; ".join(parts) + (f"; and {len(holders) - 3} more" if len(holders) > 3 else "")

@@ -17,15 +17,14 @@ def _positive_int(name, value, zero=False):
         raise InputValueError(f"{name} must be a {'non-negative' if zero else 'positive'} int, got {one_line(value)}.")
 
 
-def validate(model, on_error, every, accumulate, history, ratio_every, vanishing, exploding, scaler,
-             optimizer) -> None:
+def validate(model, on_error, every, accumulate, history, ratio_every, vanishing, exploding, scaler, optimizer) -> None:
     """One clear sentence in our exception types for each bad argument."""
     if not isinstance(model, torch.nn.Module):
-        raise InputTypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}: "
-                             f"{one_line(model, 80)}.")
+        raise InputTypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}: {one_line(model, 80)}.")
     if not (on_error in ("raise", "warn") or callable(on_error)):
-        raise InputValueError(f"on_error must be 'raise', 'warn' or a callable taking the findings, "
-                              f"got {one_line(on_error)}.")
+        raise InputValueError(
+            f"on_error must be 'raise', 'warn' or a callable taking the findings, got {one_line(on_error)}."
+        )
     _positive_int("every", every)
     _positive_int("accumulate", accumulate)
     _positive_int("history", history, zero=True)
@@ -52,15 +51,20 @@ def select(model, ignore):
             raise InputTypeError(f"ignore must hold parameter names or fnmatch patterns, got {one_line(pat)}.")
         if not any(n == pat or fnmatch.fnmatchcase(n, pat) for n, _ in named):
             example = named[0][0] if named else "(none)"
-            raise InputValueError(f"ignore pattern {pat!r} matches no parameter of the model; its "
-                                  f"parameters are named like {example!r}.")
-    chosen = [(n, p) for n, p in named if p.requires_grad
-              and not any(n == pat or fnmatch.fnmatchcase(n, pat) for pat in patterns)]
+            raise InputValueError(
+                f"ignore pattern {pat!r} matches no parameter of the model; its parameters are named like {example!r}."
+            )
+    chosen = [
+        (n, p)
+        for n, p in named
+        if p.requires_grad and not any(n == pat or fnmatch.fnmatchcase(n, pat) for pat in patterns)
+    ]
     for n, p in chosen:
         if not p.is_leaf:
             raise InputValueError(
                 f"Parameter {n!r} is not a leaf tensor (its grad_fn is {type(p.grad_fn).__name__}): it was "
                 f"written by an op that requires grad (an in-place write such as `p[0] = x` with x "
                 f"requiring grad), so torch never stores a .grad in it. Write it under torch.no_grad(), "
-                f"or pass watch(model, ignore=[{n!r}]).")
+                f"or pass watch(model, ignore=[{n!r}])."
+            )
     return inner, ddp, chosen, patterns

@@ -32,11 +32,11 @@ _HALF_MAX = {torch.float16: 65504.0, torch.bfloat16: 3.39e38}
 
 
 class Birth(NamedTuple):
-    op: str                 # SqrtBackward0
-    nan_op: str | None      # first op whose output held NaN (what anomaly mode names)
-    module: str | None      # qualified module name of the forward op, when known
-    location: str | None    # forward file:line, when traced
-    cause: str              # likely cause, in words
+    op: str  # SqrtBackward0
+    nan_op: str | None  # first op whose output held NaN (what anomaly mode names)
+    module: str | None  # qualified module name of the forward op, when known
+    location: str | None  # forward file:line, when traced
+    cause: str  # likely cause, in words
 
 
 def _saved(node, name):
@@ -55,43 +55,68 @@ def _cause(node, grad_inputs, grad_outputs) -> str:
     name = type(node).__name__
     incoming_zero = any(g is not None and bool((g == 0).any()) for g in grad_outputs)
     nan = any(g is not None and g.is_floating_point() and bool(torch.isnan(g).any()) for g in grad_inputs)
-    saved_nan = any(t is not None and t.is_floating_point() and bool(torch.isnan(t).any())
-                    for t in (_saved(node, "self"), _saved(node, "result")))
-    trap = (" This op's incoming gradient is 0 where its result is NaN (0 x inf = NaN): a torch.where, clamp "
-            "or mask downstream sent a zero gradient to positions where its derivative is infinite or "
-            "undefined (the torch.where trap)"
-            + ("; its forward value there is already NaN (sqrt or log of a negative number), hidden by the "
-               "branch that was not selected" if saved_nan else "")
-            + ". Make those inputs safe before the op, e.g. op(torch.where(mask, x, 1.0))."
-            if nan and incoming_zero else "")
-    singular = {"Sqrt": ("result", "sqrt at 0: its derivative 1/(2*sqrt(x)) is infinite there (so is a "
-                                   "hand-written norm sqrt(sum(x**2)) of a zero vector); use "
-                                   "x.clamp_min(eps).sqrt() or torch.linalg.vector_norm"),
-                "Rsqrt": ("self", "rsqrt at 0; add an eps"),
-                "Log": ("self", "log at 0: its derivative 1/x is infinite there; use torch.log(x + eps) or "
-                                "log_softmax instead of log(softmax)"),
-                "Reciprocal": ("self", "1/x at 0; add an eps"),
-                "Div": ("other", "division by zero (the denominator is 0); add an eps to it"),
-                "LinalgVectorNorm": ("result", "the norm of a zero vector (x / ||x|| is 0/0); use "
-                                               "F.normalize(x, eps=...) or clamp the norm"),
-                "Norm": ("result", "the norm of a zero vector; clamp the norm")}
+    saved_nan = any(
+        t is not None and t.is_floating_point() and bool(torch.isnan(t).any())
+        for t in (_saved(node, "self"), _saved(node, "result"))
+    )
+    trap = (
+        " This op's incoming gradient is 0 where its result is NaN (0 x inf = NaN): a torch.where, clamp "
+        "or mask downstream sent a zero gradient to positions where its derivative is infinite or "
+        "undefined (the torch.where trap)"
+        + (
+            "; its forward value there is already NaN (sqrt or log of a negative number), hidden by the "
+            "branch that was not selected"
+            if saved_nan
+            else ""
+        )
+        + ". Make those inputs safe before the op, e.g. op(torch.where(mask, x, 1.0))."
+        if nan and incoming_zero
+        else ""
+    )
+    singular = {
+        "Sqrt": (
+            "result",
+            "sqrt at 0: its derivative 1/(2*sqrt(x)) is infinite there (so is a "
+            "hand-written norm sqrt(sum(x**2)) of a zero vector); use "
+            "x.clamp_min(eps).sqrt() or torch.linalg.vector_norm",
+        ),
+        "Rsqrt": ("self", "rsqrt at 0; add an eps"),
+        "Log": (
+            "self",
+            "log at 0: its derivative 1/x is infinite there; use torch.log(x + eps) or "
+            "log_softmax instead of log(softmax)",
+        ),
+        "Reciprocal": ("self", "1/x at 0; add an eps"),
+        "Div": ("other", "division by zero (the denominator is 0); add an eps to it"),
+        "LinalgVectorNorm": (
+            "result",
+            "the norm of a zero vector (x / ||x|| is 0/0); use F.normalize(x, eps=...) or clamp the norm",
+        ),
+        "Norm": ("result", "the norm of a zero vector; clamp the norm"),
+    }
     for prefix, (slot, text) in singular.items():
         if name.startswith(prefix) and _zero(_saved(node, slot)):
             return f"Likely cause: {text}.{trap}"
     if name.startswith("Pow"):
         base, exponent = _saved(node, "self"), getattr(node, _torch.SAVED_PREFIX + "exponent", None)
         if _zero(base):
-            return (f"Likely cause: pow(x, {exponent}) at x = 0, whose derivative is infinite for exponents "
-                    f"below 1 (a hand-written norm sqrt(sum(x**2)) does this too); add an eps.{trap}")
+            return (
+                f"Likely cause: pow(x, {exponent}) at x = 0, whose derivative is infinite for exponents "
+                f"below 1 (a hand-written norm sqrt(sum(x**2)) does this too); add an eps.{trap}"
+            )
     for g in grad_inputs:
         if g is not None and g.dtype in _HALF_MAX and bool(torch.isinf(g).any()):
-            return (f"Likely cause: overflow in {str(g.dtype).replace('torch.', '')} (largest finite value "
-                    f"{_HALF_MAX[g.dtype]:g}): scale the loss with torch.amp.GradScaler, compute this op in "
-                    f"float32, or clip the gradients.")
+            return (
+                f"Likely cause: overflow in {str(g.dtype).replace('torch.', '')} (largest finite value "
+                f"{_HALF_MAX[g.dtype]:g}): scale the loss with torch.amp.GradScaler, compute this op in "
+                f"float32, or clip the gradients."
+            )
     if trap:
         return "Likely cause: the torch.where trap." + trap
-    return ("Likely cause: this op's derivative is infinite or undefined at the values it saw, or an "
-            "overflow of large gradients; look at its inputs at the line above.")
+    return (
+        "Likely cause: this op's derivative is infinite or undefined at the values it saw, or an "
+        "overflow of large gradients; look at its inputs at the line above."
+    )
 
 
 def _traceback_location(node) -> str | None:
@@ -109,12 +134,12 @@ class Origin:
     def __init__(self, root):
         self._root = root
         self.armed = False
-        self._tracing = None          # anomaly state to restore while the armed forward records
+        self._tracing = None  # anomaly state to restore while the armed forward records
         self._segments: list[tuple[int, str | None]] = []
         self._stack: list[str | None] = []
         self._module_hooks: list = []
         self._node_hooks: list = []
-        self._birth = None            # (node, name, seq, cause)
+        self._birth = None  # (node, name, seq, cause)
         self._nan_op = None
 
     def arm(self) -> None:
@@ -135,7 +160,7 @@ class Origin:
         self._tracing = _torch.anomaly_state()
         _torch.set_anomaly((True, False))
         names = {id(m): n for n, m in self._root.named_modules()}
-        self._segments = [(_torch.peek_sequence_nr(), "")]     # inside the root module's own forward
+        self._segments = [(_torch.peek_sequence_nr(), "")]  # inside the root module's own forward
         self._stack = [""]
 
         def pre(module, _args):
@@ -148,8 +173,11 @@ class Origin:
             if names.get(id(module)) is not None and self._stack:
                 self._stack.pop()
                 self._segments.append((_torch.peek_sequence_nr(), self._stack[-1] if self._stack else None))
-        self._module_hooks = [_torch.register_module_forward_pre_hook(pre),
-                              _torch.register_module_forward_hook(post, always_call=True)]
+
+        self._module_hooks = [
+            _torch.register_module_forward_pre_hook(pre),
+            _torch.register_module_forward_hook(post, always_call=True),
+        ]
 
     def _stop_tracing(self) -> None:
         if self._tracing is not None:
@@ -169,12 +197,20 @@ class Origin:
             fn = r.grad_fn if isinstance(r, torch.Tensor) else getattr(r, "node", None)
             if fn is not None:
                 stack.append(fn)
-            if (self._birth is None and isinstance(r, torch.Tensor) and r.is_floating_point()
-                    and not bool(torch.isfinite(r.detach()).all())):
-                self._birth = ("the forward", -1, "Likely cause: the loss itself is already NaN/Inf, so the "
-                               "forward produced it (bad input data, an overflow, a log or division in the "
-                               "loss); check the inputs and the loss with torch.isfinite before backward.",
-                               None)
+            if (
+                self._birth is None
+                and isinstance(r, torch.Tensor)
+                and r.is_floating_point()
+                and not bool(torch.isfinite(r.detach()).all())
+            ):
+                self._birth = (
+                    "the forward",
+                    -1,
+                    "Likely cause: the loss itself is already NaN/Inf, so the "
+                    "forward produced it (bad input data, an overflow, a log or division in the "
+                    "loss); check the inputs and the loss with torch.isfinite before backward.",
+                    None,
+                )
         hook = self._post
         while stack and len(seen) < _NODES_AT_MOST:
             n = stack.pop()
@@ -198,8 +234,12 @@ class Origin:
         if node is None:
             return
         if self._birth is None:
-            self._birth = (type(node).__name__, _torch.sequence_nr(node), _cause(node, grad_inputs, grad_outputs),
-                           _traceback_location(node))
+            self._birth = (
+                type(node).__name__,
+                _torch.sequence_nr(node),
+                _cause(node, grad_inputs, grad_outputs),
+                _traceback_location(node),
+            )
         if nan:
             self._nan_op = type(node).__name__
 

@@ -25,7 +25,7 @@ __all__ = ["ParamHooks"]
 class ParamHooks:
     # The guard's state this mixin uses (set by Watch.__init__; declared here for the type checker only).
     _params: list[WatchedParam]
-    _slots: list[tuple[dict[str, torch.nn.Parameter | None], str]]   # (module._parameters, attribute name)
+    _slots: list[tuple[dict[str, torch.nn.Parameter | None], str]]  # (module._parameters, attribute name)
     _param_ids: dict[int, str]
     _handles: list[list[RemovableHandle]]
     _stamp: list[int]
@@ -43,7 +43,7 @@ class ParamHooks:
     def _hooks(self, i: int):
         stamp, pending, on_end = self._stamp, self._pending, self._on_end
 
-        def arrived(grad) -> None:                  # NOTE [end of backward]
+        def arrived(grad) -> None:  # NOTE [end of backward]
             if grad is not None:
                 stamp[i] = current_graph_task_id()
 
@@ -52,6 +52,7 @@ class ParamHooks:
             if tid not in pending:
                 pending.add(tid)
                 queue_engine_callback(on_end)
+
         return arrived, accumulated
 
     def _hook_one(self, i: int) -> list:
@@ -74,7 +75,7 @@ class ParamHooks:
                 params[i] = params[i]._replace(param=new)
                 self._param_ids[id(new)] = params[i].name
                 self._handles[i] = self._hook_one(i)
-            else:                                   # deleted, or no longer a leaf: stop watching it
+            else:  # deleted, or no longer a leaf: stop watching it
                 self._handles[i] = []
                 params[i] = params[i]._replace(param=torch.empty(0, requires_grad=False))
             self._stamp[i] = -1

@@ -20,6 +20,7 @@ def _stacklevel() -> int:
     """The ``stacklevel`` that points a warning at the user's line, past torch and gradscope."""
     import sys
     from types import FrameType
+
     target, level = user_frame(2), 1
     frame: FrameType | None = sys._getframe(1)
     while frame is not None and frame is not target:
@@ -38,7 +39,7 @@ class Delivery:
         self.counts: Counter = Counter()
         self._params: dict[str, set] = {}
         self._warned: set = set()
-        self.hold = False          # an exception is in flight: record, do not raise
+        self.hold = False  # an exception is in flight: record, do not raise
 
     def deliver(self, findings, message: str | None = None, quiet: str | None = None) -> None:
         if not findings:
@@ -57,8 +58,11 @@ class Delivery:
             if not new:
                 return
             self._warned.update(_key(f) for f in new)
-            text = quiet if quiet is not None and len(new) == len(findings) else "\n".join(
-                f"gradscope.watch: {f.kind} ({f.severity}): {f.message}" for f in new)
+            text = (
+                quiet
+                if quiet is not None and len(new) == len(findings)
+                else "\n".join(f"gradscope.watch: {f.kind} ({f.severity}): {f.message}" for f in new)
+            )
             warnings.warn(text, RuntimeWarning, stacklevel=_stacklevel())
             return
         raise GradientError(message, findings)
@@ -76,8 +80,11 @@ class Delivery:
             names = sorted(self._params.get(kind, ()))
             shown = f" ({', '.join(names[:6])}{', ...' if len(names) > 6 else ''})" if names else ""
             parts.append(f"{kind} {n} time{'s' if n != 1 else ''}{shown}")
-        warnings.warn(f"gradscope.watch {self.model_name}: summary over {backwards} backwards: "
-                      + "; ".join(parts) + ".", RuntimeWarning, stacklevel=_stacklevel())
+        warnings.warn(
+            f"gradscope.watch {self.model_name}: summary over {backwards} backwards: " + "; ".join(parts) + ".",
+            RuntimeWarning,
+            stacklevel=_stacklevel(),
+        )
 
 
 def options_text(on_error, check_nonfinite, every, accumulate, ignore, scaler, graphs, optimizer) -> str:

@@ -79,9 +79,10 @@ def _bytes(t, skip) -> int:
 def graph_stats(starts, param_ids, param_storages=(), *, below=None, at_least=None):
     """Nodes, live saved bytes, freed?, parameters reached, for the nodes older than ``below`` or at least
     ``at_least`` (sequence numbers) reachable from ``starts``."""
+
     def select(seq):
-        return None if (below is not None and seq >= below) or (at_least is not None and seq < at_least) \
-            else 0
+        return None if (below is not None and seq >= below) or (at_least is not None and seq < at_least) else 0
+
     return _walk(starts, param_ids, param_storages, select, through=False)[:4]
 
 
@@ -93,5 +94,6 @@ def graph_nodes(starts, ranges, param_ids, param_storages, limit):
     def select(seq):
         i = bisect_right(lows, seq) - 1
         return i if i >= 0 and seq < ranges[i][1] else None
+
     nodes, held, _, _, keys = _walk(starts, param_ids, param_storages, select, through=True, limit=limit)
     return len(keys), nodes, held

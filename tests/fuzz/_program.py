@@ -73,7 +73,7 @@ def _readable(t) -> bool:
     # torch forbids even reading grad_fn of a no_grad view whose base was modified in place with grad
     # enabled ("A view was created in no_grad mode ..."); such a tensor cannot be a root.
     try:
-        t.grad_fn
+        _ = t.grad_fn
     except RuntimeError:
         return False
     return True
