@@ -34,6 +34,7 @@ class Report:
     def graph(self) -> nx.DiGraph:
         """``networkx.DiGraph`` of metadata (built on first access, then always the same object)."""
         if self._graph is None:
+            assert self._compact is not None  # one of the two always holds the graph (__init__, setter)
             self._graph = self._compact.compact.digraph()
             self._compact = None
         return self._graph

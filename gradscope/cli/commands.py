@@ -103,7 +103,7 @@ def _render_kwargs(collapse, expand, show_saved, legend, layout=None) -> dict:
     """The renderer's keyword arguments for the options given (checked before running the target)."""
     if expand and collapse is not None:
         raise UserError(f"--expand and --collapse {collapse} contradict each other; pass one of them.")
-    kwargs = {"collapse": False} if expand else {}
+    kwargs: dict[str, object] = {"collapse": False} if expand else {}
     rankdir, size, dpi, max_pixels = layout or (None, None, None, None)
     if rankdir:
         kwargs["rankdir"] = rankdir.upper()

@@ -38,11 +38,16 @@ ids, modules and locations filled in.
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.memory.engine import Program, compile_graph, numel_bytes
 from gradscope.memory.replay import Trace, simulate
+
+if TYPE_CHECKING:
+    from gradscope.memory.optimizer import StepBudget
 
 __all__ = ["BackwardMemory", "Overrides", "replay", "backward_memory", "module_nodes", "batch_scale", "program"]
 
@@ -82,15 +87,18 @@ class BackwardMemory:
     end: int
     base: int
     absolute_peak: int
-    step: object = None
+    step: StepBudget | None = None
     modules: list = field(default_factory=list)
     inner: list = field(default_factory=list)
     workspace: dict = field(default_factory=dict)
     names: list = field(default_factory=list)
     locations: dict = field(default_factory=dict)
     parts: dict = field(default_factory=dict)
-    _contributors: object = field(default=None, repr=False, compare=False)
-    _report: object = field(default=None, repr=False, compare=False)
+    # the rows, or a function computing them on first use
+    _contributors: list[tuple[str, str, int]] | Callable[[], list[tuple[str, str, int]]] | None = field(
+        default=None, repr=False, compare=False
+    )
+    _report: Callable[[], Any] | None = field(default=None, repr=False, compare=False)  # weakref to the report
 
     def contributors(self) -> list[tuple[str, str, int]]:
         """What backward made that is alive at its peak, by module: ``(module, kind, bytes)`` rows, largest
@@ -267,7 +275,7 @@ def replay(
         if loc:
             locs[nid] = loc
 
-    def contributors() -> dict:
+    def contributors() -> list[tuple[str, str, int]]:
         snap = simulate(
             prog,
             retain_graph=retain_graph,
@@ -397,7 +405,7 @@ def _base(prog: Program, graph, sizes: dict, drop, has_grad: dict, scale) -> dic
     }
 
 
-def _by_module(prog: Program, snapshot: dict, origin: dict, sizes: dict, drop) -> list:
+def _by_module(prog: Program, snapshot: dict, origin: dict, sizes: dict, drop) -> list[tuple[str, str, int]]:
     """Group the peak's live storages that backward created by the module of the node that made them; a last
     row gives the saved tensors freed before the peak (negative), so that the rows sum to the peak."""
     out: dict = {}

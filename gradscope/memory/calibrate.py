@@ -61,7 +61,10 @@ def _rnn(ts, a, needs, batch):
     hx, cx = _t(ts["hx_"]), _t(ts["cx_"])
     out = torch.mkldnn_rnn_layer(
         x,
-        *ws,
+        ws[0],
+        ws[1],
+        ws[2],
+        ws[3],
         hx,
         cx,
         a["reverse"],

@@ -94,7 +94,8 @@ def compile_graph(graph) -> Program:
     pred = getattr(graph, "_pred", None) or graph.pred
     mods = node_modules(graph)
     params = graph.graph.get("params", {})
-    name, seq, leaf, edges, gbytes, gshapes, saved, module, attrs, opaque = ([] for _ in range(10))
+    name, seq, leaf, edges, gbytes, gshapes, module, attrs, opaque = ([] for _ in range(9))
+    saved: list[tuple] = []
     needs: list = []
     storages: dict = {}
     shapes: dict = {}
@@ -131,7 +132,7 @@ def compile_graph(graph) -> Program:
         gshapes.append(outs)
         gbytes.append([numel_bytes(sh, dts[k] if k < len(dts) else _node_dtype(d)) for k, sh in enumerate(outs)])
         module.append(mods.get(nid))
-        keys = []
+        keys: list[tuple] = []
         for j, e in enumerate(d.get("saved") or ()):
             status = e.get("status")
             if status not in HELD or e.get("scalar"):

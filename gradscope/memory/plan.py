@@ -124,6 +124,7 @@ class Plan:
         from gradscope.memory.planview import curves_svg
 
         res = self.result
+        assert res is not None  # plan() always sets the result
         curves = [("before", res.baseline)] + ([("with the plan", res.memory)] if res else [])
         return curves_svg(curves, path, budget=self.budget, **kwargs)
 

@@ -44,7 +44,8 @@ def parse_budget(budget) -> int:
 
 def span_names(names: list[str]) -> str:
     """``['blocks.4', ..., 'blocks.11'] -> 'blocks.4-11'`` (consecutive numbered siblings joined)."""
-    out, run = [], []
+    out: list[str] = []
+    run: list[tuple[str, int]] = []
 
     def flush():
         if len(run) > 2:

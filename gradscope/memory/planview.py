@@ -40,7 +40,7 @@ def curves_svg(
     pw, ph = width - left - right, height - top - bottom
     series = [(label, _points(bm), bm.absolute_peak) for label, bm in curves]
     hi = max([p for _, pts, peak in series for p in [peak] + [y for _, y in pts]] + [budget or 0]) or 1
-    lo = min([y for _, pts, _ in series for _, y in pts] + ([budget] if budget else []))
+    lo: float = min([y for _, pts, _ in series for _, y in pts] + ([budget] if budget else []))
     lo = max(0, lo - (hi - lo) * 0.1)
     span = (hi - lo) or 1
 

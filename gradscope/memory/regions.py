@@ -85,7 +85,7 @@ def recorded_regions(graph, index: dict, saved: list, storages: dict, shapes: di
                 continue
             slot = str(e.get("slot", ""))
             shape = meta["shape"]
-            source = None
+            source: tuple[object, int | str] | None = None  # (node, output nr or slot name)
             if slot.startswith("result"):
                 k = slot[len("result") :]
                 source = (nid, int(k) if k.isdigit() else 0)

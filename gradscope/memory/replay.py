@@ -90,12 +90,15 @@ class Trace:
         "origin",
     )
 
+    snapshot: dict | None  # set by replay (None unless ``snapshot_at`` was given)
+    origin: dict  # set by replay
+
     def __init__(self) -> None:
         self.order: list[int] = []
         self.levels: list[int] = []  # after each node
         self.inner: list[int] = []  # highest level inside each node (workspace included)
         self.peak = 0
-        self.peak_at = None
+        self.peak_at: int | None = None
         self.end = 0
         self.allocated: list[int] = []  # bytes each node allocated (outputs, sums, workspace excluded)
         self.freed: list[int] = []
@@ -131,9 +134,9 @@ class _Mem:
         self.st_bytes: dict = {}
         self.next_id = 0
         self.origin: dict = {}  # gradient storage -> the node that made it
-        self.cur = None
-        self.snap = None  # live storages at the highest point of node ``snap_at``
-        self.snap_at = None
+        self.cur: int | None = None
+        self.snap: dict | None = None  # live storages at the highest point of node ``snap_at``
+        self.snap_at: int | None = None
 
     def alloc(self, nbytes: int) -> int:
         """A new dense tensor (one reference) on a new storage; returns its impl id."""

@@ -239,7 +239,9 @@ def _key(nid, i, e):
 
 def _find_saved(graph, inside, v, index, shape) -> set:
     nodes = graph.nodes
-    todo, seen, found = [(v, index, shape)], set(), set()
+    todo = [(v, index, shape)]
+    seen: set = set()
+    found: set = set()
     while todo:
         n, idx, sh = todo.pop()
         if n in seen:

@@ -317,13 +317,8 @@ def memory(report, *, by: str = "module", depth: int | None = None, top: int | N
             devices.setdefault(dev, {"nodes": 0, "held": 0, "params": 0, "offloaded": 0})["nodes"] += 1
     rows = [MemoryRow(name, **a) for name, a in acc.items()]
     rows.sort(key=lambda r: (-(r.held + r.offloaded), -r.params, -r.recomputed, -r.nodes, r.name))
-    total = MemoryRow(
-        "total",
-        len(order),
-        *(sum(getattr(r, f) for r in rows) for f in ("held", "params", "offloaded", "recomputed")),
-        len(sharing),
-        sum(r.tensors for r in rows),
-    )
+    sums = {f: sum(getattr(r, f) for r in rows) for f in ("held", "params", "offloaded", "recomputed")}
+    total = MemoryRow("total", len(order), **sums, shared=len(sharing), tensors=sum(r.tensors for r in rows))
     sharing.sort(key=lambda s: (-s.nbytes, s.owner))
     return MemoryTable(
         rows[:top] if top is not None else rows,
@@ -341,7 +336,7 @@ def _copies(graph, order) -> list[CopyNode]:
     devices = {n: d.get("device") for n, d in graph.nodes(data=True)}
     if len(set(devices.values()) - {None}) < 2:
         return []
-    out = []
+    out: list[CopyNode] = []
     pred = graph.pred
     for nid in order:
         dst = devices[nid]

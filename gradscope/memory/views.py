@@ -69,7 +69,7 @@ def _bands(bm, most: int = 12) -> list[tuple[int, int, str]]:
     that gives at most ``most`` runs (top-level modules when even those are more)."""
     best = None
     for depth in range(1, 6):
-        out = []
+        out: list[tuple[int, int, str]] = []
         for i, mod in enumerate(bm.modules):
             head = ".".join(mod.split(".")[:depth]) if mod else ""
             if out and out[-1][2] == head:

@@ -19,11 +19,15 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gradscope._format import human_bytes, shape_str
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.memory.attribution import seq_order, storage_uses
 from gradscope.memory.select import Scaler, all_regions, module_regions, require_modules, resolve
+
+if TYPE_CHECKING:
+    from gradscope.memory.backward import BackwardMemory
 
 __all__ = ["WhatIf", "what_if", "step_device", "change_overrides", "replay_change", "in_forward_order"]
 
@@ -53,8 +57,8 @@ class WhatIf:
     offload: list[str]
     batch: float
     batch_size: int | None
-    memory: object
-    baseline: object
+    memory: BackwardMemory
+    baseline: BackwardMemory
     recompute_flops: int = 0
     forward_flops: int = 0
     scaled: int = 0
@@ -177,7 +181,7 @@ def _batch_factor(batch) -> float:
 
 
 def _scale(scaler: Scaler, graph, k: float):
-    flat = set()  # 1-D buffers (RNN workspace) that scale: NOTE [what scales with the batch]
+    flat: set[tuple] = set()  # 1-D buffers (RNN workspace) that scale: NOTE [what scales with the batch]
     for _, d in graph.nodes(data=True):
         ones = [e["shape"] for e in d.get("saved") or () if e.get("shape") and len(e["shape"]) == 1]
         if ones:
@@ -283,7 +287,7 @@ def _batch_split(scaler: Scaler, graph) -> tuple[int, int, list[str]]:
             scaled += use.nbytes
         else:
             fixed += use.nbytes
-            if shape and use.nbytes:
+            if e and shape and use.nbytes:  # shape is set only when e is
                 examples[f"{shape_str(shape)} {e.get('dtype')} ({d.get('name')})"] += use.nbytes
     return scaled, fixed, [k for k, _ in examples.most_common(3)]
 

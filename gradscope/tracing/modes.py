@@ -299,7 +299,7 @@ def param_ids(inputs, refs: dict) -> tuple[int, ...]:
         elif t is not None:
             _leaf(t, found, refs)
     seen = set()
-    order = []  # discovery (root-first) order, for keep_until_dead
+    order: list = []  # discovery (root-first) order, for keep_until_dead
     while stack and len(order) < WALK_LIMIT:
         node = stack.pop()
         if node in seen:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import sys
+from types import FrameType, MethodType
+from typing import cast
 
 import torch
 
@@ -23,7 +25,8 @@ __all__ = [
 ]
 
 _Tensor = torch.Tensor
-_APPLY = torch.autograd.function.Function.apply.__func__.__code__
+# ``apply`` is a classmethod: read through the class it is a bound method (mypy sees a plain function)
+_APPLY = cast(MethodType, torch.autograd.function.Function.apply).__func__.__code__
 
 # Frames skipped when looking for the user's line: torch's, and the tracer's own files. No other
 # gradscope code sits between the user's code and an op, and gradscope/demo.py *is* (example) user code.
@@ -35,7 +38,7 @@ _INTERNAL: dict[str, bool] = {}
 
 def user_location(depth: int = 1) -> str | None:
     """``"file.py:LINE"`` (basename) of the first caller frame outside torch and the tracer, or None."""
-    f = sys._getframe(depth + 1)
+    f: FrameType | None = sys._getframe(depth + 1)
     while f is not None:
         filename = f.f_code.co_filename
         internal = _INTERNAL.get(filename)
@@ -110,7 +113,7 @@ def in_checkpoint() -> int | None:
         from torch.utils.checkpoint import CheckpointFunction
 
         _CKPT_FORWARD = CheckpointFunction.forward.__code__
-    f = sys._getframe(2)
+    f: FrameType | None = sys._getframe(2)
     found = None
     while f is not None:
         if f.f_code is _CKPT_FORWARD:
@@ -170,7 +173,7 @@ _OPTIM_DIR = os.path.join(_TORCH_DIR, "optim") + os.sep
 
 def in_optimizer() -> bool:
     """Whether torch.optim code is on the stack (an optimizer's step() writing the parameters)."""
-    f = sys._getframe(2)
+    f: FrameType | None = sys._getframe(2)
     while f is not None:
         if f.f_code.co_filename.startswith(_OPTIM_DIR):
             return True
@@ -179,7 +182,7 @@ def in_optimizer() -> bool:
 
 
 def inside_function() -> bool:
-    f = sys._getframe(2)
+    f: FrameType | None = sys._getframe(2)
     while f is not None:
         if f.f_code is _APPLY:
             return True

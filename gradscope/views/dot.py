@@ -69,7 +69,7 @@ class _Builder:
         self.items: dict = {}  # element id -> (cluster, attrs)
         self.edges: dict = {}  # (a, b) -> attrs
         self.beside: dict = {}  # leaf element -> the one element it feeds: drawn on the same rank
-        self.calls = None  # op -> call count per module level (see call_key)
+        self.calls: dict | None = None  # op -> call count per module level (see call_key)
         self.names: dict = {}  # element id -> DOT node name
         self.out = Drawing(graphviz.Digraph("gradscope"), view=view)
         self.flagged: dict = {}  # node id -> [Finding]
@@ -179,11 +179,11 @@ class _Builder:
         if d.get("planned"):  # set by Plan.render(): the module is checkpointed / offloaded
             lines.append(f"plan: {d['planned']}")
         classes = ["gs-op"] + (["gs-root"] if d.get("root") else []) + (["gs-planned"] if d.get("planned") else [])
-        attrs = {"fillcolor": _shade(own, top)}
+        attrs: dict[str, str] = {"fillcolor": _shade(own, top)}
         if d.get("memory_peak"):  # set by BackwardMemory.render(): backward's memory peak is here
             lines.append(d["memory_peak"])
             classes.append("gs-memory-peak")
-            attrs.update(color=COLORS["finding"], penwidth="3")
+            attrs.update(color=str(COLORS["finding"]), penwidth="3")
         if d.get("root"):
             attrs.update(peripheries="2", penwidth="2")
         if n in self.context:

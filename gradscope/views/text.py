@@ -85,7 +85,7 @@ def summary(report, top: int = 5) -> str:
     elif not report.findings:
         lines.append("No findings: backward() will run and every trainable parameter gets a gradient.")
     else:
-        counts = {}
+        counts: dict[str, int] = {}
         for f in report.findings:
             counts[f.severity] = counts.get(f.severity, 0) + 1
         lines.append("Findings: " + ", ".join(f"{n} {s}{'s' if n > 1 else ''}" for s, n in counts.items()))

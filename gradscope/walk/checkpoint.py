@@ -47,7 +47,7 @@ def _frame(unpack_hook):
 
 def raw_slots(node, info) -> list:
     """The raw ``SavedTensor`` objects of a generated node (``info`` is its ``saved.NodeType``)."""
-    out = []
+    out: list = []
     for slot in info.tensor_slots:
         raw_attr = slot[1] if isinstance(slot, tuple) else "_raw_saved_" + slot
         try:
@@ -88,7 +88,7 @@ def checkpoint_inputs(raws, storages, classify) -> list[dict]:
     for i, arg in enumerate(getattr(frame, "saved_args", ())):
         if not isinstance(arg, saved_type):
             continue
-        data = arg.data
+        data = arg.data  # type: ignore[attr-defined]  # the SavedTensor stub lacks the real ``data``
         tensor = (
             data
             if isinstance(data, torch.Tensor)

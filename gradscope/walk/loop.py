@@ -21,6 +21,7 @@ from __future__ import annotations
 from array import array
 from itertools import accumulate
 from operator import attrgetter
+from typing import Any
 
 import torch
 
@@ -78,7 +79,7 @@ _RAW_OK = frozenset((int, tuple, float, bool, type(None), str))
 
 def _out_shapes(meta) -> tuple:
     """Output shapes from ``_input_metadata`` (None for a nested tensor, whose shape torch cannot give)."""
-    out = []
+    out: list[tuple[int, ...] | None] = []
     for m in meta:
         try:
             out.append(tuple(m.shape))
@@ -87,7 +88,7 @@ def _out_shapes(meta) -> tuple:
     return tuple(out)
 
 
-def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> tuple[Records, list]:
+def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> tuple[Records, dict]:
     """Visit every node reachable from ``starts`` once, depth-first, in discovery order.
 
     Args:
@@ -183,7 +184,7 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
         held = 0
         ok = fast and code == _OP
         if ok:
-            rec = ()  # () + t is t itself: no copy for the common single slot
+            rec: tuple = ()  # () + t is t itself: no copy for the common single slot
             node_sids = None
             for s, raw_attr, attr in spec[2]:
                 try:
@@ -191,10 +192,11 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
                 except RuntimeError:
                     ok = False
                     break
-                if type(raw) is not _SavedTensor or raw.unpack_hook is not None:
+                # the SavedTensor stub lacks the real ``unpack_hook`` and ``data`` properties
+                if type(raw) is not _SavedTensor or raw.unpack_hook is not None:  # type: ignore[attr-defined]
                     ok = False
                     break
-                data = raw.data
+                data = raw.data  # type: ignore[attr-defined]  # stub lacks it (see above)
                 if data is None:
                     try:  # never saved (an optional input, or one that needs no gradient) unless it raises
                         if getattr(node, attr) is None:
@@ -241,6 +243,7 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
                     held += sizes[sid]
             if ok:
                 vget = spec[5]
+                values: Any
                 if vget is None:
                     values = ()
                 elif spec[6]:  # one value slot: the value itself
@@ -290,7 +293,7 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
             dev_add(devices_get(dev) or device_str(dev))
             if len(meta) == 1:
                 try:
-                    key = (tuple(m.shape),)
+                    key: tuple[tuple[int, ...] | None, ...] = (tuple(m.shape),)
                 except RuntimeError:  # a nested tensor
                     key = (None,)
                 dt = m.dtype

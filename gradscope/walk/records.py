@@ -28,6 +28,7 @@ columns; anything else builds the DiGraph (:meth:`Records.digraph`) once and ask
 from __future__ import annotations
 
 from array import array
+from typing import Any
 
 import networkx as nx
 
@@ -232,9 +233,10 @@ class Records:
         # checks that the result behaves as a normal DiGraph.
         attrs = self.node_attrs
         g._node.update((ids[i], attrs(i)) for i in range(n))
-        # per node: neighbour id -> edge attributes {"index", "output", "count"}
-        succ: list[dict[str, dict[str, int]]] = [{} for _ in range(n)]
-        pred: list[dict[str, dict[str, int]]] = [{} for _ in range(n)]
+        # per node: neighbour id -> edge attributes {"index", "output", "count"} (ints), and "outputs" (a
+        # list of ints) when the edge carries several outputs
+        succ: list[dict[str, dict[str, Any]]] = [{} for _ in range(n)]
+        pred: list[dict[str, dict[str, Any]]] = [{} for _ in range(n)]
         off, kids, outs = self.kid_off, self.kids, self.kid_out
         for v in range(n - 1, -1, -1):  # consumers last-discovered first, inputs by index
             into = pred[v]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import overload
 
 import torch
 
@@ -79,7 +80,7 @@ def _make_type(node, cls) -> NodeType:
     custom = fwd is not None
     function = None
     opaque = False
-    if custom:
+    if fwd is not None:  # custom
         function = f"{fwd.__module__}.{fwd.__qualname__}"
         opaque = fwd.__name__ in _OPAQUE_FUNCTIONS
         name = f"{fwd.__name__}Backward"
@@ -208,8 +209,16 @@ def _blank(slot: str, status: str) -> dict:
     return {"slot": slot, "shape": None, "dtype": None, "device": None, "nbytes": 0, "status": status, "storage": None}
 
 
-def _classify(node, slot: str, attr: str, raw, storages: StorageIds) -> dict | None:
-    """Classify one SavedTensor (see NOTE [saved slot states])."""
+@overload
+def _classify(node, slot: str, attr: None, raw, storages: StorageIds) -> dict: ...
+@overload
+def _classify(node, slot: str, attr: str, raw, storages: StorageIds) -> dict | None: ...
+def _classify(node, slot: str, attr: str | None, raw, storages: StorageIds) -> dict | None:
+    """Classify one SavedTensor (see NOTE [saved slot states]).
+
+    ``attr`` is None for a custom Function's slot, which callers only pass with a hook or ``raw.data`` set:
+    such a slot never reaches the never-saved case (the only ``None`` result).
+    """
     data = raw.data
     if raw.unpack_hook is not None:
         if isinstance(data, torch.Tensor):
@@ -226,6 +235,7 @@ def _classify(node, slot: str, attr: str, raw, storages: StorageIds) -> dict | N
             return entry
         return _blank(slot, "opaque")
     if data is None:
+        assert attr is not None  # attr None (a custom Function's slot) comes with data set (see above)
         try:
             value = getattr(node, attr)
         except RuntimeError as exc:

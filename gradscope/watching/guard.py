@@ -39,6 +39,8 @@ NaN was born in :mod:`gradscope.watching.origin`; every private torch API they u
 
 from __future__ import annotations
 
+from typing import Any
+
 from gradscope._torch import current_autograd_node, current_graph_task_id, queue_engine_callback
 from gradscope.errors import InputValueError
 from gradscope.findings import sort_findings
@@ -233,7 +235,7 @@ class Watch(ParamHooks):
             return
         node = current_autograd_node()
         if node is not None:  # NOTE [nested backward]: hand over to the outer task
-            handle = None
+            handle: Any = None  # set right below, before the hook can run
 
             def requeue(_grad_inputs, _grad_outputs):
                 handle.remove()
@@ -282,7 +284,8 @@ class Watch(ParamHooks):
         if not self._forwards:  # no forward of the root seen: refresh here instead
             self._refresh()
         self._forwards = 0
-        got, missing = [], []
+        got: list = []
+        missing: list = []
         for wp, s in zip(self._params, self._stamp):
             if wp.param.requires_grad:
                 (got if s >= start else missing).append(wp)
