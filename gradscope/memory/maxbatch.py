@@ -34,7 +34,7 @@ class MaxBatch:
             return f"no batch fits {b(self.budget)}: a batch of 1 needs {b(self.peak)}"
         return (
             f"largest batch that fits {b(self.budget)}: {self.batch} (traced: {self.batch_size}), predicted "
-            f"peak {b(self.peak)}; each sample adds {b(self.per_sample)}"
+            f"peak {b(self.peak)}; the peak grows by about {b(self.per_sample)} per sample"
         )
 
     __repr__ = __str__
@@ -80,4 +80,6 @@ def max_batch(
         n += 1
     if peak(n) > limit:
         return MaxBatch(0, peak(1), budget, b0, per, one.checkpoint, one.offload)
+    if n != b0:  # the growth actually seen between the traced batch and the answer (the peak may move phase)
+        per = max(0, round((peak(n) - one.peak) / (n - b0)))
     return MaxBatch(n, peak(n), budget, b0, per, one.checkpoint, one.offload)
