@@ -20,34 +20,40 @@ from __future__ import annotations
 
 from math import prod
 
-__all__ = ["node_flops", "forward_flops"]
+__all__ = ["node_flops", "forward_flops", "FORWARD_VIEWS"]
 
-_FREE = frozenset(
+#: Backward nodes of forward ops whose output is a view of their input (no new memory, no FLOPs).
+FORWARD_VIEWS = frozenset(
     {
-        "ViewBackward0",
-        "UnsafeViewBackward0",
-        "ReshapeAliasBackward0",
-        "TBackward0",
-        "TransposeBackward0",
-        "TransposeBackward1",
-        "PermuteBackward0",
+        "AliasBackward0",
+        "AsStridedBackward0",
         "ExpandBackward0",
+        "PermuteBackward0",
+        "ReshapeAliasBackward0",
+        "SelectBackward0",
+        "SliceBackward0",
         "SqueezeBackward0",
         "SqueezeBackward1",
         "SqueezeBackward2",
+        "TBackward0",
+        "TransposeBackward0",
+        "TransposeBackward1",
+        "UnsafeViewBackward0",
         "UnsqueezeBackward0",
-        "SelectBackward0",
-        "SliceBackward0",
+        "ViewBackward0",
+    }
+)
+#: Ops that cost no FLOPs: the views, plus splits, copies and detaches.
+_FREE = FORWARD_VIEWS | frozenset(
+    {
+        "ChunkBackward0",
+        "CloneBackward0",
+        "DetachBackward0",
+        "NarrowBackward0",
         "SplitBackward0",
         "SplitWithSizesBackward0",
-        "UnbindBackward0",
-        "AliasBackward0",
-        "AsStridedBackward0",
-        "CloneBackward0",
         "ToCopyBackward0",
-        "NarrowBackward0",
-        "ChunkBackward0",
-        "DetachBackward0",
+        "UnbindBackward0",
         "UnfoldBackward0",
     }
 )

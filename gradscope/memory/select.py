@@ -29,6 +29,7 @@ from math import prod
 
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.memory.attribution import seq_order
+from gradscope.memory.cost import FORWARD_VIEWS
 
 __all__ = ["require_modules", "resolve", "all_regions", "module_regions", "region_inputs", "infer_batch", "Scaler"]
 
@@ -177,26 +178,6 @@ _SLOT_OF_INPUT = (
     {"other", "mat2", "batch2", "key", "weight"},
     {"value", "bias"},
 )
-_VIEWS = frozenset(
-    {
-        "ViewBackward0",
-        "UnsafeViewBackward0",
-        "ReshapeAliasBackward0",
-        "TBackward0",
-        "TransposeBackward0",
-        "TransposeBackward1",
-        "PermuteBackward0",
-        "ExpandBackward0",
-        "SqueezeBackward0",
-        "SqueezeBackward1",
-        "SqueezeBackward2",
-        "UnsqueezeBackward0",
-        "AliasBackward0",
-        "SliceBackward0",
-        "SelectBackward0",
-        "AsStridedBackward0",
-    }
-)
 
 
 def region_inputs(graph, region: list[str]) -> tuple[set, list[tuple[str, int]]]:
@@ -248,7 +229,7 @@ def _find_saved(graph, inside, v, index, shape) -> set:
             continue
         seen.add(n)
         d = nodes[n]
-        if d.get("name") in _VIEWS and not d.get("saved"):
+        if d.get("name") in FORWARD_VIEWS and not d.get("saved"):
             outs = d.get("out_shapes") or [None]
             for w, e in graph.succ[n].items():
                 if w in inside:

@@ -1,0 +1,120 @@
+"""What a replayed step is made of, in bytes: storage sizes (batch-scaled), the saved storages an offload
+moves away, the state that exists before backward (parameters, buffers, inputs, gradients), and the
+peak split by module. :func:`gradscope.memory.backward.replay` assembles these around the simulation."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gradscope.memory.engine import Program, numel_bytes
+
+if TYPE_CHECKING:
+    from gradscope.memory.backward import Overrides
+
+__all__ = ["storage_sizes", "offloaded_keys", "grad_names", "step_base", "peak_by_module"]
+
+
+def storage_sizes(prog: Program, scale):
+    if scale is None:
+        return prog.storages, None
+    sizes = {}
+    for key, nbytes in prog.storages.items():
+        shape = prog.shapes.get(key)
+        sizes[key] = int(scale(shape or [], "float32", nbytes)) if shape is not None else nbytes
+    shapes = prog.grad_shapes
+
+    def grad_scale(u, k, nbytes):
+        sh = shapes[u][k] if k < len(shapes[u]) else None
+        return int(scale(sh or [], "float32", nbytes)) if sh is not None else nbytes
+
+    return sizes, grad_scale
+
+
+def offloaded_keys(prog: Program, ov: Overrides) -> frozenset:
+    """Storage keys kept off the device: saved only by offloaded nodes and not held outside the graph."""
+    if not ov.offload:
+        return frozenset()
+    off = {prog.index[n] for n in ov.offload if n in prog.index}
+    holders: dict = {}
+    for u, keys in enumerate(prog.saved):
+        for key in keys:
+            holders.setdefault(key, set()).add(u)
+    return frozenset(key for key, us in holders.items() if us <= off and key not in prog.external)
+
+
+def grad_names(prog: Program, has_grad: dict) -> set:
+    return {prog.attrs[i].get("name") for i, g in has_grad.items() if g}
+
+
+def step_base(prog: Program, graph, sizes: dict, drop, has_grad: dict, scale) -> dict:
+    """What is alive when backward starts, by kind (bytes)."""
+    params = graph.graph.get("params", {})
+    seen = set()
+    p_bytes = g_bytes = 0
+    for _name, p in params.items():
+        nbytes = numel_bytes(p.get("shape"), p.get("dtype"))
+        sid = p.get("storage")
+        if sid is None or sid not in seen:
+            p_bytes += nbytes
+            if sid is not None:
+                seen.add(sid)
+    leaf_names = {prog.attrs[i].get("name"): i for i, leaf in enumerate(prog.leaf) if leaf}
+    for name, p in params.items():
+        i = leaf_names.get(name)
+        if has_grad.get(i) if i is not None else p.get("grad"):
+            g_bytes += numel_bytes(p.get("shape"), p.get("dtype"))
+    param_keys = {("s", p["storage"]) for p in params.values() if p.get("storage") is not None}
+    act = 0
+    for key, nbytes in sizes.items():
+        if key in param_keys or key in drop or key[0] == "r":
+            continue
+        act += nbytes
+    inputs = 0
+    for i, leaf in enumerate(prog.leaf):
+        if leaf and prog.attrs[i].get("kind") == "input":
+            nbytes = prog.grad_bytes[i][0]
+            inputs += int(scale(prog.grad_shapes[i][0], "float32", nbytes)) if scale else nbytes
+            if has_grad.get(i):
+                g_bytes += nbytes
+    shapes, stored = graph.graph.get("root_shapes", ()), graph.graph.get("root_storage_bytes") or ()
+    loss = sum(
+        stored[i] if i < len(stored) and stored[i] is not None else numel_bytes(s, "float32")
+        for i, s in enumerate(shapes)
+    )  # the loss's storage: MSE's scalar views its whole buffer
+    buffers = sum(n for sid, n in graph.graph.get("buffers", ()) if sid is None or ("s", sid) not in sizes)
+    return {
+        "parameters": p_bytes,
+        "buffers": buffers,
+        "gradients": g_bytes,
+        "saved activations and inputs": act,
+        "leaf inputs": inputs,
+        "loss": loss,
+    }
+
+
+def peak_by_module(prog: Program, snapshot: dict, origin: dict, sizes: dict, drop) -> list[tuple[str, str, int]]:
+    """Group the peak's live storages that backward created by the module of the node that made them; a last
+    row gives the saved tensors freed before the peak (negative), so that the rows sum to the peak."""
+    out: dict = {}
+    held = {k for keys in prog.saved for k in keys if k[0] != "r" and k not in drop and k not in prog.external}
+    freed = sum(sizes.get(k, 0) for k in held if k not in snapshot)
+    for key, nbytes in snapshot.items():
+        kind = None
+        node = None
+        if key[0] == "g":
+            node, kind = origin.get(key), "gradients"
+        elif key[0] == "w":
+            node, kind = key[1], "workspace"
+        elif key[0] == "r":
+            region = prog.regions.get(key[1]) or ()
+            node, kind = (min(region) if region else None), "recomputed activations"
+        if kind is None or not nbytes:
+            continue
+        mod = (prog.module[node] if node is not None else None) or ("(seed)" if node is None else "(no module)")
+        if node is not None and prog.leaf[node]:
+            mod = prog.attrs[node].get("module") or prog.attrs[node].get("name") or "(no module)"
+        out[(mod, kind)] = out.get((mod, kind), 0) + nbytes
+    rows = sorted(((m, k, b) for (m, k), b in out.items()), key=lambda r: -r[2])
+    if freed:
+        rows.append(("(saved tensors freed before the peak)", "freed", -freed))
+    return rows
