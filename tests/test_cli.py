@@ -360,7 +360,7 @@ def test_format_added_after_a_suffix_that_is_not_a_format(tmp_path, targets):
 
 
 def test_cli_formats_are_the_renderers():
-    from gradscope.cli import commands as cli
+    from gradscope.cli import rendering as cli
     from gradscope.views import render
 
     assert cli.FORMATS == render.FORMATS
