@@ -23,9 +23,6 @@ from gradscope.errors import GradscopeError
 __all__ = ["main"]
 
 
-_status = status
-
-
 def _report(target: str, use_trace: bool):
     from gradscope.cli.target import load
     from gradscope.inspection import inspect
@@ -40,7 +37,7 @@ def _report(target: str, use_trace: bool):
         raise UserError(str(exc)) from None
     t2 = time.perf_counter()
     n = report.graph.number_of_nodes()
-    _status(f"inspected {n:,} nodes: {_counts(report)} (import + forward {_secs(t1 - t0)}, inspect {_secs(t2 - t1)})")
+    status(f"inspected {n:,} nodes: {_counts(report)} (import + forward {_secs(t1 - t0)}, inspect {_secs(t2 - t1)})")
     return report
 
 
@@ -54,9 +51,6 @@ def _counts(report) -> str:
     for f in report.findings:
         counts[f.severity] = counts.get(f.severity, 0) + 1
     return ", ".join(f"{n} {s}{'s' if n > 1 else ''}" for s, n in counts.items()) or "no findings"
-
-
-_TRACE_OPTION = TRACE_OPTION
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -81,7 +75,7 @@ def main():
 @main.command(short_help="Render TARGET's graph to .svg/.png/.pdf/.html/.dot/.json/.graphml.")
 @click.argument("target")
 @render_options
-@_TRACE_OPTION
+@TRACE_OPTION
 def render(target, output, fmt, collapse, expand, show_saved, legend, rankdir, size, dpi, max_pixels, use_trace):
     """Render TARGET's autograd graph to a file (SVG by default).
 
@@ -99,7 +93,7 @@ def render(target, output, fmt, collapse, expand, show_saved, legend, rankdir, s
     report = _report(target, use_trace)
     render_file(report, output, kwargs)
     if report.findings:
-        _status(f"{_counts(report)}; run `gradscope check {target}` for the details")
+        status(f"{_counts(report)}; run `gradscope check {target}` for the details")
 
 
 @main.command(short_help="Print TARGET's findings; exit 1 on an error (CI gate).")
@@ -112,7 +106,7 @@ def render(target, output, fmt, collapse, expand, show_saved, legend, rankdir, s
     show_default=True,
     help="Lowest severity that makes the exit code 1.",
 )
-@_TRACE_OPTION
+@TRACE_OPTION
 def check(target, as_json, fail_on, use_trace):
     """Print TARGET's findings; exit 1 when one is an error (a CI gate), else 0.
 
@@ -134,7 +128,7 @@ def check(target, as_json, fail_on, use_trace):
 
 @main.command(short_help="Render and check a built-in example with planted bugs.")
 @render_options
-@_TRACE_OPTION
+@TRACE_OPTION
 def demo(output, fmt, collapse, expand, show_saved, legend, rankdir, size, dpi, max_pixels, use_trace):
     """Render a built-in example with two planted bugs and print its findings.
 
