@@ -30,6 +30,12 @@ def _compact_agrees(root, params) -> None:
     report = gradscope.inspect(root, params=params)
     assert report._graph is None                      # nothing built the DiGraph so far
     view = report._view()
+    # the checks read the compact form: node dicts only for what the fast path left to the general
+    # reader, the roots, and the nodes a finding names (a full scan made every node's dict: issue 15)
+    compact = view.compact
+    named = {int(f.node[1:]) for f in report.findings if f.node in view}
+    made = set(compact._dicts)
+    assert made <= set(compact.special) | set(compact.roots) | named, made
     text = report.summary()
     answers = (dict(view.nodes(data="kind")), dict(view.nodes(data="saved_bytes")),
                dict(view.nodes(data="module")), view.compact.n_slots_total(), top_nodes(view, 5),

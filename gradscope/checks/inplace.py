@@ -69,11 +69,14 @@ def _in_reentrant_checkpoint(graph, events) -> Iterator[Finding]:
     See NOTE [in-place inside reentrant checkpoint] in tracing/modes.py: the trace names the op that made
     the written tensor, and that op saves its own output when the region is re-run with grad enabled.
     """
+    if not any(ev.get("producer") for ev in events):
+        return
+    seqs = dict(graph.nodes(data="seq"))
     regions = sorted(
         (
-            (d.get("seq") or 0, n)
-            for n, d in graph.nodes(data=True)
-            if (d.get("function") or "").endswith(".CheckpointFunction")
+            (seqs[n] or 0, n)
+            for n, f in graph.nodes(data="function")
+            if (f or "").endswith(".CheckpointFunction")
         ),
         reverse=True,
     )
@@ -105,7 +108,10 @@ _SAVES_RESULT_INPLACE = frozenset({"sigmoid_", "tanh_", "exp_", "relu_", "sqrt_"
 
 def _hidden_by_slice(graph, events) -> Iterator[Finding]:
     """An in-place op on a slice that saved its own result, then another write (NOTE [in-place on a slice])."""
-    copies = {d.get("seq"): n for n, d in graph.nodes(data=True) if d["name"] == "CopySlices"}
+    if not any(e.get("view") and e["op"] in _SAVES_RESULT_INPLACE for e in events):
+        return
+    seqs = dict(graph.nodes(data="seq"))
+    copies = {seqs[n]: n for n, name in graph.nodes(data="name") if name == "CopySlices"}
     if not copies:
         return
     roots = [graph.nodes[r].get("seq") for r in graph.graph.get("roots", ())]

@@ -296,6 +296,13 @@ class _Nodes:
         if data == "saved_bytes" and not r._dicts:
             held, leaves = r.held, r.leaves
             return [(node_id(i), 0 if i in leaves else held[i]) for i in range(n)]
+        if data == "name" and not r._dicts:
+            return [(node_id(i), r.name(i)) for i in range(n)]
+        if data in ("function", "seq") and not r._dicts:
+            leaves, types, seqs = r.leaves, r.types, r.seqs
+            if data == "seq":
+                return [(node_id(i), None if i in leaves else seqs[i]) for i in range(n)]
+            return [(node_id(i), None if i in leaves else types[i].function) for i in range(n)]
         if data == "module" and not r._dicts:  # op modules are None until trace() annotates
             leaves = r.leaves
             return [(node_id(i), leaves[i][2] if i in leaves else None) for i in range(n)]
