@@ -114,6 +114,7 @@ class NodeAttrs(TypedDict, total=False):
     saved_bytes: int  # bytes this node's held slots keep alive (its storages counted once)
     device: str | None
     module: str | None  # the owning module: from trace() on ops, from the qualified name on params
+    location: str  # traced ops only, when known: the user's "file.py:LINE" that created the node
     root: bool
     opaque: bool  # a node whose saved values cannot be read (checkpoint, compiled)
     seq: int | None  # autograd sequence number (forward creation order); None on leaves

@@ -144,6 +144,8 @@ class CutMode(TorchFunctionMode):
         self._made = {}  # NOTE [in-place inside reentrant checkpoint]: id -> (weakref, op)
         self._ckpt_seen = False
         self._views_written = False  # NOTE [in-place on a slice]
+        self._lines = rec.node_lines  # NOTE [node lines]
+        self._end = self._lines.end
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         try:
@@ -153,8 +155,13 @@ class CutMode(TorchFunctionMode):
         except TypeError:
             cat = _PLAIN
         before = versions(args, kwargs) if cat == _FUNCTIONAL else None
+        seq = _peek_seq()
         out = func(*args, **kwargs) if kwargs else func(*args)
         try:
+            end = _peek_seq()
+            if end != seq or seq != self._end:  # NOTE [node lines]: nodes were made
+                self._lines.note(seq, end)
+                self._end = end
             if before:
                 self._functional_writes(func, before, kwargs or {})
             if cat == _PLAIN or cat == _FUNCTIONAL:  # NOTE [cheap per-op path]

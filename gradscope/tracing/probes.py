@@ -16,6 +16,8 @@ from gradscope._torch import sequence_nr, version
 
 __all__ = [
     "user_location",
+    "user_frame",
+    "apply_caller",
     "in_checkpoint",
     "in_optimizer",
     "inside_function",
@@ -32,13 +34,21 @@ _APPLY = cast(MethodType, torch.autograd.function.Function.apply).__func__.__cod
 # gradscope code sits between the user's code and an op, and gradscope/demo.py *is* (example) user code.
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_TRACER_FILES = frozenset(os.path.join(_HERE, name) for name in ("modes.py", "recorder.py", "probes.py"))
+_TRACER_FILES = frozenset(os.path.join(_HERE, name) for name in ("modes.py", "recorder.py", "probes.py", "lines.py"))
 _INTERNAL: dict[str, bool] = {}
 
 
 def user_location(depth: int = 1) -> str | None:
     """``"file.py:LINE"`` (basename) of the first caller frame outside torch and the tracer, or None."""
-    f: FrameType | None = sys._getframe(depth + 1)
+    f = user_frame(sys._getframe(depth + 1))
+    return None if f is None else f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
+
+
+def user_frame(f: FrameType | None) -> FrameType | None:
+    """``f`` or the first frame it was called from that is outside torch and the tracer (None: none is).
+
+    The caller must not keep the frame: it holds the user's local variables (tensors among them).
+    """
     while f is not None:
         filename = f.f_code.co_filename
         internal = _INTERNAL.get(filename)
@@ -47,7 +57,16 @@ def user_location(depth: int = 1) -> str | None:
                 filename.startswith(_TORCH_DIR) or os.path.abspath(filename) in _TRACER_FILES
             )
         if not internal:
-            return f"{os.path.basename(filename)}:{f.f_lineno}"
+            return f
+        f = f.f_back
+    return None
+
+
+def apply_caller(f: FrameType | None) -> FrameType | None:
+    """The user's frame that called the innermost ``autograd.Function.apply`` on the stack from ``f``."""
+    while f is not None:
+        if f.f_code is _APPLY:
+            return user_frame(f.f_back)
         f = f.f_back
     return None
 

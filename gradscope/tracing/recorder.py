@@ -25,6 +25,7 @@ from gradscope import _torch
 from gradscope._format import one_line
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.graph import CALLED_MODULES, EVENTS, EVENTS_DROPPED
+from gradscope.tracing.lines import NodeLines
 from gradscope.tracing.modes import MAX_EVENTS, CutMode
 
 __all__ = ["Trace", "trace"]
@@ -103,6 +104,7 @@ class Trace:
         self._events: list[RecordedEvent] = []  # see record_event
         self.checkpoint_params: dict[int, set] = {}  # id -> region seqs: NOTE [parameters inside reentrant checkpoint]
         self._dropped = 0
+        self.node_lines = NodeLines(_peek_seq())  # NOTE [node lines]: the user's line of every node
 
     # -- recording ------------------------------------------------------------------------------
     def __enter__(self) -> Trace:
@@ -227,7 +229,7 @@ class Trace:
     def annotate(self, graph, model=None, names=None) -> None:
         """Write module names and events into ``graph`` (called by :func:`gradscope.inspect`).
 
-        Sets the ``module`` attribute of every op node, ``graph.graph["events"]`` and, when module names
+        Sets the ``module`` attribute of every op node, its ``location`` when known, ``graph.graph["events"]`` and, when module names
         are known, ``graph.graph["called_modules"]``. Writes plain data only.
 
         Args:
@@ -266,6 +268,7 @@ class Trace:
         for data in ops:
             i = bisect_right(starts, data["seq"]) - 1
             data["module"] = call_names.get(self._seg_call[i]) if i >= 0 else None
+        self.node_lines.annotate(ops)
         pnames = self._param_names(model, names)
         graph.graph[EVENTS] = self._event_dicts(call_names, pnames)
         graph.graph["checkpoint_params"] = {
