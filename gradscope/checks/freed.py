@@ -32,4 +32,5 @@ def check(graph, nodes=None) -> Iterator[Finding]:
         "boundary (or rebuild it every step); only if you really need two backward passes through one "
         "graph, pass retain_graph=True to the first.",
         node=freed[0],
+        location=first.get("location"),  # traced: the line that made that node
     )

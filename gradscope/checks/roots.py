@@ -26,6 +26,7 @@ def check(graph, nodes=None) -> Iterator[Finding]:
                 "'grad can be implicitly created only for scalar outputs'. Reduce it first "
                 "(loss.mean() or loss.sum()) or pass gradient=torch.ones_like(loss).",
                 node=rid,
+                location=graph.nodes[rid].get("location"),  # traced: the line that computed the root
             )
     for index in graph.graph.get(NO_GRAD_ROOTS, ()):
         yield Finding(

@@ -229,8 +229,9 @@ class Trace:
     def annotate(self, graph, model=None, names=None) -> None:
         """Write module names and events into ``graph`` (called by :func:`gradscope.inspect`).
 
-        Sets the ``module`` attribute of every op node, its ``location`` when known, ``graph.graph["events"]`` and, when module names
-        are known, ``graph.graph["called_modules"]``. Writes plain data only.
+        Sets the ``module`` attribute of every op node (and ``location`` where the line is known),
+        ``graph.graph["events"]`` and, when module names are known, ``graph.graph["called_modules"]``.
+        Writes plain data only.
 
         Args:
             graph: the metadata graph built by ``inspect``.

@@ -204,6 +204,9 @@ class _Builder:
             "context": n in self.context,
             "saved": _saved_lines(d["saved"]) if d["saved"] else [],
         }
+        if d.get("location"):  # traced: the user's line that made the node (viewer panel, SVG tooltip)
+            info["location"] = d["location"]
+            attrs["tooltip"] = esc(f"{n} {d['name']} at {d['location']}")
         self.add(n, self.cluster_of_node(n), _label(lines), classes, info, **attrs)
         self.out.element_of[n] = n
 

@@ -166,6 +166,7 @@ def _node_ok(d) -> bool:
     if not (
         _count(d.get("saved_bytes"))
         and type(d.get("module")) in (str, _NONE)
+        and type(d.get("location")) in (str, _NONE)
         and type(d.get("root")) is bool
         and type(d.get("opaque")) is bool
         and _count(d.get("seq"), low=-_MAX_INT, null=True)
@@ -220,6 +221,7 @@ def _node(where, d, ids: set) -> None:
         _saved(f"{where}.saved[{i}]", e)
     _int(f"{where}.saved_bytes", d.get("saved_bytes"), low=0)
     _str(f"{where}.module", d.get("module"), null=True)
+    _str(f"{where}.location", d.get("location"), null=True)
     _bool(f"{where}.root", d.get("root"))
     _bool(f"{where}.opaque", d.get("opaque"))
     _int(f"{where}.seq", d.get("seq"), null=True)

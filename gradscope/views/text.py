@@ -106,6 +106,7 @@ def summary(report, top: int = 5) -> str:
         lines.append(f"Top saved memory (activations, each storage once; {len(hot)} of {len(kind_of)} nodes):")
         for nid, d, nbytes in hot:
             where = f" in {d['module']}" if d.get("module") else ""
+            where += f" ({d['location']})" if d.get("location") else ""  # traced: the line that made it
             slots = _activation_slots(g, nid, d, owner)
             lines.append(f"  {human_bytes(nbytes):>10}  {nid:<6} {d['name']}{where}: {slots}")
         if by_ref:
