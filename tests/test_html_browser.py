@@ -312,6 +312,29 @@ def test_hovering_a_node_shows_its_saved_tensors_and_module(browser, tmp_path):
     assert "module: a" in text and "mat1: 2×3 float32 24 B" in text
 
 
+def test_hovering_a_traced_node_shows_the_line_that_made_it(browser, tmp_path):
+    import inspect as pyinspect
+
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    from tests._render_models import Planted
+
+    torch.manual_seed(0)
+    model = Planted()
+    with gradscope.trace(model) as tr:
+        loss = model(torch.randn(2, 3))
+    report = gradscope.inspect(loss, model=model, trace=tr)
+    source, first = pyinspect.getsourcelines(Planted.forward)
+    sig = first + next(i for i, t in enumerate(source) if "torch.sigmoid(" in t)   # the real source line
+    node = next(n for n, d in report.graph.nodes(data=True) if d["name"] == "SigmoidBackward0")
+    assert report.graph.nodes[node]["location"] == f"_render_models.py:{sig}"
+    browser.get(f"file://{report.render(tmp_path / 'graph.html')}")
+    ActionChains(browser).move_to_element(browser.find_element(By.ID, node)).perform()
+    text = _wait(lambda: browser.find_element(By.CSS_SELECTOR, ".gs-details").text)
+    assert f"at _render_models.py:{sig}" in text, text
+
+
 # Jupyter's own rendered-HTML rules that broke the old display (JupyterLab's .jp-RenderedHTMLCommon)
 JUPYTER_CSS = (".jp-RenderedHTMLCommon td,.jp-RenderedHTMLCommon th,.jp-RenderedHTMLCommon li,"
                ".jp-RenderedHTMLCommon p{text-align:right}.jp-RenderedHTMLCommon svg{max-width:100%;height:auto}"
