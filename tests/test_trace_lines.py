@@ -29,7 +29,7 @@ from gradscope.cli.commands import main
 HERE = Path(__file__).name
 _SOURCE = Path(__file__).read_text(encoding="utf-8").splitlines()
 _TORCH = os.path.dirname(torch.__file__) + os.sep
-_TRACER = os.path.join(os.path.dirname(gradscope.__file__), "tracing") + os.sep
+_GRADSCOPE = os.path.dirname(gradscope.__file__) + os.sep  # all of it is skipped but demo.py (user code)
 
 
 def line(marker: str) -> str:
@@ -63,7 +63,7 @@ def torch_lines(root) -> dict[int, str | None]:
         where = None
         for frame in reversed(node.metadata.get("traceback_") or []):
             m = re.search(r'File "(.+?)", line (\d+)', frame)
-            if m and not m.group(1).startswith((_TORCH, _TRACER)):
+            if m and not m.group(1).startswith((_TORCH, _GRADSCOPE)):
                 where = f"{os.path.basename(m.group(1))}:{m.group(2)}"
                 break
         out[node._sequence_nr()] = where
@@ -194,6 +194,18 @@ def test_a_transformer_from_transformers_matches_torchs_own_record():
     assert assert_matches_torch(report, truth) > 50
     files = {d["location"].split(":")[0] for _, d in report.graph.nodes(data=True) if d.get("location")}
     assert "modeling_gpt2.py" in files
+
+
+def test_a_gradscope_mode_between_the_user_and_the_op_is_skipped():
+    x = torch.randn(2, 4, device="meta", requires_grad=True)
+
+    def forward():
+        with gradscope.memory.cpu_kernels_on_meta():  # a TorchFunctionMode of gradscope's own
+            return x.sin().sum()  # L:meta-mode
+
+    report, truth, _ = traced(forward)
+    assert by_name(report)["SinBackward0"] == {line("meta-mode")}
+    assert_matches_torch(report, truth)
 
 
 def test_nested_traces_both_record_the_lines():

@@ -30,11 +30,12 @@ _Tensor = torch.Tensor
 # ``apply`` is a classmethod: read through the class it is a bound method (mypy sees a plain function)
 _APPLY = cast(MethodType, torch.autograd.function.Function.apply).__func__.__code__
 
-# Frames skipped when looking for the user's line: torch's, and the tracer's own files. No other
-# gradscope code sits between the user's code and an op, and gradscope/demo.py *is* (example) user code.
+# Frames skipped when looking for the user's line: torch's and gradscope's (the tracer's own, and a
+# gradscope mode between the user and the op: `with gradscope.memory.cpu_kernels_on_meta():`), except
+# gradscope/demo.py, which *is* (example) user code.
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_TRACER_FILES = frozenset(os.path.join(_HERE, name) for name in ("modes.py", "recorder.py", "probes.py", "lines.py"))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_USER_FILES = frozenset({_PACKAGE_DIR + "demo.py"})
 _INTERNAL: dict[str, bool] = {}
 
 
@@ -53,8 +54,9 @@ def user_frame(f: FrameType | None) -> FrameType | None:
         filename = f.f_code.co_filename
         internal = _INTERNAL.get(filename)
         if internal is None:
-            internal = _INTERNAL[filename] = (
-                filename.startswith(_TORCH_DIR) or os.path.abspath(filename) in _TRACER_FILES
+            path = os.path.abspath(filename)
+            internal = _INTERNAL[filename] = filename.startswith(_TORCH_DIR) or (
+                path.startswith(_PACKAGE_DIR) and path not in _USER_FILES
             )
         if not internal:
             return f
