@@ -308,6 +308,17 @@ def test_a_finding_about_a_node_names_its_line():
     assert plain.location is None
 
 
+def test_a_freed_graph_finding_names_the_line_of_its_first_node():
+    w = torch.randn(3, 3, requires_grad=True)
+    with gradscope.trace() as tr:
+        loss = (w @ w).sum()  # L:freed
+    loss.backward()
+    (finding,) = [f for f in gradscope.inspect(loss, trace=tr).findings if f.kind == "freed-graph"]
+    assert finding.location == line("freed")
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        loss.backward()  # torch agrees the graph is freed
+
+
 def test_the_line_survives_a_json_round_trip_and_a_bad_one_is_refused(tmp_path):
     x = torch.randn(4, requires_grad=True)
     with gradscope.trace() as tr:
