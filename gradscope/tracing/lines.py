@@ -13,7 +13,8 @@ Lines are kept as segments, like the module attribution (NOTE [module attributio
 ascending start numbers and one line per segment, a new segment only when the line changes, so a
 forward costs one entry per change of line, not per node. Lines are interned ``"file.py:LINE"`` strings
 (cached per code object and instruction: ``_BY_CODE``); no frame or tensor is kept. Cost: about 0.5 µs
-per torch call that makes nodes, plus a little per torch frame between the user's line and the op.
+per torch call that makes nodes, plus 0.1-0.25 µs per torch frame between the user's line and the op
+(each one the walk reads is materialised: 4 per ``nn.Module`` level).
 
 Nodes made where the mode does not look show up as a gap: a call starts after the previous one ended. A
 custom ``autograd.Function`` (reentrant ``checkpoint`` is one) numbers its node before its forward runs,
