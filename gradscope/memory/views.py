@@ -6,6 +6,7 @@ import html
 from pathlib import Path
 
 from gradscope._format import human_bytes
+from gradscope.memory.attribution import NO_MODULE
 
 __all__ = ["text", "budget_rows", "curve_svg", "repr_html", "BAND_COLOURS"]
 
@@ -18,7 +19,7 @@ def _where(bm) -> str:
     i = bm.order.index(bm.peak_node)
     text = f"node {bm.peak_node} {bm.names[i]}"
     mod = bm.modules[i]
-    if mod:
+    if mod and mod != NO_MODULE:  # "(no module)": the loss, or an op of the model's own forward
         text += f" in module {mod}"
     loc = bm.locations.get(bm.peak_node)
     if loc:
