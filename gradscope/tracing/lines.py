@@ -3,7 +3,7 @@
 NOTE [node lines]
 The mode (:class:`gradscope.tracing.modes.CutMode`) peeks autograd's next sequence number before and
 after each torch call it sees. When the two differ, the call made the nodes ``[before, after)`` and
-:meth:`NodeLines.note` records the user's line of the call: the first frame outside torch and the tracer
+:meth:`NodeLines.note` records the user's line of the call: the first frame outside torch and gradscope
 (:func:`gradscope.tracing.probes.user_frame`, the rule of the events' ``location``). So an op inside a
 module defined in the user's code gets the line in that module's ``forward``; an op inside one of torch's
 own modules (``nn.Linear``, ``nn.MultiheadAttention``) gets the line that called the module; and a torch

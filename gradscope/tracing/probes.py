@@ -40,13 +40,13 @@ _INTERNAL: dict[str, bool] = {}
 
 
 def user_location(depth: int = 1) -> str | None:
-    """``"file.py:LINE"`` (basename) of the first caller frame outside torch and the tracer, or None."""
+    """``"file.py:LINE"`` (basename) of the first caller frame outside torch and gradscope, or None."""
     f = user_frame(sys._getframe(depth + 1))
     return None if f is None else f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
 
 
 def user_frame(f: FrameType | None) -> FrameType | None:
-    """``f`` or the first frame it was called from that is outside torch and the tracer (None: none is).
+    """``f`` or the first frame it was called from that is outside torch and gradscope (None: none is).
 
     The caller must not keep the frame: it holds the user's local variables (tensors among them).
     """
