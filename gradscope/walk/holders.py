@@ -25,14 +25,14 @@ import sys
 
 import torch
 
-__all__ = ["note_impl", "external", "storage_uses", "getrefcount"]
+__all__ = ["note_impl", "note_base", "external", "storage_uses", "getrefcount"]
 
 storage_uses = torch._C._storage_Use_Count
 getrefcount = sys.getrefcount
 
-#: Python references the walk's fast path holds on a slot's tensor when it counts them (measured: its local,
-#: getrefcount's argument, the reference the TensorImpl keeps on its preserved wrapper).
-_FAST_REFS = 4
+#: Python references the walk's fast path holds on a slot's tensor when it counts them inline (measured: its
+#: local, getrefcount's argument, the reference the TensorImpl keeps on its preserved wrapper).
+_FAST_REFS = 3
 #: The same inside ``StorageIds.key`` (called from ``_meta`` from ``_classify``: two more frames).
 _KEY_REFS = 6
 #: The same for a view's ``_base`` read inside :func:`note_impl`.
@@ -48,7 +48,7 @@ def note_impl(impls: dict, t, sid: int, py_extra: int) -> None:
     try:
         key = t._cdata
         uses = t._use_count() - 1  # - 1: our wrapper
-        base = t._base if t._is_view() else None
+        view = t._is_view()
     except (AttributeError, RuntimeError):
         return
     rec = impls.get(key)
@@ -57,12 +57,23 @@ def note_impl(impls: dict, t, sid: int, py_extra: int) -> None:
     rec[3] += 1
     if py_extra > rec[2]:
         rec[2] = py_extra
-    if base is not None and rec[3] == 1:
+    if view and rec[3] == 1:
+        note_base(impls, t, sid)
+
+
+def note_base(impls: dict, t, sid: int) -> None:
+    """Record the base of the view ``t``, seen in a saved slot for the first time (``views`` counts them)."""
+    try:
+        base = t._base
+        if base is None:
+            return
         bkey = base._cdata
-        brec = impls.get(bkey)
-        if brec is None:
-            brec = impls[bkey] = [sid, base._use_count() - 1, getrefcount(base) - _BASE_REFS, 0, 0]
-        brec[4] += 1
+    except (AttributeError, RuntimeError):
+        return
+    brec = impls.get(bkey)
+    if brec is None:
+        brec = impls[bkey] = [sid, base._use_count() - 1, getrefcount(base) - _BASE_REFS, 0, 0]
+    brec[4] += 1
 
 
 def external(uses: list, impls: dict) -> list[int]:
