@@ -1,4 +1,4 @@
-"""Output metadata taken from a saved slot (NOTE [outputs from a saved slot] in walk/loop.py) is what
+"""Output metadata taken from a saved slot (NOTE [outputs from a saved slot] in walk/outputs.py) is what
 torch's ``_input_metadata`` says, on every node type the shortcut covers.
 
 Ground truth: each node's own ``_input_metadata`` (shape, dtype, device of every output), read here
@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from gradscope.walk import loop
 from gradscope.walk.build import build, param_names
+from gradscope.walk.outputs import OUT_SLOT
 from gradscope.walk.saved import dtype_str
 
 _REAL = (torch.float32, torch.float64, torch.bfloat16)
@@ -84,10 +85,10 @@ def _check(root, params, expect_short) -> None:
 
 
 def test_every_covered_type_exists_in_torch_and_saves_its_slot():
-    for name, slot in loop._OUT_SLOT.items():
+    for name, slot in OUT_SLOT.items():
         cls = getattr(torch._C._functions, name)
         assert hasattr(cls, f"_raw_saved_{slot}"), name
-    assert set(loop._OUT_SLOT) == set(_OPS)
+    assert set(OUT_SLOT) == set(_OPS)
 
 
 @pytest.mark.parametrize("name", sorted(_OPS))
@@ -104,7 +105,7 @@ def test_outputs_from_a_saved_slot_are_torchs(name):
     w, xs = _inputs(torch.float32, "meta")
     root = sum(fn(x).sum() for x in xs)
     _check(root, {"w": w}, {name})
-    assert loop._SPECS[getattr(torch._C._functions, name)][7] == loop._OUT_SLOT[name]   # the shortcut ran
+    assert loop._SPECS[getattr(torch._C._functions, name)][7] == OUT_SLOT[name]   # the shortcut ran
 
 
 def test_the_shortcut_is_taken_and_matches_on_a_mixed_graph():
@@ -114,7 +115,7 @@ def test_the_shortcut_is_taken_and_matches_on_a_mixed_graph():
     h = F.gelu(z.transpose(0, 2)).sigmoid()
     root = h.sum() + torch.tanh(w).sum()
     names = param_names(None, {"w": w})
-    short = {n for n in _truth(root) if loop._OUT_SLOT.get(n[0])}
+    short = {n for n in _truth(root) if OUT_SLOT.get(n[0])}
     assert len(short) >= 5
     _check(root, {"w": w}, {"SoftmaxBackward0", "SinBackward0", "ExpBackward0", "GeluBackward0"})
     records = build([root], names).digraph()

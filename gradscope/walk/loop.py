@@ -13,7 +13,8 @@ storages in the same order, so ids and results are those of the general code (te
 checks both readers against each other on every test graph). The walk also records what the checks
 and the report would otherwise recompute by scanning every node: the nodes that are not plain (the only
 ones that can hold a stale, freed or opaque slot or be an opaque region), the node of each named
-parameter, and the saved bytes of the whole graph, each storage counted once.
+parameter, and the saved bytes of the whole graph, each storage counted once. Where a saved slot
+already gives a node's outputs, ``_input_metadata`` is not read (NOTE [outputs from a saved slot]).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 
 from gradscope.walk.holders import _FAST_REFS, getrefcount, note_base, storage_uses
+from gradscope.walk.outputs import OUT_SLOT
 from gradscope.walk.records import Records, node_id
 from gradscope.walk.saved import (
     _DEVICES,
@@ -58,38 +60,6 @@ _OUTS: dict = {}
 _SLOT_OUTS: dict = {}
 _NO_OUT = (None, (), ())
 
-# NOTE [outputs from a saved slot]
-# ``_input_metadata`` costs ~1.2 us a node (the tuple, then shape, dtype and device each through
-# pybind11), more than the rest of a plain node. For the node types below, one saved slot already has
-# the single output's shape, dtype and device, so the fast path takes them from it:
-# - ``result``: the forward output itself (every type that saves a slot named ``result`` has one
-#   output; the multi-output ones name theirs ``result0``, ``result1``, ...);
-# - ``self`` of a unary elementwise op that keeps the dtype (a float or complex input: only those
-#   require grad): the output has the input's shape, dtype and device.
-# Only a slot read whole by the fast path at version 0 is used (an in-place ``set_``/``resize_`` would
-# bump it); everything else reads ``_input_metadata``. The general reader always reads it, so
-# tests/test_compact.py (fast vs general on every test graph) and tests/test_walk_outputs.py check
-# each type against torch.
-_OUT_SLOT = dict.fromkeys(
-    (
-        "ExpBackward0 Exp2Backward0 Expm1Backward0 ReluBackward0 SigmoidBackward0 TanhBackward0 "
-        "SoftmaxBackward0 LogSoftmaxBackward0 SafeSoftmaxBackward0 SqrtBackward0 RsqrtBackward0 "
-        "ReciprocalBackward0 TanBackward0 EluBackward1 CeluBackward1 LeakyReluBackward1"
-    ).split(),
-    "result",
-)
-_OUT_SLOT.update(
-    dict.fromkeys(
-        (
-            "SinBackward0 CosBackward0 GeluBackward0 SiluBackward0 LogBackward0 Log1PBackward0 "
-            "Log2Backward0 Log10Backward0 ErfBackward0 SinhBackward0 CoshBackward0 AtanBackward0 "
-            "HardtanhBackward0 LeakyReluBackward0 SoftplusBackward0 MishBackward0 HardswishBackward0 "
-            "HardsigmoidBackward0"
-        ).split(),
-        "self",
-    )
-)
-
 
 def _spec(node) -> tuple:
     info = node_type(node)
@@ -97,7 +67,7 @@ def _spec(node) -> tuple:
     attrs = [attr for _, attr in info.value_slots]
     # all value slots in one C call: a tuple, or the value itself for one slot (NOTE [compact records])
     vget = attrgetter(*attrs) if attrs else None
-    out_slot = _OUT_SLOT.get(info.name) if code == _OP else None
+    out_slot = OUT_SLOT.get(info.name) if code == _OP else None
     if out_slot is not None and out_slot not in {s for s, _, _ in info.tensor_slots}:
         out_slot = None
     spec = _SPECS[type(node)] = (
