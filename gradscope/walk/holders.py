@@ -13,7 +13,9 @@ while the walk holds the slot's tensor (TORCH-FACTS section 14):
   this very TensorImpl (saved inputs), and anything else in C++ (an AccumulateGrad's variable).
 - ``sys.getrefcount(t)``: Python references to the wrapper beyond the walk's own (a user variable, a
   list, a ``ctx`` attribute, a module attribute). Each call site passes the count minus its own
-  references (``_FAST_REFS`` / ``_KEY_REFS``, checked by tests/test_backward_memory.py).
+  references (``_FAST_REFS`` / ``_KEY_REFS``, checked by tests/test_backward_memory.py: one off either
+  way fails it). The walk's fast path (``loop.py``) does what :func:`note_impl` does inline, in the same
+  order of reads; :func:`note_base` is the shared part for a view's base.
 
 :func:`external` turns the counts into the storages that backward cannot free. Only ids and counts are
 kept: no tensor outlives the walk.
@@ -25,14 +27,14 @@ import sys
 
 import torch
 
-__all__ = ["note_impl", "external", "storage_uses", "getrefcount"]
+__all__ = ["note_impl", "note_base", "external", "storage_uses", "getrefcount"]
 
 storage_uses = torch._C._storage_Use_Count
 getrefcount = sys.getrefcount
 
-#: Python references the walk's fast path holds on a slot's tensor when it counts them (measured: its local,
-#: getrefcount's argument, the reference the TensorImpl keeps on its preserved wrapper).
-_FAST_REFS = 4
+#: Python references the walk's fast path holds on a slot's tensor when it counts them inline (measured: its
+#: local, getrefcount's argument, the reference the TensorImpl keeps on its preserved wrapper).
+_FAST_REFS = 3
 #: The same inside ``StorageIds.key`` (called from ``_meta`` from ``_classify``: two more frames).
 _KEY_REFS = 6
 #: The same for a view's ``_base`` read inside :func:`note_impl`.
@@ -48,7 +50,7 @@ def note_impl(impls: dict, t, sid: int, py_extra: int) -> None:
     try:
         key = t._cdata
         uses = t._use_count() - 1  # - 1: our wrapper
-        base = t._base if t._is_view() else None
+        view = t._is_view()
     except (AttributeError, RuntimeError):
         return
     rec = impls.get(key)
@@ -57,12 +59,23 @@ def note_impl(impls: dict, t, sid: int, py_extra: int) -> None:
     rec[3] += 1
     if py_extra > rec[2]:
         rec[2] = py_extra
-    if base is not None and rec[3] == 1:
+    if view and rec[3] == 1:
+        note_base(impls, t, sid)
+
+
+def note_base(impls: dict, t, sid: int) -> None:
+    """Record the base of the view ``t``, seen in a saved slot for the first time (``views`` counts them)."""
+    try:
+        base = t._base
+        if base is None:
+            return
         bkey = base._cdata
-        brec = impls.get(bkey)
-        if brec is None:
-            brec = impls[bkey] = [sid, base._use_count() - 1, getrefcount(base) - _BASE_REFS, 0, 0]
-        brec[4] += 1
+    except (AttributeError, RuntimeError):
+        return
+    brec = impls.get(bkey)
+    if brec is None:
+        brec = impls[bkey] = [sid, base._use_count() - 1, getrefcount(base) - _BASE_REFS, 0, 0]
+    brec[4] += 1
 
 
 def external(uses: list, impls: dict) -> list[int]:

@@ -13,7 +13,8 @@ storages in the same order, so ids and results are those of the general code (te
 checks both readers against each other on every test graph). The walk also records what the checks
 and the report would otherwise recompute by scanning every node: the nodes that are not plain (the only
 ones that can hold a stale, freed or opaque slot or be an opaque region), the node of each named
-parameter, and the saved bytes of the whole graph, each storage counted once.
+parameter, and the saved bytes of the whole graph, each storage counted once. Where a saved slot
+already gives a node's outputs, ``_input_metadata`` is not read (NOTE [outputs from a saved slot]).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from typing import Any
 
 import torch
 
-from gradscope.walk.holders import _FAST_REFS, getrefcount, note_impl, storage_uses
+from gradscope.walk.holders import _FAST_REFS, getrefcount, note_base, storage_uses
+from gradscope.walk.outputs import OUT_SLOT
 from gradscope.walk.records import Records, node_id
 from gradscope.walk.saved import (
     _DEVICES,
@@ -49,10 +51,14 @@ _SCALAR_DTYPES = frozenset((torch.float64, torch.int64, torch.complex128, torch.
 _STORAGE_ERRORS = (RuntimeError, NotImplementedError, TypeError)
 
 _OP, _LEAF, _OTHER = 0, 1, 2
-_SPECS: dict = {}  # node class -> (code, name, tensor slots, value slots, NodeType)
+_SPECS: dict = {}  # node class -> (code, name, tensor slots, value slots, NodeType, vget, one value, out slot)
 _SHAPES: dict = {}  # interned shapes and output-shape tuples (plain tuples of ints: no tensor kept)
 _MAX_SHAPES = 1 << 16
-_DTYPE_TUPLES: dict = {}  # torch.dtype -> ("float32",): the out_dtypes of a one-output node, interned
+#: interned ``(device, out_shapes, out_dtypes)`` of op nodes (NOTE [compact records]), keyed by what
+#: ``_input_metadata`` gave (torch objects) or by what a saved slot gave (strings): no tensor kept
+_OUTS: dict = {}
+_SLOT_OUTS: dict = {}
+_NO_OUT = (None, (), ())
 
 
 def _spec(node) -> tuple:
@@ -61,7 +67,19 @@ def _spec(node) -> tuple:
     attrs = [attr for _, attr in info.value_slots]
     # all value slots in one C call: a tuple, or the value itself for one slot (NOTE [compact records])
     vget = attrgetter(*attrs) if attrs else None
-    spec = _SPECS[type(node)] = (code, info.name, info.tensor_slots, info.value_slots, info, vget, len(attrs) == 1)
+    out_slot = OUT_SLOT.get(info.name) if code == _OP else None
+    if out_slot is not None and out_slot not in {s for s, _, _ in info.tensor_slots}:
+        out_slot = None
+    spec = _SPECS[type(node)] = (
+        code,
+        info.name,
+        info.tensor_slots,
+        info.value_slots,
+        info,
+        vget,
+        len(attrs) == 1,
+        out_slot,
+    )
     return spec
 
 
@@ -108,11 +126,8 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
     visit = nexts_of.append
     seqs: list = []
     held_of: list = []  # both become arrays at the end (list.append is the cheaper one)
-    types_add, seqs_add, dev_add = r.types.append, seqs.append, r.devices.append
-    held_col, saved_add, values_add, outs_add = held_of.append, r.saved.append, r.values.append, r.outs.append
-    dts_add = r.out_dtypes.append
-    dts = _DTYPE_TUPLES
-    dts_get = dts.get
+    types_add, seqs_add, held_col = r.types.append, seqs.append, held_of.append
+    saved_add, values_add, outs_add = r.saved.append, r.values.append, r.outs.append
     leaves, special, param_nodes = r.leaves, r.special, r.param_nodes
     held_sids: set = set()
     held_add = held_sids.add
@@ -123,12 +138,18 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
     new_size = sizes.append
     new_use = storages.uses.append
     impls = storages.impls
+    impls_get = impls.get
     specs_get = _SPECS.get
     names_get = names.get
     dtypes_get = _DTYPES.get
     devices_get = _DEVICES.get
-    shapes = _SHAPES if len(_SHAPES) < _MAX_SHAPES else {}
+    small = len(_SHAPES) + len(_OUTS) + len(_SLOT_OUTS) < _MAX_SHAPES
+    shapes = _SHAPES if small else {}
     shape_get = shapes.get
+    outs = _OUTS if small else {}
+    outs_get = outs.get
+    slot_outs = _SLOT_OUTS if small else {}
+    slot_outs_get = slot_outs.get
     n = 0
     stack = list(reversed(starts))
     pop = stack.pop
@@ -159,33 +180,30 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
             except RuntimeError:  # a nested tensor
                 shape = None
             # .grad already set: backward adds into it in place (the last entry)
-            leaf = (
-                None,
-                dtypes_get(dt) or dtype_str(dt),
-                bool(var.requires_grad),
-                devices_get(dev) or device_str(dev),
-                var.grad is not None,
-            )
+            dtype = dtypes_get(dt) or dtype_str(dt)
+            device = devices_get(dev) or device_str(dev)
             if named:
                 qual = named[0]
                 param_nodes[qual] = node_id(i)  # the last one, as a dict built over the nodes
-                leaves[i] = ("param", qual, qual.rpartition(".")[0] or None, shape, *leaf[1:])
+                leaves[i] = ("param", qual, qual.rpartition(".")[0] or None, shape, dtype,
+                             bool(var.requires_grad), device, var.grad is not None)  # fmt: skip
             else:
-                leaves[i] = ("input", "input", None, shape, *leaf[1:])
+                leaves[i] = ("input", "input", None, shape, dtype, bool(var.requires_grad), device,
+                             var.grad is not None)  # fmt: skip
             seqs_add(0)
-            dev_add(leaf[3])
             held_col(0)
             saved_add(())
             values_add(None)
-            outs_add(())
-            dts_add(())
+            outs_add(_NO_OUT)
             continue
         # -- saved tensors: NOTE [walk fast path] ------------------------------------------------------
         held = 0
+        out = None  # the outputs, when a saved slot gives them: NOTE [outputs from a saved slot]
         ok = fast and code == _OP
         if ok:
             rec: tuple = ()  # () + t is t itself: no copy for the common single slot
             node_sids = None
+            out_slot = spec[7]
             for s, raw_attr, attr in spec[2]:
                 try:
                     raw = getattr(node, raw_attr)
@@ -205,7 +223,8 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
                         pass
                     ok = False
                     break
-                if data._version:
+                version = data._version
+                if version:
                     try:  # written in place at some point: stale only if reading the slot raises
                         getattr(node, attr)
                     except RuntimeError:
@@ -215,6 +234,7 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
                     st = data.untyped_storage()
                     ptr = st._cdata
                     shape = data.shape
+                    key = data._cdata
                 except _STORAGE_ERRORS:  # no plain storage, or a nested tensor: the general reader
                     ok = False
                     break
@@ -223,17 +243,39 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
                     sid = sids[ptr] = len(sizes)
                     new_size(st.nbytes())
                     new_use(storage_uses(ptr) - 1)
-                note_impl(impls, data, sid, getrefcount(data) - _FAST_REFS)  # NOTE [holder counts]
+                # the holder count, inline: NOTE [holder counts] (holders.note_impl)
+                extra = getrefcount(data) - _FAST_REFS
+                hrec = impls_get(key)
+                if hrec is None:
+                    try:
+                        hrec = impls[key] = [sid, data._use_count() - 1, extra, 1, 0]
+                        if data._is_view():
+                            note_base(impls, data, sid)
+                    except (AttributeError, RuntimeError):
+                        pass
+                else:
+                    hrec[3] += 1
+                    if extra > hrec[2]:
+                        hrec[2] = extra
+                    if hrec[3] == 1 and data._is_view():  # first seen as a view's base
+                        note_base(impls, data, sid)
                 dt = data.dtype
                 dev = data.device
                 canon = shape_get(shape)
                 if canon is None:
                     canon = shapes[shape] = shape
+                dtype = dtypes_get(dt) or dtype_str(dt)
+                device = devices_get(dev) or device_str(dev)
+                if s == out_slot and not version:
+                    okey = (device, canon, dtype)
+                    out = slot_outs_get(okey)
+                    if out is None:
+                        out = slot_outs[okey] = (device, (canon,), (dtype,))
                 if not shape and dt in _SCALAR_DTYPES and dev.type == "cpu" and not data.requires_grad:
                     # a wrapped Python number: not an activation (saved._is_wrapped_scalar); ~sid marks it
-                    rec += (s, canon, dtypes_get(dt) or dtype_str(dt), devices_get(dev) or device_str(dev), ~sid)
+                    rec += (s, canon, dtype, device, ~sid)
                     continue
-                rec += (s, canon, dtypes_get(dt) or dtype_str(dt), devices_get(dev) or device_str(dev), sid)
+                rec += (s, canon, dtype, device, sid)
                 held_add(sid)
                 if node_sids is None:
                     node_sids = [sid]
@@ -264,6 +306,7 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
                 values_add(values)
         if not ok:
             data = None  # the fast path's reference would read as a holder outside the graph
+            out = None
             saved, values = read_saved(node, spec[4], storages)
             if fast and code == _OP and rec:  # slots the fast path counted before it gave up: counted twice
                 _uncount(node, spec[2], len(rec) // 5, impls)
@@ -283,36 +326,34 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
             saved_add(saved)
             values_add(values)
         held_col(held)
+        seqs_add(node._sequence_nr())
+        if out is not None:
+            outs_add(out)
+            continue
         try:
             meta = node._input_metadata
         except (AttributeError, RuntimeError):
             meta = ()
-        if meta:
+        if len(meta) == 1:
             m = meta[0]
             dev = m.device
-            dev_add(devices_get(dev) or device_str(dev))
-            if len(meta) == 1:
-                try:
-                    key: tuple[tuple[int, ...] | None, ...] = (tuple(m.shape),)
-                except RuntimeError:  # a nested tensor
-                    key = (None,)
-                dt = m.dtype
-                dkey = dts_get(dt)
-                if dkey is None:
-                    dkey = dts[dt] = (dtypes_get(dt) or dtype_str(dt),)
-            else:
-                key = _out_shapes(meta)
-                dkey = tuple(dtypes_get(m.dtype) or dtype_str(m.dtype) for m in meta)
-            canon = shape_get(key)
-            if canon is None:
-                canon = shapes[key] = key
-            outs_add(canon)
-            dts_add(dkey)
+            dt = m.dtype
+            try:
+                okey = (dev, tuple(m.shape), dt)
+            except RuntimeError:  # a nested tensor
+                okey = (dev, None, dt)
+            out = outs_get(okey)
+            if out is None:
+                out = outs[okey] = (devices_get(dev) or device_str(dev), (okey[1],),
+                                    (dtypes_get(dt) or dtype_str(dt),))  # fmt: skip
+            outs_add(out)
+        elif meta:
+            dev = meta[0].device
+            okey = (devices_get(dev) or device_str(dev), _out_shapes(meta),
+                    tuple(dtypes_get(m.dtype) or dtype_str(m.dtype) for m in meta))  # fmt: skip
+            outs_add(slot_outs.setdefault(okey, okey))
         else:
-            dev_add(None)
-            outs_add(())
-            dts_add(())
-        seqs_add(node._sequence_nr())
+            outs_add(_NO_OUT)
     _edges(r, ids, nexts_of)
     r.seqs = array("Q", seqs)
     r.held = array("q", held_of)

@@ -7,8 +7,8 @@ and building hundreds of thousands of them is most of the walk's time and all of
 
     types[i]    the node's ``saved.NodeType`` (name, slot names, custom/opaque flags), shared per class
     seqs[i]     ``_sequence_nr()`` (unused for leaves)        held[i]  saved bytes, each storage once
-    devices[i]  device string (interned) or None             outs[i]  output shapes (interned tuples)
-    out_dtypes[i]  output dtype strings (a tuple, interned for one output)
+    outs[i]     ``(device string or None, output shapes, output dtype strings)``, interned (one tuple
+                shared by every node with the same outputs); ``(None, (), ())`` for leaves
     saved[i]    a fast-path op: a flat tuple, 5 entries per slot ``(slot, shape, dtype, device, sid)``,
                 status "live", ``nbytes = sizes[sid]``, ``sid < 0`` marks a wrapped scalar (``~sid``);
                 any other node: the list of slot dicts that ``saved.read_saved`` returned
@@ -62,12 +62,10 @@ class Records:
     __slots__ = (
         "types",
         "seqs",
-        "devices",
         "held",
         "saved",
         "values",
         "outs",
-        "out_dtypes",
         "leaves",
         "kid_off",
         "kids",
@@ -86,12 +84,10 @@ class Records:
     def __init__(self) -> None:
         self.types: list = []
         self.seqs = array("Q")
-        self.devices: list = []
         self.held = array("q")
         self.saved: list = []
         self.values: list = []
         self.outs: list = []
-        self.out_dtypes: list = []
         self.leaves: dict = {}
         self.kid_off = array("q", [0])
         self.kids = array("q")
@@ -137,19 +133,20 @@ class Records:
                 "grad": grad,
             }
         t = self.types[i]
+        device, shapes, dtypes = self.outs[i]
         d = {
             "kind": "op",
             "name": t.name,
             "saved": self.saved_dicts(i),
             "saved_bytes": self.held[i],
-            "device": self.devices[i],
+            "device": device,
             "module": None,
             "root": root,
             "opaque": t.opaque,
             "seq": self.seqs[i],
             "attrs": self._values(i),
-            "out_shapes": [None if s is None else list(s) for s in self.outs[i]],
-            "out_dtypes": list(self.out_dtypes[i]),
+            "out_shapes": [None if s is None else list(s) for s in shapes],
+            "out_dtypes": list(dtypes),
         }
         if t.function is not None:
             d["function"] = t.function
