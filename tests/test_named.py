@@ -201,3 +201,30 @@ def test_a_freed_tensor_ends_the_cache():
     m.a._parameters["weight"] = "junk"  # whatever takes its place is read afresh
     with pytest.raises(gradscope.errors.InputTypeError, match="must yield"):
         names_and_buffers(m)
+
+
+def test_graph_params_are_each_tensors_state_now():
+    """graph["params"] (reused from the walk for reached parameters) reads as torch says, reached or not,
+    frozen or not, with a .grad or not, and with a params= entry shadowing a model name."""
+    m = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2), nn.Linear(2, 2))
+    m[1].bias.requires_grad_(False)
+    m[0](torch.randn(1, 3)).sum().backward()  # m[0] has a .grad now
+    loss = m[1](m[0](torch.randn(2, 3))).sum()  # m[2] not reached
+    other = torch.zeros(5, requires_grad=True)
+
+    def expect(name, p, node):
+        return {"requires_grad": p.requires_grad, "shape": list(p.shape), "dtype": str(p.dtype).split(".")[1],
+                "node": node, "storage": None, "grad": p.grad is not None, "pid": id(p)}
+
+    for params in (None, {"0.weight": other}):
+        graph = gradscope.inspect(loss, model=m, params=params).graph
+        got = graph.graph["params"]
+        nodes = {d["name"]: n for n, d in graph.nodes(data=True) if d["kind"] == "param"}
+        for name, p in m.named_parameters():
+            want = expect(name, p, nodes.get(name))
+            sid = got[name]["storage"]
+            assert {**got[name], "storage": None} == want or (params and name == "0.weight"), name
+            assert sid is None or graph.graph["storage_bytes"][sid] == p.untyped_storage().nbytes()
+        if params:  # the later entry wins the name, as before: the shadowing tensor, never reached
+            assert got["0.weight"]["pid"] == id(other) and got["0.weight"]["shape"] == [5]
+            assert got["0.weight"]["grad"] is False and got["0.weight"]["node"] == nodes["0.weight"]
