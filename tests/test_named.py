@@ -189,16 +189,30 @@ def test_odd_modules_fall_back_to_torch():
         names_and_buffers(object())
 
 
-def test_a_freed_tensor_ends_the_cache():
-    """Its id may be handed to any new object at the same place: the cache is dropped when it dies."""
+def test_no_tensor_is_referenced_not_even_weakly():
+    """A weak reference on a parameter would make torch.utils.swap_tensors (module.to() in swap mode) raise."""
+    m = Net()
+    gradscope.inspect(m(torch.randn(2, 3)).sum(), model=m)
+    assert named._LAST[0] is not None
+    assert all(not weakref.getweakrefs(t) for t in [*m.parameters(), *m.buffers()])
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        m.to(torch.float64)  # swaps every parameter: raises if one has a weak reference
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(False)
+    assert m.a.weight.dtype == torch.float64
+    _check(m)
+
+
+def test_an_id_reused_by_another_type_is_not_taken_for_the_old_tensor():
     m = Net()
     names_and_buffers(m)
     entry = named._LAST[0]
-    assert entry is not None and not entry.dead
-    del m.a.weight
-    gc.collect()
-    assert entry.dead and entry.valid(m) is None
-    m.a._parameters["weight"] = "junk"  # whatever takes its place is read afresh
+    m.a._parameters["weight"] = "junk"  # as if "junk" had been given the freed weight's address:
+    sig = list(entry.sig)
+    sig[2] = named._read(list(map(named._CALL, entry.mod_refs)))[0][2]  # the ids now match
+    entry.sig = tuple(sig)
+    assert entry.valid(m) is None  # the types still tell them apart
     with pytest.raises(gradscope.errors.InputTypeError, match="must yield"):
         names_and_buffers(m)
 

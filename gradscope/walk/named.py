@@ -4,16 +4,19 @@ NOTE [model structure cache]
 Every ``inspect(..., model=m)`` needs ``id(tensor) -> (qualified name, tensor)`` for the parameters and the
 list of buffers. Walking the modules for them costs 1.5-3 us per module (0.7 ms on GPT-2 small), as much as
 the whole graph walk of a small model. So the last model's structure is kept: the modules in traversal
-order (weak references), per module the keys and the ids of the values of ``_parameters``, ``_buffers`` and
-``_modules``, weak references to every parameter and buffer, and what the two traversals selected (the
-names, the positions). A call reuses it only when, read afresh in a few C-level passes, every module is
-still alive with the same class, every class still uses ``nn.Module``'s own ``named_parameters`` /
-``buffers`` machinery, the three dicts of every module hold the same keys and the same objects (ids equal
-while the weak references prove the cached objects alive, so an id cannot have been reused), and every
-cached tensor is alive. A parameter added, replaced, deleted or set to None, a buffer registered, a
-submodule swapped, a class that overrides those methods: each rebuilds it. Nothing else is cached:
-``requires_grad``, ``.grad``, shapes and storages are read on every call. No module or tensor is kept alive
-(tests/test_named.py checks all of this against torch's ``named_parameters()`` / ``buffers()``).
+order (weak references: modules only), per module the keys of ``_parameters``, ``_buffers`` and
+``_modules`` and the ids and types of their values, and what the two traversals selected (the names, the
+positions). A call reuses it only when, read afresh in a few C-level passes, every module is alive with
+the same class, every class still uses ``nn.Module``'s own ``named_parameters`` / ``buffers`` machinery,
+and the three dicts of every module hold the same keys and values of the same ids and types; the values
+handed out are always the ones read now. A parameter added, replaced, deleted or set to None, a buffer
+registered, a submodule swapped, a class that overrides those methods: each rebuilds it. An id reused by a
+new object at the same place (the old one freed) gives the same answer as a fresh walk: names come from
+the keys, tensors from the dicts now, and equal ids mean the same sharing. Nothing else is cached:
+``requires_grad``, ``.grad``, shapes and storages are read on every call. No tensor is referenced at all,
+not even weakly (a weak reference would make ``torch.utils.swap_tensors`` refuse it, which
+``module.to()`` uses under ``torch.__future__.set_swap_module_params_on_conversion``), and no module is kept
+alive (tests/test_named.py checks all of this against torch).
 """
 
 from __future__ import annotations
@@ -184,10 +187,11 @@ _BASE_METHODS = _GET_METHODS(_MODULE)
 def _read(mods: list) -> tuple[tuple, list]:
     """What the outputs depend on, in a few C-level passes over the modules' three dicts (parameters,
     buffers, submodules, in that order per module): the dicts' lengths (which place each key in its dict),
-    their keys and the ids of their values; and the flat list of the values themselves."""
+    their keys, the ids and types of their values; and the flat list of the values themselves."""
     dicts = list(chain.from_iterable(map(_THREE, mods)))
     values = list(chain.from_iterable(map(_values, dicts)))
-    return (tuple(map(len, dicts)), tuple(chain.from_iterable(dicts)), tuple(map(id, values))), values
+    sig = (tuple(map(len, dicts)), tuple(chain.from_iterable(dicts)), tuple(map(id, values)), tuple(map(type, values)))
+    return sig, values
 
 
 def _picker(positions: list[int]):
@@ -209,8 +213,6 @@ class _Structure:
         "types",
         "classes",
         "sig",
-        "refs",
-        "dead",
         "pids",
         "pnames",
         "pick_params",
@@ -255,19 +257,13 @@ class _Structure:
             bsel.extend(pos for pos, b in enumerate(m._buffers.values(), start) if b is not None)
             stack.extend(sub for sub in m._modules.values() if sub is not None)
         self.pick_buffers = _picker(bsel)
-        # a cached tensor freed (its id free for another) ends the cache: a callback, nothing read per call
-        self.dead: list = []
-        self.refs = [
-            weakref.ref(t, self.dead.append)
-            for t in {id(t): t for t in chain(self.pick_params(values), self.pick_buffers(values))}.values()
-        ]
 
     def names(self, values: list) -> dict:
         return dict(zip(self.pids, zip(self.pnames, self.pick_params(values))))
 
     def valid(self, inner) -> list | None:
         """The modules' dict values read afresh when the structure is unchanged, else None."""
-        if self.dead or self.inner() is not inner:
+        if self.inner() is not inner:
             return None
         mods = list(map(_CALL, self.mod_refs))  # a freed module reads None: its type is NoneType
         if tuple(map(type, mods)) != self.types or not all(map(_BASE_METHODS.__eq__, map(_GET_METHODS, self.classes))):
@@ -295,7 +291,7 @@ def _cached(inner):
         got = entry.valid(inner)
     except Exception:  # noqa: BLE001 - anything unusual (a _parameters that is no dict...): no cache
         return None
-    if got is None:  # e.g. a tensor that refuses weak references
+    if got is None:  # a class that is not plain after all
         return None
     _LAST[0] = entry
     return entry, got
