@@ -218,7 +218,7 @@ def test_an_id_reused_by_another_type_is_not_taken_for_the_old_tensor():
 
 
 def test_graph_params_are_each_tensors_state_now():
-    """graph["params"] (reused from the walk for reached parameters) reads as torch says, reached or not,
+    """graph["params"] reads as torch says, reached or not,
     frozen or not, with a .grad or not, and with a params= entry shadowing a model name."""
     m = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2), nn.Linear(2, 2))
     m[1].bias.requires_grad_(False)

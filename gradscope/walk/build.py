@@ -10,7 +10,6 @@ consumed ``u``'s output; ``index`` is the position of ``u`` in ``v.next_function
 from __future__ import annotations
 
 import gc
-from operator import itemgetter
 
 import networkx as nx
 import torch
@@ -153,7 +152,7 @@ def build(
                 ],  # a scalar loss may view a big buffer
                 "no_grad_roots": no_grad_roots,
                 "storage_bytes": list(storages.sizes),
-                "params": _params_info(records, names, storages),
+                "params": _params_info(records.param_nodes, names, storages),
                 "external": external(storages.uses, storages.impls),  # NOTE [holder counts]
                 "buffers": _buffers_info(buffers, storages),
             }
@@ -182,13 +181,7 @@ def _buffers_info(buffers, storages: StorageIds) -> list:
     return out
 
 
-def _params_info(records: Records, names, storages: StorageIds) -> dict:
-    """``graph["params"]``: each named tensor's state now. A parameter the walk reached was read there (its
-    AccumulateGrad's ``variable`` is the tensor itself: ``records.leaves``, NOTE [compact records]), so only
-    its storage is read again; one it did not reach is read here. Names repeated under two tensors (a
-    ``params=`` entry shadowing the model's) leave the leaf ambiguous: then every tensor is read here."""
-    where, leaves = records.param_nodes, records.leaves
-    reuse = bool(where) and len(set(map(_first, names.values()))) == len(names)
+def _params_info(where: dict, names, storages: StorageIds) -> dict:
     out = {}
     ids_get = storages.ids.get
     for name, p in names.values():
@@ -196,30 +189,18 @@ def _params_info(records: Records, names, storages: StorageIds) -> dict:
             sid = ids_get(p.untyped_storage()._cdata)
         except (RuntimeError, NotImplementedError):
             sid = None
-        nid = where.get(name)
-        leaf = leaves.get(int(nid[1:])) if reuse and nid is not None else None
-        if leaf is not None:
-            shape, dtype, requires_grad, grad = leaf[3], leaf[4], leaf[5], leaf[7]
-            if shape is not None:
-                shape = list(shape)
-        else:
-            requires_grad, grad = bool(p.requires_grad), p.grad is not None
-            dt = p.dtype
-            dtype = _DTYPES.get(dt) or dtype_str(dt)
-            try:
-                shape = list(p.shape)
-            except RuntimeError:  # a nested tensor
-                shape = None
+        dtype = p.dtype
+        try:
+            shape = list(p.shape)
+        except RuntimeError:  # a nested tensor
+            shape = None
         out[name] = {
-            "requires_grad": requires_grad,
+            "requires_grad": bool(p.requires_grad),
             "shape": shape,
-            "dtype": dtype,
-            "node": nid,
+            "dtype": _DTYPES.get(dtype) or dtype_str(dtype),
+            "node": where.get(name),
             "storage": sid,
-            "grad": grad,
+            "grad": p.grad is not None,
             "pid": id(p),
         }
     return out
-
-
-_first = itemgetter(0)
