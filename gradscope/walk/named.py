@@ -160,22 +160,28 @@ def _plain_named_parameters(module) -> list | None:
 
 def _buffers(inner) -> list:
     out: list = []
-    memo: set = set()
-    stack = [inner]
-    while stack:
-        m = stack.pop()
-        if m in memo:
-            continue
+    for m in _buffer_order(inner):
         cls = type(m)
         if any(getattr(cls, a) is not getattr(_MODULE, a) for a in _BUFFER_METHODS):
             try:
                 return list(inner.buffers())
             except Exception:  # noqa: BLE001 - a module whose buffers() is overridden and raises
                 return []
-        memo.add(m)
         out.extend(b for b in m._buffers.values() if b is not None)
-        stack.extend(sub for sub in m._modules.values() if sub is not None)
     return out
+
+
+def _buffer_order(inner):
+    """The modules in ``model_buffers``' order (children pushed unreversed), each once."""
+    memo: set = set()
+    stack = [inner]
+    while stack:
+        m = stack.pop()
+        if m in memo:
+            continue
+        memo.add(m)
+        yield m
+        stack.extend(sub for sub in m._modules.values() if sub is not None)
 
 
 # -- the cache: NOTE [model structure cache] -----------------------------------------------------------
@@ -246,16 +252,9 @@ class _Structure:
         self.pick_params = _picker(psel)
         # buffers: model_buffers' own order (children pushed unreversed), duplicates kept
         bsel: list[int] = []
-        seen: set = set()
-        stack = [inner]
-        while stack:
-            m = stack.pop()
-            if m in seen:
-                continue
-            seen.add(m)
+        for m in _buffer_order(inner):
             start = starts[3 * index[id(m)] + 1]
             bsel.extend(pos for pos, b in enumerate(m._buffers.values(), start) if b is not None)
-            stack.extend(sub for sub in m._modules.values() if sub is not None)
         self.pick_buffers = _picker(bsel)
 
     def names(self, values: list) -> dict:
