@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from gradscope.checks import run_checks
 from gradscope.report import Report
-from gradscope.walk.build import build, flatten_roots, model_buffers, param_names
+from gradscope.walk.build import build, flatten_roots
+from gradscope.walk.named import names_and_buffers
 from gradscope.walk.records import CompactGraph, node_id
 
 __all__ = ["inspect"]
@@ -38,8 +39,8 @@ def inspect(root, *, model=None, params=None, trace=None) -> Report:
         []
     """
     roots = flatten_roots(root)
-    names = param_names(model, params)
-    records = build(roots, names, model_buffers(model))
+    names, buffers = names_and_buffers(model, params)  # NOTE [model structure cache]
+    records = build(roots, names, buffers)
     graph = CompactGraph(records)  # the DiGraph is built only when report.graph is first read
     if trace is not None:
         _annotate(trace, graph, model, names)

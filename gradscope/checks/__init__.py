@@ -8,12 +8,8 @@ report loaded back from JSON.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from gradscope.checks import freed, inplace, roots, unused
-
-if TYPE_CHECKING:
-    from gradscope.findings import Finding
+from gradscope.findings import Finding, sort_findings
 
 __all__ = ["CHECKS", "run_checks"]
 
@@ -26,8 +22,6 @@ def run_checks(graph, nodes=None):
     ``nodes``: the only node ids that can hold a non-live saved slot or be opaque (``inspect`` knows
     them from its walk); None (a graph loaded from JSON, say) looks at every node.
     """
-    from gradscope.findings import sort_findings
-
     out: list[Finding] = []
     for check in CHECKS:
         out.extend(check(graph, nodes))

@@ -73,11 +73,7 @@ def _in_reentrant_checkpoint(graph, events) -> Iterator[Finding]:
         return
     seqs = dict(graph.nodes(data="seq"))
     regions = sorted(
-        (
-            (seqs[n] or 0, n)
-            for n, f in graph.nodes(data="function")
-            if (f or "").endswith(".CheckpointFunction")
-        ),
+        ((seqs[n] or 0, n) for n, f in graph.nodes(data="function") if (f or "").endswith(".CheckpointFunction")),
         reverse=True,
     )
     for ev in events:

@@ -10,15 +10,14 @@ consumed ``u``'s output; ``index`` is the position of ``u`` in ``v.next_function
 from __future__ import annotations
 
 import gc
-from collections.abc import Mapping
 
 import networkx as nx
 import torch
 
-from gradscope._format import one_line
 from gradscope.errors import InputTypeError, InputValueError, NoGradRootError
 from gradscope.walk.holders import external
 from gradscope.walk.loop import walk
+from gradscope.walk.named import describe, model_buffers, param_names
 from gradscope.walk.records import Records, node_id
 from gradscope.walk.release import keep_until_dead
 from gradscope.walk.saved import _DTYPES, StorageIds, dtype_str
@@ -34,7 +33,7 @@ def flatten_roots(root) -> list[torch.Tensor]:
         return [root]
     if not isinstance(root, (list, tuple)):
         raise InputTypeError(
-            f"inspect() needs a tensor (the loss) or a list/tuple of tensors, got {_describe(root)}. "
+            f"inspect() needs a tensor (the loss) or a list/tuple of tensors, got {describe(root)}. "
             "Pass the tensor you would call .backward() on."
         )
     out: list[torch.Tensor] = []
@@ -49,7 +48,7 @@ def flatten_roots(root) -> list[torch.Tensor]:
             stack.append(iter(item))
         else:
             raise InputTypeError(
-                f"inspect() got a list of roots holding {_describe(item)}; every root must be a tensor."
+                f"inspect() got a list of roots holding {describe(item)}; every root must be a tensor."
             )
     if not out:
         raise InputTypeError("inspect() got an empty list of roots; pass at least one tensor.")
@@ -57,130 +56,6 @@ def flatten_roots(root) -> list[torch.Tensor]:
 
 
 _END = object()
-
-
-def _describe(v) -> str:
-    text = one_line(v)
-    return f"{type(v).__name__} {text}" if not isinstance(v, (str, type(None))) else text
-
-
-def param_names(model=None, params=None) -> dict[int, tuple[str, torch.Tensor]]:
-    """Map ``id(tensor) -> (qualified name, tensor)`` from a module and/or a name->tensor mapping."""
-    out: dict[int, tuple[str, torch.Tensor]] = {}
-    if model is not None:
-        if not isinstance(model, torch.nn.Module):
-            raise InputTypeError(f"model= must be a torch.nn.Module, got {_describe(model)}.")
-        inner = (
-            model.module
-            if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel))
-            else model
-        )
-        named = _plain_named_parameters(inner)
-        for item in inner.named_parameters() if named is None else named:
-            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], torch.Tensor)):
-                raise InputTypeError(
-                    f"model.named_parameters() of {type(inner).__name__} must yield (name, tensor) pairs, "
-                    f"it yielded {_describe(item)}; pass params=dict(...) instead."
-                )
-            out.setdefault(id(item[1]), (str(item[0]), item[1]))
-    if params is not None:
-        if not isinstance(params, Mapping):
-            raise InputTypeError(
-                f"params= must be a mapping of names to tensors (e.g. dict(model.named_parameters())), "
-                f"got {_describe(params)}."
-            )
-        for name, p in params.items():
-            try:
-                text = name if isinstance(name, str) else str(name)
-            except Exception:  # noqa: BLE001 - a key whose __str__/__repr__ raises
-                raise InputTypeError(
-                    f"params= keys must be parameter names (str); got a {type(name).__name__} key that "
-                    "cannot be turned into a string. Use dict(model.named_parameters())."
-                ) from None
-            if not isinstance(p, torch.Tensor):
-                raise InputTypeError(f"params[{text!r}] must be a tensor, got {_describe(p)}.")
-            if p.grad_fn is not None:
-                # A non-leaf never has an AccumulateGrad node: the walk could not tell whether it is
-                # reached, and it would be reported unused although retain_grad() fills its .grad.
-                raise InputValueError(
-                    f"params[{text!r}] is not a leaf tensor (it was computed by {p.grad_fn.name()}): "
-                    "params= names the leaves a gradient accumulates into (parameters, inputs that "
-                    "require grad). Pass the leaves it was computed from, or check its .grad after "
-                    "backward() if you called retain_grad() on it."
-                )
-            out.setdefault(id(p), (text, p))
-    return out
-
-
-_MODULE = torch.nn.Module
-
-
-def _plain_named_parameters(module) -> list | None:
-    """``list(module.named_parameters())`` without its nested generators, or None when any module on the
-    way overrides the methods it relies on (then the caller uses ``named_parameters()`` itself).
-
-    Same order (pre-order over ``_modules``, each module once) and the same names; a parameter shared
-    under several names comes once per name here, and ``param_names`` keeps the first, like torch.
-    """
-    out = []
-    memo = set()
-    stack = [("", module)]
-    while stack:
-        prefix, m = stack.pop()
-        if m in memo:
-            continue
-        cls = type(m)
-        if (
-            cls.named_parameters is not _MODULE.named_parameters
-            or cls.named_modules is not _MODULE.named_modules
-            or cls._named_members is not _MODULE._named_members
-        ):
-            return None
-        memo.add(m)
-        dot = prefix + "." if prefix else ""
-        for k, v in m._parameters.items():
-            if v is not None:
-                out.append((dot + k, v))
-        subs = [(dot + k, sub) for k, sub in m._modules.items() if sub is not None]
-        subs.reverse()
-        stack.extend(subs)
-    return out
-
-
-def model_buffers(model) -> list:
-    """The model's buffers (BatchNorm statistics...), for the memory budget; [] without a model.
-
-    ``list(model.buffers())`` without its nested generators (as :func:`_plain_named_parameters`) unless a
-    module on the way overrides the methods it relies on; duplicates are left in (``_buffers_info``
-    counts each storage once).
-    """
-    if not isinstance(model, _MODULE):
-        return []
-    inner = (
-        model.module if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)) else model
-    )
-    out: list = []
-    memo: set = set()
-    stack = [inner]
-    while stack:
-        m = stack.pop()
-        if m in memo:
-            continue
-        cls = type(m)
-        if (
-            cls.buffers is not _MODULE.buffers
-            or cls.named_buffers is not _MODULE.named_buffers
-            or cls.named_modules is not _MODULE.named_modules
-            or cls._named_members is not _MODULE._named_members
-        ):
-            try:
-                return list(inner.buffers())
-            except Exception:  # noqa: BLE001 - a module whose buffers() is overridden and raises
-                return []
-        memo.add(m)
-        out.extend(b for b in m._buffers.values() if b is not None)
-        stack.extend(sub for sub in m._modules.values() if sub is not None)
-    return out
 
 
 def _shape(t: torch.Tensor) -> list[int] | None:
