@@ -117,6 +117,14 @@ def storage_key_and_bytes(t: torch.Tensor) -> tuple[int, int]:
     return st._cdata, st.nbytes()
 
 
+def impl_key(t: torch.Tensor) -> int:
+    """``t._cdata``: the TensorImpl pointer (with ``id(t)``, tells a tensor from a later one that reuses
+    its id without holding any reference, not even a weak one: ``torch.utils.swap_tensors``, behind
+    ``module.to()`` in swap mode and FSDP2's DTensor parameters, refuses a tensor that has a weak
+    reference)."""
+    return t._cdata
+
+
 def version(t: torch.Tensor) -> int:
     """``t._version``: the tensor's in-place version counter (raises RuntimeError on inference tensors).
     TORCH-FACTS section 2 (versions visible)."""

@@ -341,3 +341,23 @@ def test_deep_graph_inspected_twice_is_still_freed():
         time.sleep(0.02)
     assert pending() == 0 and act.expired()
     assert reports[1].graph.number_of_nodes() == 12_002
+
+
+def test_swap_mode_to_after_trace_and_inspect():
+    """torch.utils.swap_tensors (module.to() in swap mode, FSDP2's DTensor parameters) refuses a tensor with
+    a weak reference: a live Trace or Report must hold none on a parameter; the cut still names it."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
+    with gradscope.trace(model) as tr:
+        hidden = model[0](torch.randn(2, 3)).detach()  # a cut: model.0's parameters get no gradient
+        loss = model[1](hidden).sum()
+    report = gradscope.inspect(loss, model=model, trace=tr)
+    cut = next(f for f in report.findings if f.location)
+    assert "0.weight" in cut.message
+    old = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        model.to(torch.float64)  # raised "_apply(): Couldn't swap Linear.weight" while tr was alive
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(old)
+    assert model[0].weight.dtype == torch.float64
+    assert tr is not None and report is not None  # both alive during the swap

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from gradscope._torch import ACCUMULATE_GRAD, TENSOR_DATA, peek_sequence_nr, storage_key
+from gradscope._torch import ACCUMULATE_GRAD, TENSOR_DATA, impl_key, peek_sequence_nr, storage_key
 from gradscope._torch import version as tensor_version
 from gradscope.tracing.probes import (
     INPLACE_FLAG,
@@ -290,7 +290,7 @@ class CutMode(TorchFunctionMode):
 
 
 def param_ids(inputs, refs: dict) -> tuple[int, ...]:
-    """Ids of the leaf tensors (parameters) that feed ``inputs``; each is remembered as a weak reference."""
+    """Ids of the leaf tensors (parameters) that feed ``inputs``; each id is remembered with its TensorImpl key."""
     found: dict[int, None] = {}
     stack = []
     for t in inputs:
@@ -328,7 +328,7 @@ def _leaf(t, found: dict, refs: dict) -> None:
     key = id(t)
     found[key] = None
     if key not in refs:
-        try:
-            refs[key] = weakref.ref(t)
-        except TypeError:
+        try:  # no reference to a parameter, not even a weak one (see _torch.impl_key)
+            refs[key] = impl_key(t)
+        except (AttributeError, RuntimeError):
             pass

@@ -100,7 +100,7 @@ class Trace:
         self._seg_seq: list[int] = []  # segment starts (sequence numbers), ascending
         self._seg_call: list[int] = []  # innermost call of each segment, -1 outside
         self._refs: dict[int, weakref.ref] = {}  # id(module) -> weak reference
-        self.leaf_refs: dict[int, weakref.ref] = {}  # id(parameter) -> weak reference, filled by the mode
+        self.leaf_refs: dict[int, int] = {}  # id(parameter) -> _torch.impl_key(parameter), filled by the mode
         self._events: list[RecordedEvent] = []  # see record_event
         self.checkpoint_params: dict[int, set] = {}  # id -> region seqs: NOTE [parameters inside reentrant checkpoint]
         self._dropped = 0
@@ -311,9 +311,9 @@ class Trace:
                 if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], torch.Tensor):
                     tensors.setdefault(id(item[1]), (str(item[0]), item[1]))
         out = {}
-        for key, ref in self.leaf_refs.items():
-            entry = tensors.get(key)
-            if entry is not None and ref() is entry[1]:
+        for key, impl in self.leaf_refs.items():
+            entry = tensors.get(key)  # the same object and TensorImpl: a parameter swapped since
+            if entry is not None and _torch.impl_key(entry[1]) == impl:  # (swap_tensors) loses its name
                 out[key] = entry[0]
         return out
 
