@@ -67,6 +67,7 @@ class Program:
     recompute: dict = field(default_factory=dict)
     opaque: list = field(default_factory=list)
     needs: list = field(default_factory=list)
+    extra: dict | None = None  # node index -> its ``attrs`` the replay reads; None: read ``attrs[v]["attrs"]``
 
 
 def _edge_list(pred_v: dict, index: dict) -> tuple[list, list]:

@@ -260,86 +260,109 @@ def simulate(
     done: set = set()
     leaf = prog.leaf
     edges = prog.edges
+    op_extra = prog.extra
+
+    saved = prog.saved
+    needs = prog.needs
+    st_refs, st_bytes, impl_refs, impl_storage, impl_view = (
+        mem.st_refs,
+        mem.st_bytes,
+        mem.impl_refs,
+        mem.impl_storage,
+        mem.impl_view,
+    )
+    alloc, unref, drop_storage, sole = mem.alloc, mem.unref, mem.drop_storage, mem.sole
+    order_append, levels_append, inner_append, allocated_append = (
+        out.order.append,
+        out.levels.append,
+        out.inner.append,
+        out.allocated.append,
+    )
+    snapping = snapshot_at is not None
+    release = not retain_graph
 
     def run(v: int) -> None:
-        before = mem.level
-        mem.high = before
+        before = mem.high = mem.level
         mem.cur = v
-        if v == snapshot_at:
-            mem.snap = dict(mem.st_bytes)
-        inputs = buffers.pop(v, {})
-        alloc0 = mem.level
-        if v in recompute:
-            for key, nbytes in recompute[v]:
-                if key not in created_regions and key not in drop:
-                    created_regions.add(key)
-                    nbytes = sizes.get(key, nbytes)
-                    holders = sum(
-                        1 for u in prog.regions.get(key[1], ()) if key in prog.saved[u] and (u == v or u not in done)
-                    )
-                    if not holders:  # re-created and dropped inside the recompute
-                        mem.high = max(mem.high, mem.level + nbytes)
-                        continue
-                    mem.hold_storage(key, nbytes, allocate=True)
-                    mem.st_refs[key] = holders
+        if snapping and v == snapshot_at:
+            mem.snap = dict(st_bytes)
+        inputs = buffers.pop(v, _EMPTY)
+        if recompute and v in recompute:
+            _recompute(v)
         if leaf[v]:
             g = inputs.get(0)
             if g is not None:
                 if has_grad.get(v):
-                    mem.unref(g)  # .grad += new_grad, in place
-                elif mem.impl_refs.get(g) == 1 and mem.impl_view.get(g) != "expand":
-                    out.grads_kept += mem.st_bytes.get(mem.impl_storage[g], 0)  # stolen: it becomes .grad
+                    unref(g)  # .grad += new_grad, in place
+                elif impl_refs.get(g) == 1 and impl_view.get(g) != "expand":
+                    out.grads_kept += st_bytes.get(impl_storage[g], 0)  # stolen: it becomes .grad
                 else:
-                    keep = mem.alloc(gbytes[v][0])
+                    alloc(gbytes[v][0])
                     out.grads_kept += gbytes[v][0]
-                    mem.unref(g)
-                    del keep
+                    unref(g)
         else:
-            extra_attrs = prog.attrs[v].get("attrs") or _EMPTY
-            outputs = _outputs(
-                v, names[v], inputs, edges[v], prog.needs[v], gbytes, mem, grad_scale, extra_attrs.get("alpha", 1)
+            extra_attrs = (
+                (op_extra.get(v) or _EMPTY) if op_extra is not None else (prog.attrs[v].get("attrs") or _EMPTY)
             )
+            es = edges[v]
+            outputs = _outputs(v, names[v], inputs, es, needs[v], gbytes, mem, grad_scale, extra_attrs.get("alpha", 1))
             if workspace is not None:
                 extra = workspace(v)
                 if extra:
                     if v == snapshot_at and mem.level + extra >= mem.high:
-                        mem.snap = {**mem.st_bytes, ("w", v): extra}
+                        mem.snap = {**st_bytes, ("w", v): extra}
                     mem.high = max(mem.high, mem.level + extra)
-            for shape, dtype, had, *_ in extra_attrs.get("region_params") or ():
-                if not had:  # reentrant checkpoint: the nested backward fills the region's .grads
-                    nbytes = numel_bytes(shape, dtype)
-                    mem.alloc(nbytes)
-                    out.grads_kept += nbytes
+            if extra_attrs:
+                for shape, dtype, had, *_ in extra_attrs.get("region_params") or ():
+                    if not had:  # reentrant checkpoint: the nested backward fills the region's .grads
+                        nbytes = numel_bytes(shape, dtype)
+                        alloc(nbytes)
+                        out.grads_kept += nbytes
             for g in inputs.values():
-                mem.unref(g)
-            if not retain_graph:
-                for key in prog.saved[v]:
-                    if key not in drop and key in mem.st_refs:
-                        out.saved_freed += mem.drop_storage(key)
-            for (u, k), g in zip(edges[v], outputs):
+                unref(g)
+            if release:
+                for key in saved[v]:
+                    if key in st_refs and key not in drop:
+                        out.saved_freed += drop_storage(key)
+            for (u, k), g in zip(es, outputs):
                 if g is None:
                     continue
-                slot = buffers.setdefault(u, {})
+                slot = buffers.get(u)
+                if slot is None:
+                    buffers[u] = {k: g}
+                    continue
                 old = slot.get(k)
                 if old is None:
                     slot[k] = g
-                elif mem.sole(old):
-                    mem.unref(g)
-                    slot[k] = old
-                elif mem.sole(g):
-                    mem.unref(old)
+                elif sole(old):
+                    unref(g)
+                elif sole(g):
+                    unref(old)
                     slot[k] = g
                 else:
-                    new = mem.alloc(max(mem.st_bytes.get(mem.impl_storage[old], 0), gbytes[u][k]))
-                    mem.unref(old)
-                    mem.unref(g)
+                    new = alloc(max(st_bytes.get(impl_storage[old], 0), gbytes[u][k]))
+                    unref(old)
+                    unref(g)
                     slot[k] = new
         done.add(v)
-        out.order.append(v)
-        out.levels.append(mem.level)
-        out.inner.append(max(mem.high, mem.level))
-        out.allocated.append(max(0, mem.high - before))
-        del alloc0
+        order_append(v)
+        level = mem.level
+        levels_append(level)
+        high = mem.high
+        inner_append(high if high > level else level)
+        allocated_append(high - before if high > before else 0)
+
+    def _recompute(v: int) -> None:
+        for key, nbytes in recompute[v]:
+            if key not in created_regions and key not in drop:
+                created_regions.add(key)
+                nbytes = sizes.get(key, nbytes)
+                holders = sum(1 for u in prog.regions.get(key[1], ()) if key in saved[u] and (u == v or u not in done))
+                if not holders:  # re-created and dropped inside the recompute
+                    mem.high = max(mem.high, mem.level + nbytes)
+                    continue
+                mem.hold_storage(key, nbytes, allocate=True)
+                st_refs[key] = holders
 
     engine_order(prog, run)
     out.snapshot = mem.snap

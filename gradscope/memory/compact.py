@@ -1,0 +1,238 @@
+"""The replay's program compiled straight from the walk's compact records (no DiGraph, no node dicts).
+
+NOTE [compiling from the compact records]
+``inspect()`` returns a report whose graph is still in the compact columns of ``walk/records.py``
+(NOTE [compact records]); building the ``networkx.DiGraph`` and a dict per node costs more than the
+replay itself. :func:`compile_records` reads the columns instead and gives the same :class:`Program` as
+``engine.compile_graph(report.graph)``, field by field (``tests/test_backward_memory_compact.py`` checks
+it on every model): edges grouped per target in order of first use (as the DiGraph's ``pred`` lists
+them), the saved storage keys of each node, gradient sizes from the output shapes. What the numbers do
+not need is made on first use: ``Program.attrs`` builds a node's dict when it is read, ``Program.module``
+runs the module inference over the DiGraph only when a module name is asked for. A graph with
+non-reentrant checkpoint regions (slots marked ``recomputed``) is compiled through the DiGraph
+(``regions.py`` reads its edges).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from gradscope.memory.dtypes import numel_bytes
+
+__all__ = ["compile_records", "Lazy", "NodeAttrs"]
+
+_UINT64_MAX = (1 << 64) - 1
+_FLOATS = ("float", "bfloat", "complex")
+
+
+class Lazy(Sequence):
+    """A read-only list computed on first use (``make() -> list``); compares equal to the list."""
+
+    __slots__ = ("_make", "_items")
+
+    def __init__(self, make: Callable[[], list]) -> None:
+        self._make: Callable[[], list] | None = make
+        self._items: list | None = None
+
+    def _get(self) -> list:
+        if self._items is None:
+            assert self._make is not None
+            self._items, self._make = list(self._make()), None
+        return self._items
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self._get()[i]
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __eq__(self, other) -> bool:
+        return self._get() == (list(other) if isinstance(other, Sequence) else other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self._get())
+
+
+class NodeAttrs(Sequence):
+    """``Program.attrs`` over compact records: node ``i``'s contract dict, built when it is read."""
+
+    __slots__ = ("_records",)
+
+    def __init__(self, records) -> None:
+        self._records = records
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self._records.node_attrs(i)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def built(self, i: int) -> dict | None:
+        """The dict of node ``i`` when something already built it (a trace annotates every op), else None."""
+        return self._records._dicts.get(i)
+
+
+def _has_regions(records) -> bool:
+    for i in records.special:
+        rec = records.saved[i]
+        if type(rec) is list and any(e.get("status") == "recomputed" for e in rec):
+            return True
+    return False
+
+
+def compile_records(records, modules: Callable[[], dict]):
+    """The :class:`~gradscope.memory.engine.Program` of ``records`` (None when the DiGraph path is needed).
+
+    ``modules()`` returns ``{node id: module}`` (``graph.node_modules``), called on first use only.
+    """
+    from gradscope.graph import HELD
+    from gradscope.memory.engine import Program, _node_dtype
+    from gradscope.memory.holders import external_storages
+    from gradscope.walk.records import node_id
+
+    if _has_regions(records):
+        return None
+    n = len(records)
+    ids = [node_id(i) for i in range(n)]
+    leaves, types, seqs, outs, odts = records.leaves, records.types, records.seqs, records.outs, records.out_dtypes
+    off, kids, kid_out, sizes = records.kid_off, records.kids, records.kid_out, records.sizes
+    gattrs = records.graph
+    params = gattrs.get("params", {})
+    leaf = [False] * n
+    name: list = [None] * n
+    seq: list = [0] * n
+    gbytes: list = [None] * n
+    gshapes: list = [None] * n
+    saved: list = [()] * n
+    opaque = [False] * n
+    edges: list = [None] * n
+    needs: list = [None] * n
+    storages: dict = {}
+    shapes: dict = {}
+    has_grad: dict = {}
+    by_shape: dict = {}
+    for i in range(n):
+        start, end = off[i], off[i + 1]
+        if end - start == 1:
+            u = kids[start]
+            edges[i], needs[i] = ([(u, kid_out[start])], [0]) if u >= 0 else ([], [])
+        else:
+            groups: dict = {}
+            for k in range(start, end):
+                u = kids[k]
+                if u >= 0:
+                    g = groups.get(u)
+                    if g is None:
+                        groups[u] = [k - start, kid_out[k]]
+                    else:
+                        g.append(kid_out[k])
+            es, pos = [], []
+            for u, g in groups.items():
+                first = g[0]
+                for j, k in enumerate(g[1:]):
+                    es.append((u, k))
+                    pos.append(first + j)
+            edges[i], needs[i] = es, pos
+        lf = leaves.get(i)
+        if lf is not None:
+            kind, lname, _mod, shape, dtype, _rg, _dev, grad = lf
+            leaf[i] = True
+            name[i] = "AccumulateGrad"
+            seq[i] = _UINT64_MAX
+            sh = [] if shape is None else list(shape)
+            gshapes[i] = [sh]
+            gbytes[i] = [numel_bytes(sh, dtype)]
+            if grad is None and kind == "param":
+                grad = params.get(lname, {}).get("grad")
+            has_grad[i] = bool(grad)
+            continue
+        t = types[i]
+        name[i] = t.name
+        opaque[i] = bool(t.opaque)
+        seq[i] = seqs[i] % (1 << 64)
+        rec = records.saved[i]
+        o, dts = outs[i], odts[i]
+        hit = by_shape.get((id(o), id(dts))) if len(dts) >= len(o) else None
+        if hit is None:  # shapes and dtypes are interned: one computation per distinct pair (read-only lists)
+            os_ = [None if s is None else list(s) for s in o]
+            dflt = _node_dtype({"saved": records.saved_dicts(i)}) if len(dts) < len(os_) else None
+            hit = os_, [numel_bytes(sh, dts[k] if k < len(dts) else dflt) for k, sh in enumerate(os_)]
+            if dflt is None:
+                by_shape[(id(o), id(dts))] = hit
+        gshapes[i], gbytes[i] = hit
+        keys: list = []
+        if type(rec) is list:
+            for j, e in enumerate(rec):
+                if e.get("status") not in HELD or e.get("scalar"):
+                    continue
+                sid = e.get("storage")
+                key = ("s", sid) if sid is not None else ("e", ids[i], j)
+                if key not in storages:
+                    storages[key] = int(e.get("nbytes") or 0)
+                    shapes[key] = e.get("shape")
+                if key not in keys:
+                    keys.append(key)
+        else:
+            for k in range(0, len(rec), 5):
+                sid = rec[k + 4]
+                if sid < 0:
+                    continue  # a wrapped Python scalar
+                key = ("s", sid)
+                if key not in storages:
+                    storages[key] = sizes[sid]
+                    shapes[key] = list(rec[k + 1])
+                if key not in keys:
+                    keys.append(key)
+        saved[i] = tuple(keys)
+    index = {nid: i for i, nid in enumerate(ids)}
+    roots = [index[r] for r in gattrs.get("roots", ()) if r in index]
+    root_bytes = []
+    for r, shape in zip(roots, gattrs.get("root_shapes", ())):
+        dts = odts[r] if r not in leaves else ()
+        root_bytes.append(numel_bytes(shape, dts[0] if dts else _node_dtype(records.node_attrs(r))))
+    module = Lazy(lambda: [leaves[i][2] if leaf[i] else m.get(nid) for m in (modules(),) for i, nid in enumerate(ids)])
+    extra = {}  # the attributes the replay reads (alpha, region_params): special nodes and ops with an alpha
+    for i in records.special:
+        if not leaf[i]:
+            extra[i] = records._values(i)
+    for i in range(n):
+        if not leaf[i] and i not in extra and any(s == "alpha" for s, _ in types[i].value_slots):
+            extra[i] = records._values(i)
+    return Program(
+        ids,
+        index,
+        name,
+        seq,
+        leaf,
+        edges,
+        gbytes,
+        gshapes,
+        saved,
+        storages,
+        shapes,
+        external_storages(_GraphAttrs(gattrs)),
+        has_grad,
+        roots,
+        root_bytes,
+        module,  # type: ignore[arg-type]
+        NodeAttrs(records),  # type: ignore[arg-type]
+        {},
+        {},
+        opaque,
+        needs,
+        extra,
+    )
+
+
+class _GraphAttrs:
+    """What ``holders.external_storages`` reads of a graph: ``graph.graph``."""
+
+    __slots__ = ("graph",)
+
+    def __init__(self, graph: dict) -> None:
+        self.graph = graph
