@@ -177,7 +177,7 @@ def program(report) -> Program:
         from gradscope.memory.attribution import node_modules
         from gradscope.memory.compact import compile_records
 
-        prog = compile_records(records, lambda: node_modules(report.graph))
+        prog = compile_records(records, list(view.nodes), lambda: node_modules(report.graph))
     if prog is None:
         records, prog = None, compile_graph(report.graph)
     try:

@@ -40,7 +40,7 @@ class Lazy(Sequence):
             self._items, self._make = list(self._make()), None
         return self._items
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         return self._get()[i]
 
     def __len__(self) -> int:
@@ -66,7 +66,7 @@ class NodeAttrs(Sequence):
     def __init__(self, records) -> None:
         self._records = records
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         return self._records.node_attrs(i)
 
     def __len__(self) -> int:
@@ -85,20 +85,19 @@ def _has_regions(records) -> bool:
     return False
 
 
-def compile_records(records, modules: Callable[[], dict]):
+def compile_records(records, ids: list, modules: Callable[[], dict]):
     """The :class:`~gradscope.memory.engine.Program` of ``records`` (None when the DiGraph path is needed).
 
-    ``modules()`` returns ``{node id: module}`` (``graph.node_modules``), called on first use only.
+    ``ids`` are the node ids (``list(compact_graph.nodes)``); ``modules()`` returns ``{node id: module}``
+    (``graph.node_modules``), called on first use only.
     """
     from gradscope.graph import HELD
-    from gradscope.memory.engine import Program, _node_dtype
+    from gradscope.memory.engine import Program, node_dtype
     from gradscope.memory.holders import external_storages
-    from gradscope.walk.records import node_id
 
     if _has_regions(records):
         return None
     n = len(records)
-    ids = [node_id(i) for i in range(n)]
     leaves, types, seqs, outs, odts = records.leaves, records.types, records.seqs, records.outs, records.out_dtypes
     off, kids, kid_out, sizes = records.kid_off, records.kids, records.kid_out, records.sizes
     gattrs = records.graph
@@ -160,7 +159,7 @@ def compile_records(records, modules: Callable[[], dict]):
         hit = by_shape.get((id(o), id(dts))) if len(dts) >= len(o) else None
         if hit is None:  # shapes and dtypes are interned: one computation per distinct pair (read-only lists)
             os_ = [None if s is None else list(s) for s in o]
-            dflt = _node_dtype({"saved": records.saved_dicts(i)}) if len(dts) < len(os_) else None
+            dflt = node_dtype({"saved": records.saved_dicts(i)}) if len(dts) < len(os_) else None
             hit = os_, [numel_bytes(sh, dts[k] if k < len(dts) else dflt) for k, sh in enumerate(os_)]
             if dflt is None:
                 by_shape[(id(o), id(dts))] = hit
@@ -194,15 +193,25 @@ def compile_records(records, modules: Callable[[], dict]):
     root_bytes = []
     for r, shape in zip(roots, gattrs.get("root_shapes", ())):
         dts = odts[r] if r not in leaves else ()
-        root_bytes.append(numel_bytes(shape, dts[0] if dts else _node_dtype(records.node_attrs(r))))
+        root_bytes.append(numel_bytes(shape, dts[0] if dts else node_dtype(records.node_attrs(r))))
     module = Lazy(lambda: [leaves[i][2] if leaf[i] else m.get(nid) for m in (modules(),) for i, nid in enumerate(ids)])
-    extra = {}  # the attributes the replay reads (alpha, region_params): special nodes and ops with an alpha
-    for i in records.special:
-        if not leaf[i]:
-            extra[i] = records._values(i)
+    extra: dict = {}  # what the replay reads of ``attrs`` (alpha, the reentrant checkpoint's region)
+    values = records.values
+    alpha_at: dict = {}  # node type -> position of its alpha value slot (-1: none)
     for i in range(n):
-        if not leaf[i] and i not in extra and any(s == "alpha" for s, _ in types[i].value_slots):
-            extra[i] = records._values(i)
+        if leaf[i]:
+            continue
+        vals = values[i]
+        if type(vals) is dict:  # a node the general reader read: the contract's dict already
+            if vals:
+                extra[i] = vals
+            continue
+        t = types[i]
+        k = alpha_at.get(id(t))
+        if k is None:
+            k = alpha_at[id(t)] = next((j for j, (slot, _) in enumerate(t.value_slots) if slot == "alpha"), -1)
+        if k >= 0:  # a number (c10::Scalar)
+            extra[i] = {"alpha": vals if len(t.value_slots) == 1 else vals[k]}
     return Program(
         ids,
         index,

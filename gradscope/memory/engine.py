@@ -131,7 +131,7 @@ def compile_graph(graph) -> Program:
         outs = d.get("out_shapes") or []
         dts = d.get("out_dtypes") or []
         gshapes.append(outs)
-        gbytes.append([numel_bytes(sh, dts[k] if k < len(dts) else _node_dtype(d)) for k, sh in enumerate(outs)])
+        gbytes.append([numel_bytes(sh, dts[k] if k < len(dts) else node_dtype(d)) for k, sh in enumerate(outs)])
         module.append(mods.get(nid))
         keys: list[tuple] = []
         for j, e in enumerate(d.get("saved") or ()):
@@ -152,7 +152,7 @@ def compile_graph(graph) -> Program:
     for r, shape in zip(roots, graph.graph.get("root_shapes", ())):
         d = nodes[ids[r]]
         dts = d.get("out_dtypes") or []
-        root_bytes.append(numel_bytes(shape, dts[0] if dts else _node_dtype(d)))
+        root_bytes.append(numel_bytes(shape, dts[0] if dts else node_dtype(d)))
     return Program(
         ids,
         index,
@@ -178,7 +178,7 @@ def compile_graph(graph) -> Program:
     )
 
 
-def _node_dtype(d: dict) -> str:
+def node_dtype(d: dict) -> str:
     for e in d.get("saved") or ():
         if e.get("dtype") and not e.get("scalar") and str(e["dtype"]).startswith(("float", "bfloat", "complex")):
             return e["dtype"]

@@ -305,6 +305,11 @@ def simulate(
                 (op_extra.get(v) or _EMPTY) if op_extra is not None else (prog.attrs[v].get("attrs") or _EMPTY)
             )
             es = edges[v]
+            nested = _nested(v, extra_attrs) if extra_attrs else None
+            if nested is not None:  # NOTE [reentrant checkpoint backward]
+                mem.high = max(mem.high, mem.level + nested.forward_peak, mem.level + nested.peak)
+                mem.level += nested.end - nested.input_grad  # the input's grad is the output made below
+                out.grads_kept += nested.grads_kept
             outputs = _outputs(v, names[v], inputs, es, needs[v], gbytes, mem, grad_scale, extra_attrs.get("alpha", 1))
             if workspace is not None:
                 extra = workspace(v)
@@ -312,7 +317,7 @@ def simulate(
                     if v == snapshot_at and mem.level + extra >= mem.high:
                         mem.snap = {**st_bytes, ("w", v): extra}
                     mem.high = max(mem.high, mem.level + extra)
-            if extra_attrs:
+            if extra_attrs and nested is None:
                 for shape, dtype, had, *_ in extra_attrs.get("region_params") or ():
                     if not had:  # reentrant checkpoint: the nested backward fills the region's .grads
                         nbytes = numel_bytes(shape, dtype)
@@ -351,6 +356,14 @@ def simulate(
         high = mem.high
         inner_append(high if high > level else level)
         allocated_append(high - before if high > before else 0)
+
+    def _nested(v: int, extra_attrs: dict):
+        rec = extra_attrs.get("region_recompute")
+        if not rec:
+            return None
+        from gradscope.memory.reentrant import node_effect
+
+        return node_effect(prog, v, rec, simulate)
 
     def _recompute(v: int) -> None:
         for key, nbytes in recompute[v]:

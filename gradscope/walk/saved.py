@@ -341,6 +341,9 @@ def _read_custom(node, saved: list, attrs: dict, storages: StorageIds) -> None:
             for p in module.parameters()
             if p.requires_grad
         ]
+        from gradscope.walk.checkpoint import reentrant_recompute
+
+        attrs["region_recompute"] = reentrant_recompute(node, module)  # NOTE [reentrant layers]
 
 
 _READS_SAVED: dict = {}
