@@ -207,11 +207,11 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
                 extra[i] = vals
             continue
         t = types[i]
-        k = alpha_at.get(id(t))
-        if k is None:
-            k = alpha_at[id(t)] = next((j for j, (slot, _) in enumerate(t.value_slots) if slot == "alpha"), -1)
-        if k >= 0:  # a number (c10::Scalar)
-            extra[i] = {"alpha": vals if len(t.value_slots) == 1 else vals[k]}
+        at = alpha_at.get(id(t))
+        if at is None:
+            at = alpha_at[id(t)] = next((j for j, (slot, _) in enumerate(t.value_slots) if slot == "alpha"), -1)
+        if at >= 0:  # a number (c10::Scalar)
+            extra[i] = {"alpha": vals if len(t.value_slots) == 1 else vals[at]}
     return Program(
         ids,
         index,
