@@ -252,9 +252,9 @@ def replay(
     drop = offloaded_keys(prog, ov)
     has_grad = dict(prog.has_grad)
     if ov.has_grad:
-        for i, leaf in enumerate(prog.leaf):
-            if leaf and prog.attrs[i].get("name") in ov.has_grad:
-                has_grad[i] = bool(ov.has_grad[prog.attrs[i]["name"]])
+        for i, (_, name) in prog.leaves().items():
+            if name in ov.has_grad:
+                has_grad[i] = bool(ov.has_grad[name])
     ws = {}
     if workspace:
         from gradscope.memory.calibrate import BUILDERS

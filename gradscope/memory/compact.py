@@ -72,6 +72,31 @@ class NodeAttrs(Sequence):
     def __len__(self) -> int:
         return len(self._records)
 
+    def raw_key(self, i: int):
+        """A hashable digest of op ``i``'s saved shapes, values and outputs from the columns (no dict made),
+        or None (a node the general reader read, or unhashable values): a memo key for per-op results."""
+        r = self._records
+        rec = r.saved[i]
+        if type(rec) is list:
+            return None
+        sids = rec[4::5]
+        key = (
+            r.types[i].name,
+            rec[0::5],
+            rec[1::5],
+            rec[2::5],
+            tuple(s < 0 for s in sids),
+            r.values[i],
+            r.outs[i],
+            r.out_dtypes[i],
+            r.devices[i],
+        )
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        return key
+
     def built(self, i: int) -> dict | None:
         """The dict of node ``i`` when something already built it (a trace annotates every op), else None."""
         return self._records._dicts.get(i)
@@ -115,9 +140,12 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
     shapes: dict = {}
     has_grad: dict = {}
     by_shape: dict = {}
+    leaf_info: dict = {}
     for i in range(n):
         start, end = off[i], off[i + 1]
-        if end - start == 1:
+        if start == end:
+            edges[i] = needs[i] = ()
+        elif end - start == 1:
             u = kids[start]
             edges[i], needs[i] = ([(u, kid_out[start])], [0]) if u >= 0 else ([], [])
         else:
@@ -149,6 +177,7 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
             if grad is None and kind == "param":
                 grad = params.get(lname, {}).get("grad")
             has_grad[i] = bool(grad)
+            leaf_info[i] = (kind, lname)
             continue
         t = types[i]
         name[i] = t.name
@@ -235,6 +264,7 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
         opaque,
         needs,
         extra,
+        leaf_info,
     )
 
 

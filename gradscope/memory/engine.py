@@ -68,6 +68,15 @@ class Program:
     opaque: list = field(default_factory=list)
     needs: list = field(default_factory=list)
     extra: dict | None = None  # node index -> its ``attrs`` the replay reads; None: read ``attrs[v]["attrs"]``
+    leaf_info: dict | None = None  # leaf index -> (kind, name); None: read ``attrs``
+
+    def leaves(self) -> dict:
+        """Leaf index -> ``(kind, name)`` ("param"/"input", the parameter's name)."""
+        if self.leaf_info is None:
+            self.leaf_info = {
+                i: (self.attrs[i].get("kind"), self.attrs[i].get("name")) for i, lf in enumerate(self.leaf) if lf
+            }
+        return self.leaf_info
 
 
 def _edge_list(pred_v: dict, index: dict) -> tuple[list, list]:
