@@ -148,6 +148,8 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
         elif end - start == 1:
             u = kids[start]
             edges[i], needs[i] = ([(u, kid_out[start])], [0]) if u >= 0 else ([], [])
+        elif end - start == 2 and kids[start] != kids[start + 1] and kids[start] >= 0 and kids[start + 1] >= 0:
+            edges[i], needs[i] = [(kids[start], kid_out[start]), (kids[start + 1], kid_out[start + 1])], [0, 1]
         else:
             groups: dict = {}
             for k in range(start, end):
@@ -185,13 +187,13 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
         seq[i] = seqs[i] % (1 << 64)
         rec = records.saved[i]
         o, dts = outs[i], odts[i]
-        hit = by_shape.get((id(o), id(dts))) if len(dts) >= len(o) else None
+        hit = by_shape.get((id(o), dts)) if len(dts) >= len(o) else None
         if hit is None:  # shapes and dtypes are interned: one computation per distinct pair (read-only lists)
             os_ = [None if s is None else list(s) for s in o]
             dflt = node_dtype({"saved": records.saved_dicts(i)}) if len(dts) < len(os_) else None
             hit = os_, [numel_bytes(sh, dts[k] if k < len(dts) else dflt) for k, sh in enumerate(os_)]
             if dflt is None:
-                by_shape[(id(o), id(dts))] = hit
+                by_shape[(id(o), dts)] = hit
         gshapes[i], gbytes[i] = hit
         keys: list = []
         if type(rec) is list:

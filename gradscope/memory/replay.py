@@ -240,13 +240,17 @@ def simulate(
     mem = _Mem()
     mem.snap_at = snapshot_at
     external = prog.external
+    refs0, bytes0 = mem.st_refs, mem.st_bytes
     for keys in prog.saved:
         for key in keys:
             if key in drop or key[0] == "r":
                 continue
-            mem.hold_storage(key, sizes.get(key, 0), allocate=False)
-            if mem.st_refs[key] == 1 and key in external:
-                mem.st_refs[key] += 1  # a holder outside the graph: never freed by backward
+            n = refs0.get(key)
+            if n is None:  # a holder outside the graph (external) is one more: never freed by backward
+                refs0[key] = 2 if key in external else 1
+                bytes0[key] = sizes.get(key, 0)
+            else:
+                refs0[key] = n + 1
     buffers: dict = {}
     out = Trace()
     gbytes = prog.grad_bytes
