@@ -35,7 +35,7 @@ def _nested_names(report, bm) -> list:
     for nid in bm.order:
         v = prog.index[nid]
         rec = (prog.attrs[v].get("attrs") or {}).get("region_recompute")
-        if rec:
+        if rec and rec["layers"]:
             out.extend(node_effect(prog, v, rec, simulate).names)
     return out
 
@@ -50,7 +50,8 @@ def test_nested_backward_matches_the_profiler(name, grad_set):
     truth = _truth(model, inputs, loss_fn)
     bm = truth.prediction
     ckpt = [i for i, n in enumerate(bm.names) if n == "CheckpointFunctionBackward"]
-    assert ckpt and all((truth.report.graph.nodes[bm.order[i]]["attrs"] or {}).get("region_recompute") for i in ckpt)
+    nodes = truth.report.graph.nodes
+    assert ckpt and all(nodes[bm.order[i]]["attrs"]["region_recompute"]["layers"] for i in ckpt)
     assert _nested_names(truth.report, bm) == truth.nested    # the nested engine's order, node by node
     for i in ckpt:                                            # inside each checkpoint node: its highest point
         assert abs(bm.inner[i] - truth.inner[i]) <= 4096, (i, bm.inner[i], truth.inner[i])
@@ -87,7 +88,7 @@ def test_custom_forward_region_is_not_modelled():
     bm = truth.prediction
     nodes = truth.report.graph.nodes
     attrs = [nodes[n]["attrs"] for n, k in zip(bm.order, bm.names) if k == "CheckpointFunctionBackward"]
-    assert attrs and all(a.get("region_recompute") is None for a in attrs)   # not modelled, and said so
+    assert attrs and all(a["region_recompute"]["layers"] is None for a in attrs)   # not modelled, and said so
     assert bm.levels == truth.levels or max(abs(a - b) for a, b in zip(bm.levels, truth.levels)) <= 4096
     assert abs(bm.peak - truth.peak) <= 0.01 * truth.peak                    # the miss
 
@@ -119,3 +120,17 @@ def test_modelling_runs_and_allocates_nothing():
         bm = report.backward_memory()
     assert [e for e in prof.events() if getattr(e, "cpu_memory_usage", 0) > 0] == []
     assert calls == [] and bm.peak > 0           # no region was re-run to find its ops
+
+
+@pytest.mark.parametrize("name", ["checkpoint_reentrant", "checkpoint_reentrant_chain"])
+def test_step_budget_counts_the_rng_states_the_ctx_keeps(name):
+    torch.manual_seed(0)
+    model, inputs, loss_fn = MODELS[name]()
+    opt = torch.optim.AdamW(model.parameters())
+    gradscope.inspect(loss_fn(model, *inputs), model=model).backward_memory(optimizer=opt)
+    truth = measure(lambda: (loss_fn(model, *inputs), model), before=inputs, optimizer=opt,
+                    inspect=lambda loss, m: gradscope.inspect(loss, model=m),
+                    predict=lambda r, o: r.backward_memory(optimizer=o))
+    bm = truth.prediction
+    assert abs(bm.absolute_peak - truth.absolute_peak) <= 0.02 * truth.absolute_peak
+    assert abs((bm.end + bm.step.end) - truth.step_end) <= 4096

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gradscope.memory.engine import Program, numel_bytes
+from gradscope.memory.reentrant import ctx_state_bytes
 
 if TYPE_CHECKING:
     from gradscope.memory.backward import Overrides
@@ -66,7 +67,7 @@ def step_base(prog: Program, graph, sizes: dict, drop, has_grad: dict, scale) ->
         if has_grad.get(i) if i is not None else p.get("grad"):
             g_bytes += numel_bytes(p.get("shape"), p.get("dtype"))
     param_keys = {("s", p["storage"]) for p in params.values() if p.get("storage") is not None}
-    act = 0
+    act = ctx_state_bytes(prog)  # NOTE [reentrant checkpoint backward]: the RNG states the ctx keeps
     for key, nbytes in sizes.items():
         if key in param_keys or key in drop or key[0] == "r":
             continue

@@ -200,3 +200,13 @@ def node_effect(prog, v: int, recompute: dict, simulate) -> NestedEffect | None:
         )
     cache[v] = eff
     return eff
+
+
+def ctx_state_bytes(prog) -> int:
+    """Bytes of the CPU generator states that reentrant checkpoint nodes keep from the forward
+    (``ctx.fwd_cpu_state``): alive before backward and not freed by it (the node outlives it)."""
+    if prog.extra is not None:
+        items = prog.extra.values()
+    else:
+        items = ((a.get("attrs") or {}) for i, a in enumerate(prog.attrs) if not prog.leaf[i])
+    return sum(int((a.get("region_recompute") or {}).get("rng_bytes") or 0) for a in items if a)

@@ -363,7 +363,7 @@ def simulate(
 
     def _nested(v: int, extra_attrs: dict):
         rec = extra_attrs.get("region_recompute")
-        if not rec:
+        if not rec or not rec.get("layers"):
             return None
         from gradscope.memory.reentrant import node_effect
 

@@ -205,13 +205,11 @@ _ELEMENTWISE = {
 }
 
 
-def reentrant_recompute(node, module) -> dict | None:
-    """``{"layers": region_layers(module), "rng_bytes": n}`` for a ``CheckpointFunctionBackward`` node:
-    ``n`` is the size of the CPU generator state its backward copies (``fork_rng``) when it preserves the
-    RNG state (read from the state the forward stashed, ``ctx.fwd_cpu_state``); None when not modelled."""
-    layers = region_layers(module)
-    if layers is None:
-        return None
+def reentrant_recompute(node, module) -> dict:
+    """``{"layers": region_layers(module) or None, "rng_bytes": n}`` for a ``CheckpointFunctionBackward``
+    node: ``n`` is the size of the CPU generator state the forward stashed (``ctx.fwd_cpu_state``, alive as
+    long as the node) and that its backward copies again (``fork_rng``) when it preserves the RNG state."""
+    layers = region_layers(module) if module is not None else None
     state = getattr(node, "fwd_cpu_state", None) if getattr(node, "preserve_rng_state", False) else None
     try:
         rng = state.untyped_storage().nbytes() if isinstance(state, torch.Tensor) else 0
