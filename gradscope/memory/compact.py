@@ -102,6 +102,26 @@ class NodeAttrs(Sequence):
         return self._records._dicts.get(i)
 
 
+def _grouped(kids, kid_out, start: int, end: int) -> tuple[list, list]:
+    """Edges grouped per target in order of first use, as the DiGraph's ``pred`` lists them."""
+    groups: dict = {}
+    for k in range(start, end):
+        u = kids[k]
+        if u >= 0:
+            g = groups.get(u)
+            if g is None:
+                groups[u] = [k - start, kid_out[k]]
+            else:
+                g.append(kid_out[k])
+    es, pos = [], []
+    for u, g in groups.items():
+        first = g[0]
+        for j, out in enumerate(g[1:]):
+            es.append((u, out))
+            pos.append(first + j)
+    return es, pos
+
+
 def _has_regions(records) -> bool:
     for i in records.special:
         rec = records.saved[i]
@@ -127,74 +147,56 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
     off, kids, kid_out, sizes = records.kid_off, records.kids, records.kid_out, records.sizes
     gattrs = records.graph
     params = gattrs.get("params", {})
+    name = [t.name for t in types]  # a leaf's type is AccumulateGrad's
+    opaque = [bool(t.opaque) for t in types]
+    seq: list = seqs.tolist()
     leaf = [False] * n
-    name: list = [None] * n
-    seq: list = [0] * n
-    gbytes: list = [None] * n
-    gshapes: list = [None] * n
+    for i in leaves:
+        leaf[i] = True
+        seq[i] = _UINT64_MAX
+        opaque[i] = False
+    edges: list = [()] * n
+    needs: list = [()] * n
+    for i in range(n):  # one edge (most nodes), two distinct ones, or the general grouping
+        start, end = off[i], off[i + 1]
+        if end - start == 1:
+            u = kids[start]
+            if u >= 0:
+                edges[i], needs[i] = [(u, kid_out[start])], [0]
+        elif end - start == 2 and kids[start] != kids[start + 1] and kids[start] >= 0 and kids[start + 1] >= 0:
+            edges[i], needs[i] = [(kids[start], kid_out[start]), (kids[start + 1], kid_out[start + 1])], [0, 1]
+        elif end > start:
+            edges[i], needs[i] = _grouped(kids, kid_out, start, end)
+    by_shape: dict = {}
+
+    def grads(i, o, dts):  # shapes and dtypes are interned: one computation per distinct pair (read-only)
+        os_ = [None if s is None else list(s) for s in o]
+        if len(dts) < len(os_):
+            dflt = node_dtype({"saved": records.saved_dicts(i)})
+            return os_, [numel_bytes(sh, dts[k] if k < len(dts) else dflt) for k, sh in enumerate(os_)]
+        hit = by_shape[(id(o), dts)] = os_, [numel_bytes(sh, dts[k]) for k, sh in enumerate(os_)]
+        return hit
+
+    pairs = [by_shape.get((id(o), d)) or grads(i, o, d) for i, (o, d) in enumerate(zip(outs, odts))]
+    gshapes = [p[0] for p in pairs]
+    gbytes = [p[1] for p in pairs]
     saved: list = [()] * n
-    opaque = [False] * n
-    edges: list = [None] * n
-    needs: list = [None] * n
     storages: dict = {}
     shapes: dict = {}
     has_grad: dict = {}
-    by_shape: dict = {}
     leaf_info: dict = {}
-    for i in range(n):
-        start, end = off[i], off[i + 1]
-        if start == end:
-            edges[i] = needs[i] = ()
-        elif end - start == 1:
-            u = kids[start]
-            edges[i], needs[i] = ([(u, kid_out[start])], [0]) if u >= 0 else ([], [])
-        elif end - start == 2 and kids[start] != kids[start + 1] and kids[start] >= 0 and kids[start + 1] >= 0:
-            edges[i], needs[i] = [(kids[start], kid_out[start]), (kids[start + 1], kid_out[start + 1])], [0, 1]
-        else:
-            groups: dict = {}
-            for k in range(start, end):
-                u = kids[k]
-                if u >= 0:
-                    g = groups.get(u)
-                    if g is None:
-                        groups[u] = [k - start, kid_out[k]]
-                    else:
-                        g.append(kid_out[k])
-            es, pos = [], []
-            for u, g in groups.items():
-                first = g[0]
-                for j, k in enumerate(g[1:]):
-                    es.append((u, k))
-                    pos.append(first + j)
-            edges[i], needs[i] = es, pos
-        lf = leaves.get(i)
-        if lf is not None:
-            kind, lname, _mod, shape, dtype, _rg, _dev, grad = lf
-            leaf[i] = True
-            name[i] = "AccumulateGrad"
-            seq[i] = _UINT64_MAX
-            sh = [] if shape is None else list(shape)
-            gshapes[i] = [sh]
-            gbytes[i] = [numel_bytes(sh, dtype)]
-            if grad is None and kind == "param":
-                grad = params.get(lname, {}).get("grad")
-            has_grad[i] = bool(grad)
-            leaf_info[i] = (kind, lname)
+    for i, lf in leaves.items():
+        kind, lname, _mod, shape, dtype, _rg, _dev, grad = lf
+        sh = [] if shape is None else list(shape)
+        gshapes[i] = [sh]
+        gbytes[i] = [numel_bytes(sh, dtype)]
+        if grad is None and kind == "param":
+            grad = params.get(lname, {}).get("grad")
+        has_grad[i] = bool(grad)
+        leaf_info[i] = (kind, lname)
+    for i, rec in enumerate(records.saved):
+        if not rec or leaf[i]:
             continue
-        t = types[i]
-        name[i] = t.name
-        opaque[i] = bool(t.opaque)
-        seq[i] = seqs[i] % (1 << 64)
-        rec = records.saved[i]
-        o, dts = outs[i], odts[i]
-        hit = by_shape.get((id(o), dts)) if len(dts) >= len(o) else None
-        if hit is None:  # shapes and dtypes are interned: one computation per distinct pair (read-only lists)
-            os_ = [None if s is None else list(s) for s in o]
-            dflt = node_dtype({"saved": records.saved_dicts(i)}) if len(dts) < len(os_) else None
-            hit = os_, [numel_bytes(sh, dts[k] if k < len(dts) else dflt) for k, sh in enumerate(os_)]
-            if dflt is None:
-                by_shape[(id(o), dts)] = hit
-        gshapes[i], gbytes[i] = hit
         keys: list = []
         if type(rec) is list:
             for j, e in enumerate(rec):
@@ -208,14 +210,14 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
                 if key not in keys:
                     keys.append(key)
         else:
-            for k in range(0, len(rec), 5):
-                sid = rec[k + 4]
+            for k in range(4, len(rec), 5):
+                sid = rec[k]
                 if sid < 0:
                     continue  # a wrapped Python scalar
                 key = ("s", sid)
                 if key not in storages:
                     storages[key] = sizes[sid]
-                    shapes[key] = list(rec[k + 1])
+                    shapes[key] = list(rec[k - 3])
                 if key not in keys:
                     keys.append(key)
         saved[i] = tuple(keys)

@@ -201,7 +201,7 @@ class _Heap:
 
     def __init__(self, key) -> None:
         self.a: list = []
-        self.key = key  # node index -> (reentrant depth, sequence number)
+        self.key = key  # node index -> its priority (sequence number; (depth, seq) pairs would also do)
 
     def __len__(self) -> int:
         return len(self.a)
@@ -266,7 +266,7 @@ def engine_order(prog: Program, run=None) -> list[int]:
     ``run`` receives the node index and must return nothing; readiness is tracked here.
     """
     deps = dependencies(prog)
-    key = [(0, s) for s in prog.seq]
+    key = prog.seq  # one thread, no reentrant depth here: the sequence number alone orders the queue
     heap = _Heap(key)
     order = []
     if len(prog.roots) == 1:
