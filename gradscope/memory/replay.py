@@ -70,6 +70,11 @@ _PASS_ONLY_FIRST = frozenset({"SubBackward0"})
 
 
 _EMPTY: dict = {}
+#: name -> bit set: 1 view, 2 expand, 4 pieces, 8 pass (0: every output is a new tensor)
+_KIND = {
+    n: (n in VIEW_OPS) | (n in _EXPAND_OPS) << 1 | (n in _PIECE_OPS) << 2 | (n in PASS_OPS) << 3
+    for n in VIEW_OPS | PASS_OPS | _PIECE_OPS | _EXPAND_OPS
+}
 
 
 class Trace:
@@ -275,7 +280,7 @@ def simulate(
         mem.impl_storage,
         mem.impl_view,
     )
-    alloc, unref, drop_storage, sole = mem.alloc, mem.unref, mem.drop_storage, mem.sole
+    alloc, unref, sole = mem.alloc, mem.unref, mem.sole
     order_append, levels_append, inner_append, allocated_append = (
         out.order.append,
         out.levels.append,
@@ -328,11 +333,23 @@ def simulate(
                         alloc(nbytes)
                         out.grads_kept += nbytes
             for g in inputs.values():
-                unref(g)
+                n = impl_refs[g] - 1
+                if n:
+                    impl_refs[g] = n
+                else:
+                    unref(g)
             if release:
-                for key in saved[v]:
-                    if key in st_refs and key not in drop:
-                        out.saved_freed += drop_storage(key)
+                for key in saved[v]:  # drop_storage, inlined: the hottest loop of the replay
+                    n = st_refs.get(key)
+                    if n is None or key in drop:
+                        continue
+                    if n > 1:
+                        st_refs[key] = n - 1
+                    else:
+                        del st_refs[key]
+                        freed = st_bytes.pop(key, 0)
+                        mem.level -= freed
+                        out.saved_freed += freed
             for (u, k), g in zip(es, outputs):
                 if g is None:
                     continue
@@ -398,11 +415,15 @@ def _outputs(
 ) -> list:
     """The gradient tensor (impl id) the formula of ``v`` sends along each edge."""
     g0 = inputs.get(0)
+    kind = _KIND.get(name, 0)
+    if g0 is None or not kind:  # nothing to pass on: a new tensor per edge
+        if grad_scale is None:
+            return [mem.alloc(gbytes[u][k] if k < len(gbytes[u]) else 0) for u, k in edges]
     in_bytes = mem.st_bytes.get(mem.impl_storage[g0], -1) if g0 is not None else -1
-    view = name in VIEW_OPS
-    expand = name in _EXPAND_OPS and len(inputs) == 1
-    pieces = name in _PIECE_OPS and len(inputs) == 1
-    passes = name in PASS_OPS
+    view = kind & 1
+    expand = kind & 2 and len(inputs) == 1
+    pieces = kind & 4 and len(inputs) == 1
+    passes = kind & 8
     outs = []
     for i, (u, k) in enumerate(edges):
         nbytes = gbytes[u][k] if k < len(gbytes[u]) else 0
