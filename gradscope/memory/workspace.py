@@ -83,14 +83,27 @@ def _spec(prog, v: int):
     dts = d.get("out_dtypes") or []
     tensors["grad"] = (list(outs[0]) if outs else [], dts[0] if dts else "float32")
     attrs = dict(d.get("attrs") or {})
+    flag = _neighbours(prog, v, name)
     if attrs.get("batch_first"):  # only the layer whose output goes through transpose(0, 1) gets it batch-major
-        attrs["grad_batch_major"] = any(
-            prog.name[u] in ("TransposeBackward0", "TransposeBackward1") for u in _consumers(prog).get(v, ())
-        )
-    if name.startswith("ScaledDotProduct"):  # heads split by .transpose(1, 2) (HF, nanoGPT) or not (nn.MHA)
-        q = [u for (u, _), pos in zip(prog.edges[v], prog.needs[v]) if pos == 0]
-        attrs["heads_transposed"] = bool(q) and prog.name[q[0]] in ("TransposeBackward0", "TransposeBackward1")
+        attrs["grad_batch_major"] = flag
+    if name.startswith("ScaledDotProduct"):
+        attrs["heads_transposed"] = flag
     return name, tensors, attrs
+
+
+_TRANSPOSES = ("TransposeBackward0", "TransposeBackward1")
+
+
+def _neighbours(prog, v: int, name: str) -> bool | None:
+    """What an op's workspace depends on besides its own attributes: for RNN, whether a transpose(0, 1)
+    consumes its output (batch-major gradient); for attention, whether its query comes from a
+    transpose(1, 2) (heads split by HF / nanoGPT, or not as in nn.MHA). None for other ops."""
+    if name.startswith("ScaledDotProduct"):
+        q = [u for (u, _), pos in zip(prog.edges[v], prog.needs[v]) if pos == 0]
+        return bool(q) and prog.name[q[0]] in _TRANSPOSES
+    if name == "MkldnnRnnLayerBackward0":
+        return any(prog.name[u] in _TRANSPOSES for u in _consumers(prog).get(v, ()))
+    return None
 
 
 def _consumers(prog) -> dict:
@@ -106,11 +119,9 @@ def _consumers(prog) -> dict:
     return cons
 
 
-#: (compact digest of the node, input positions, threads) -> (workspace, grad bytes): repeat ops skip
-#: building their dict and cache key (the digest holds everything the key is made of; RNN and attention
-#: also read their neighbours, so they are not memoised here)
+#: (compact digest of the node, input positions, threads, neighbour flag) -> (workspace, grad bytes):
+#: repeat ops skip building their dict and cache key (the digest holds everything the key is made of)
 _FAST: dict = {}
-_NEIGHBOURS = ("MkldnnRnnLayerBackward0", "ScaledDotProduct")
 
 
 def node_workspace(prog, v: int, grad_scale=None) -> int:
@@ -118,9 +129,9 @@ def node_workspace(prog, v: int, grad_scale=None) -> int:
     if prog.leaf[v]:
         return 0
     raw = getattr(prog.attrs, "raw_key", None)
-    fast = raw(v) if raw is not None and not prog.name[v].startswith(_NEIGHBOURS) else None
+    fast = raw(v) if raw is not None else None
     if fast is not None:
-        fast = (fast, tuple(prog.needs[v]), _threads())
+        fast = (fast, tuple(prog.needs[v]), _threads(), _neighbours(prog, v, prog.name[v]))
         got = _FAST.get(fast)
         if got is not None:
             return _scaled(got[0], got[1], grad_scale, v)
