@@ -246,29 +246,27 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
         if at >= 0:  # a number (c10::Scalar)
             extra[i] = {"alpha": vals if len(t.value_slots) == 1 else vals[at]}
     return Program(
-        ids,
-        index,
-        name,
-        seq,
-        leaf,
-        edges,
-        gbytes,
-        gshapes,
-        saved,
-        storages,
-        shapes,
-        external_storages(_GraphAttrs(gattrs)),
-        has_grad,
-        roots,
-        root_bytes,
-        module,  # type: ignore[arg-type]
-        NodeAttrs(records),  # type: ignore[arg-type]
-        {},
-        {},
-        opaque,
-        needs,
-        extra,
-        leaf_info,
+        ids=ids,
+        index=index,
+        name=name,
+        seq=seq,
+        leaf=leaf,
+        edges=edges,
+        grad_bytes=gbytes,
+        grad_shapes=gshapes,
+        saved=saved,
+        storages=storages,
+        shapes=shapes,
+        external=external_storages(_GraphAttrs(gattrs)),
+        has_grad=has_grad,
+        roots=roots,
+        root_bytes=root_bytes,
+        module=module,  # type: ignore[arg-type]
+        attrs=NodeAttrs(records),  # type: ignore[arg-type]
+        opaque=opaque,
+        needs=needs,
+        extra=extra,
+        leaf_info=leaf_info,
     )
 
 

@@ -11,70 +11,18 @@ summed in place when one of the two is a plain tensor that solely owns its tenso
 clones it otherwise, and adds it in place when ``.grad`` is set. A non-reentrant checkpoint region
 re-creates the tensors its nodes saved at its first unpack; each lives until the last node saving it ran.
 
-The simulation tracks tensors (``impl`` ids with a reference count) and storages (a count of live impls
-plus graph holders), so views, pass-through gradients and shared saved storages free exactly when torch
-frees them.
+The simulation tracks tensors and storages with ``gradients.Memory`` (views, pass-through gradients and
+shared saved storages free exactly when torch frees them); ``gradients.outputs`` is step (2).
 """
 
 from __future__ import annotations
 
 from gradscope.memory.engine import Program, engine_order, numel_bytes
+from gradscope.memory.gradients import PASS_OPS, VIEW_OPS, Memory, outputs
 
 __all__ = ["simulate", "Trace", "VIEW_OPS", "PASS_OPS"]
 
-#: Formulas whose gradient is a view of the incoming gradient (same storage).
-VIEW_OPS = frozenset(
-    {
-        "ViewBackward0",
-        "UnsafeViewBackward0",
-        "TBackward0",
-        "TransposeBackward0",
-        "TransposeBackward1",
-        "PermuteBackward0",
-        "SqueezeBackward0",
-        "SqueezeBackward1",
-        "SqueezeBackward2",
-        "SqueezeBackward3",
-        "SqueezeBackward4",
-        "UnsqueezeBackward0",
-        "UnsqueezeBackward1",
-        "ReshapeAliasBackward0",
-        "AliasBackward0",
-        "SumBackward0",
-        "SumBackward1",
-        "ExpandBackward0",
-        "ViewAsRealBackward0",
-        "ViewAsComplexBackward0",
-        "NumpyTBackward0",
-    }
-)
-#: Formulas that send the incoming gradient tensor itself (when the bytes and dtype match).
-PASS_OPS = frozenset(
-    {
-        "AddBackward0",
-        "AddBackward1",
-        "CloneBackward0",
-        "ToCopyBackward0",
-        "SubBackward0",
-        "SubBackward1",
-        "LiftFreshBackward0",
-        "DetachBackward0",
-    }
-)
-#: Formulas whose gradients are pieces of the incoming gradient: ``cat`` narrows it, ``stack`` selects.
-_PIECE_OPS = frozenset({"CatBackward0", "StackBackward0"})
-#: Formulas whose gradient is the incoming gradient expanded (``sum``: ``grad.expand(self_sizes)``).
-_EXPAND_OPS = frozenset({"SumBackward0", "SumBackward1"})
-#: Outputs of PASS_OPS that are not passed on (``SubBackward0``'s ``other`` gets ``-grad``).
-_PASS_ONLY_FIRST = frozenset({"SubBackward0"})
-
-
 _EMPTY: dict = {}
-#: name -> bit set: 1 view, 2 expand, 4 pieces, 8 pass (0: every output is a new tensor)
-_KIND = {
-    n: (n in VIEW_OPS) | (n in _EXPAND_OPS) << 1 | (n in _PIECE_OPS) << 2 | (n in PASS_OPS) << 3
-    for n in VIEW_OPS | PASS_OPS | _PIECE_OPS | _EXPAND_OPS
-}
 
 
 class Trace:
@@ -111,108 +59,6 @@ class Trace:
         self.saved_freed = 0
 
 
-class _Mem:
-    """Tensors and storages alive in the simulated backward."""
-
-    __slots__ = (
-        "level",
-        "high",
-        "impl_refs",
-        "impl_storage",
-        "impl_view",
-        "st_refs",
-        "st_bytes",
-        "next_id",
-        "origin",
-        "cur",
-        "snap",
-        "snap_at",
-    )
-
-    def __init__(self) -> None:
-        self.level = 0
-        self.high = 0
-        self.impl_refs: dict = {}
-        self.impl_storage: dict = {}
-        self.impl_view: dict = {}
-        self.st_refs: dict = {}
-        self.st_bytes: dict = {}
-        self.next_id = 0
-        self.origin: dict = {}  # gradient storage -> the node that made it
-        self.cur: int | None = None
-        self.snap: dict | None = None  # live storages at the highest point of node ``snap_at``
-        self.snap_at: int | None = None
-
-    def alloc(self, nbytes: int) -> int:
-        """A new dense tensor (one reference) on a new storage; returns its impl id."""
-        i = self.next_id = self.next_id + 1
-        st = ("g", i)
-        self.st_refs[st] = 1
-        self.st_bytes[st] = nbytes
-        self.origin[st] = self.cur
-        self.impl_refs[i] = 1
-        self.impl_storage[i] = st
-        self.impl_view[i] = False
-        self.level += nbytes
-        if self.level > self.high:
-            self.high = self.level
-            if self.cur is not None and self.cur == self.snap_at:
-                self.snap = dict(self.st_bytes)
-        return i
-
-    def view(self, impl: int, kind: str = "view") -> int:
-        i = self.next_id = self.next_id + 1
-        st = self.impl_storage[impl]
-        self.st_refs[st] += 1
-        self.impl_refs[i] = 1
-        self.impl_storage[i] = st
-        self.impl_view[i] = kind
-        return i
-
-    def ref(self, impl: int) -> int:
-        self.impl_refs[impl] += 1
-        return impl
-
-    def unref(self, impl: int) -> int:
-        """Drop one reference; returns the bytes freed."""
-        n = self.impl_refs[impl] - 1
-        if n:
-            self.impl_refs[impl] = n
-            return 0
-        del self.impl_refs[impl]
-        self.impl_view.pop(impl, None)
-        return self.drop_storage(self.impl_storage.pop(impl))
-
-    def drop_storage(self, st) -> int:
-        n = self.st_refs[st] - 1
-        if n:
-            self.st_refs[st] = n
-            return 0
-        del self.st_refs[st]
-        freed = self.st_bytes.pop(st, 0)
-        self.level -= freed
-        return freed
-
-    def hold_storage(self, st, nbytes: int, allocate: bool) -> None:
-        """A graph storage (saved tensor) with one more holder; ``allocate`` when it is created now."""
-        if st in self.st_refs:
-            self.st_refs[st] += 1
-            return
-        self.st_refs[st] = 1
-        self.st_bytes[st] = nbytes
-        if allocate:
-            self.level += nbytes
-            if self.level > self.high:
-                self.high = self.level
-
-    def sole(self, impl: int) -> bool:
-        return (
-            self.impl_refs.get(impl) == 1
-            and not self.impl_view.get(impl)
-            and self.st_refs.get(self.impl_storage[impl]) == 1
-        )
-
-
 def simulate(
     prog: Program,
     *,
@@ -242,7 +88,7 @@ def simulate(
     has_grad = prog.has_grad if has_grad is None else has_grad
     sizes = prog.storages if storage_bytes is None else storage_bytes
     recompute = prog.recompute if recompute is None else recompute
-    mem = _Mem()
+    mem = Memory()
     mem.snap_at = snapshot_at
     external = prog.external
     refs0, bytes0 = mem.st_refs, mem.st_bytes
@@ -319,7 +165,7 @@ def simulate(
                 mem.high = max(mem.high, mem.level + nested.forward_peak, mem.level + nested.peak)
                 mem.level += nested.end - nested.input_grad  # the input's grad is the output made below
                 out.grads_kept += nested.grads_kept
-            outputs = _outputs(v, names[v], inputs, es, needs[v], gbytes, mem, grad_scale, extra_attrs.get("alpha", 1))
+            sent = outputs(v, names[v], inputs, es, needs[v], gbytes, mem, grad_scale, extra_attrs.get("alpha", 1))
             if workspace is not None:
                 extra = workspace(v)
                 if extra:
@@ -350,7 +196,7 @@ def simulate(
                         freed = st_bytes.pop(key, 0)
                         mem.level -= freed
                         out.saved_freed += freed
-            for (u, k), g in zip(es, outputs):
+            for (u, k), g in zip(es, sent):
                 if g is None:
                     continue
                 slot = buffers.get(u)
@@ -408,40 +254,3 @@ def simulate(
         i = max(range(len(out.inner)), key=out.inner.__getitem__)
         out.peak, out.peak_at = max(out.inner[i], 0), out.order[i]
     return out
-
-
-def _outputs(
-    v: int, name: str, inputs: dict, edges: list, positions: list, gbytes: list, mem: _Mem, grad_scale, alpha=1
-) -> list:
-    """The gradient tensor (impl id) the formula of ``v`` sends along each edge."""
-    g0 = inputs.get(0)
-    kind = _KIND.get(name, 0)
-    if g0 is None or not kind:  # nothing to pass on: a new tensor per edge
-        if grad_scale is None:
-            return [mem.alloc(gbytes[u][k] if k < len(gbytes[u]) else 0) for u, k in edges]
-    in_bytes = mem.st_bytes.get(mem.impl_storage[g0], -1) if g0 is not None else -1
-    view = kind & 1
-    expand = kind & 2 and len(inputs) == 1
-    pieces = kind & 4 and len(inputs) == 1
-    passes = kind & 8
-    outs = []
-    for i, (u, k) in enumerate(edges):
-        nbytes = gbytes[u][k] if k < len(gbytes[u]) else 0
-        if grad_scale is not None:
-            nbytes = grad_scale(u, k, nbytes)
-        if g0 is not None and pieces:
-            outs.append(mem.view(g0))
-            continue
-        if g0 is not None and expand:
-            outs.append(mem.view(g0, "expand"))  # grad.expand(sizes): a stride-0 view of the incoming grad
-            continue
-        if g0 is not None and nbytes == in_bytes and len(inputs) == 1:
-            if view:
-                outs.append(mem.view(g0))
-                continue
-            pos = positions[i] if i < len(positions) else i
-            if passes and not (pos > 0 and (name in _PASS_ONLY_FIRST or alpha != 1)):
-                outs.append(mem.ref(g0))
-                continue
-        outs.append(mem.alloc(nbytes))
-    return outs
