@@ -17,7 +17,7 @@ FIELDS = ("ids", "name", "seq", "leaf", "grad_bytes", "grad_shapes", "saved", "s
 
 
 @pytest.mark.parametrize("name", ["mlp", "gru", "weight_sharing", "custom_function", "checkpoint_reentrant",
-                                  "glu_split", "gpt_sdpa"])
+                                  "glu_split", "gpt_sdpa", "checkpoint_nonreentrant"])
 def test_compact_program_equals_the_digraph_one(name):
     torch.manual_seed(0)
     model, inputs, loss_fn = MODELS[name]()

@@ -8,9 +8,9 @@ replay itself. :func:`compile_records` reads the columns instead and gives the s
 it on every model): edges grouped per target in order of first use (as the DiGraph's ``pred`` lists
 them), the saved storage keys of each node, gradient sizes from the output shapes. What the numbers do
 not need is made on first use: ``Program.attrs`` builds a node's dict when it is read, ``Program.module``
-runs the module inference over the DiGraph only when a module name is asked for. A graph with
-non-reentrant checkpoint regions (slots marked ``recomputed``) is compiled through the DiGraph
-(``regions.py`` reads its edges).
+runs the module inference over the DiGraph only when a module name is asked for. Non-reentrant
+checkpoint regions (``regions.py``) read the nodes the general reader read and their inputs through
+:class:`_RegionView`.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def _has_regions(records) -> bool:
 
 
 def compile_records(records, ids: list, modules: Callable[[], dict]):
-    """The :class:`~gradscope.memory.engine.Program` of ``records`` (None when the DiGraph path is needed).
+    """The :class:`~gradscope.memory.engine.Program` of ``records``.
 
     ``ids`` are the node ids (``list(compact_graph.nodes)``); ``modules()`` returns ``{node id: module}``
     (``graph.node_modules``), called on first use only.
@@ -140,8 +140,6 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
     from gradscope.memory.engine import Program, node_dtype
     from gradscope.memory.holders import external_storages
 
-    if _has_regions(records):
-        return None
     n = len(records)
     leaves, types, seqs, outs, odts = records.leaves, records.types, records.seqs, records.outs, records.out_dtypes
     off, kids, kid_out, sizes = records.kid_off, records.kids, records.kid_out, records.sizes
@@ -222,6 +220,11 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
                     keys.append(key)
         saved[i] = tuple(keys)
     index = {nid: i for i, nid in enumerate(ids)}
+    regions, recompute = {}, {}
+    if _has_regions(records):  # NOTE [recorded checkpoint regions]
+        from gradscope.memory.regions import recorded_regions
+
+        regions, recompute = recorded_regions(_RegionView(records, ids, index), index, saved, storages, shapes)
     roots = [index[r] for r in gattrs.get("roots", ()) if r in index]
     root_bytes = []
     for r, shape in zip(roots, gattrs.get("root_shapes", ())):
@@ -263,11 +266,54 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
         root_bytes=root_bytes,
         module=module,  # type: ignore[arg-type]
         attrs=NodeAttrs(records),  # type: ignore[arg-type]
+        regions=regions,
+        recompute=recompute,
         opaque=opaque,
         needs=needs,
         extra=extra,
         leaf_info=leaf_info,
     )
+
+
+class _RegionView:
+    """What ``regions.recorded_regions`` reads of a graph, answered from the records: ``nodes.items()``
+    over the nodes the general reader read (only they can hold recomputed slots), ``nodes[nid]`` any
+    node's dict, ``_pred[nid]`` its inputs as ``{input id: {"output": k}}`` (as the DiGraph's ``pred``)."""
+
+    __slots__ = ("nodes", "_pred")
+
+    def __init__(self, records, ids: list, index: dict) -> None:
+        self.nodes = _ViewNodes(records, ids, index)
+        self._pred = _ViewPred(records, ids, index)
+
+
+class _ViewNodes:
+    __slots__ = ("_r", "_ids", "_index")
+
+    def __init__(self, records, ids, index) -> None:
+        self._r, self._ids, self._index = records, ids, index
+
+    def __getitem__(self, nid) -> dict:
+        return self._r.node_attrs(self._index[nid])
+
+    def items(self) -> list:
+        return [(self._ids[i], self._r.node_attrs(i)) for i in sorted(self._r.special)]
+
+
+class _ViewPred:
+    __slots__ = ("_r", "_ids", "_index")
+
+    def __init__(self, records, ids, index) -> None:
+        self._r, self._ids, self._index = records, ids, index
+
+    def __getitem__(self, nid) -> dict:
+        r, i = self._r, self._index[nid]
+        out: dict = {}
+        for k in range(r.kid_off[i], r.kid_off[i + 1]):
+            u = r.kids[k]
+            if u >= 0 and self._ids[u] not in out:
+                out[self._ids[u]] = {"output": r.kid_out[k]}
+        return out
 
 
 class _GraphAttrs:
