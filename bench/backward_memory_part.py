@@ -25,7 +25,8 @@ from tests._memtruth import measure, storage_bytes  # noqa: E402
 from tests.test_backward_memory import PEAK_MISSES  # noqa: E402
 
 warnings.filterwarnings("ignore")
-COST_TARGET = 1.0
+COST_TARGET = 1.0  # the issue's target: the replay costs at most one inspect()
+COST_AIM = 0.7  # what issue 12's cost work aimed at (inspect() is being made faster too): reported, not gated
 
 
 def _memtracker_peak(name: str):
@@ -89,7 +90,7 @@ def _whole_step_peak(name: str) -> int:
     return before + high
 
 
-def _cost(name: str, repeat: int = 9) -> tuple[float, float]:
+def _cost(name: str, repeat: int = 15) -> tuple[float, float]:
     """Best of ``repeat`` (the machine is shared: the minimum is the least disturbed run)."""
     torch.manual_seed(0)
     model, inputs, loss_fn = MODELS[name]()
@@ -141,6 +142,12 @@ def backward_main(argv: list[str]) -> int:
           "profiler's, from the forward's start)")
     for line in [head, tuple("-" * w for w in widths)] + rows:
         print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))))
+    ratios = [float(r[-1].split()[0][1:]) for r in rows]
+    if ratios:
+        worst = max(ratios)
+        print(f"replay/inspect (first backward_memory() on a fresh report, best of 15): worst x{worst:.2f}, "
+              f"median x{sorted(ratios)[len(ratios) // 2]:.2f}; target <= x{COST_TARGET:.1f}, aim <= x{COST_AIM:.1f} "
+              f"({sum(r <= COST_AIM for r in ratios)}/{len(ratios)} models within the aim)")
     if failed:
         print(f"targets missed on: {', '.join(failed)}")
     return 1 if failed else 0

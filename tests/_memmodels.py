@@ -156,6 +156,29 @@ def checkpoint_reentrant():
     return _Ckpt(True), (x,), _mse
 
 
+class _CkptChain(nn.Module):
+    """Reentrant checkpoints one after another (no residual), on a 3-d input: ``F.linear``'s views, ``mm``
+    without bias, activations saving their result (ReLU, Tanh) or their input (SiLU), a frozen layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(32, 96), nn.ReLU(), nn.Linear(96, 64, bias=False), nn.SiLU(),
+                          nn.Sequential(nn.Linear(64, 32), nn.Tanh()))
+            for _ in range(2))
+        self.blocks[1][2].weight.requires_grad_(False)
+        self.head = nn.Linear(32, 1)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = checkpoint(b, x, use_reentrant=True)
+        return self.head(x)
+
+
+def checkpoint_reentrant_chain():
+    return _CkptChain(), (torch.randn(4, 6, 32, requires_grad=True),), _mse
+
+
 class _Scale(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, w):
@@ -324,6 +347,7 @@ MODELS = {
     "mlp": mlp, "mlp_norm_dropout": mlp_norm_dropout, "resnet": resnet, "cnn_inplace": cnn_inplace,
     "convnext": convnext, "lstm": lstm, "gru": gru, "weight_sharing": weight_sharing,
     "checkpoint_nonreentrant": checkpoint_nonreentrant, "checkpoint_reentrant": checkpoint_reentrant,
+    "checkpoint_reentrant_chain": checkpoint_reentrant_chain,
     "custom_function": custom_function, "glu_split": glu_split, "gpt_sdpa": gpt_sdpa,
     "transformer_encoder": transformer_encoder, "conv1d_pool": conv1d_pool, "embedding_bag": embedding_bag,
     **HF_MODELS,

@@ -16,10 +16,7 @@ from tests._memtruth import measure
 warnings.filterwarnings("ignore", message=".*loss_type=None.*")
 
 #: Known misses, each asserted to still miss (strict xfail) so that a fix is noticed.
-PEAK_MISSES = {
-    ("checkpoint_reentrant", False): "the nested backward's transient activations are not replayed",
-    ("checkpoint_reentrant", True): "the nested backward's transient activations are not replayed",
-}
+PEAK_MISSES: dict = {}
 LEVEL_MISSES: set = set()
 
 _CACHE: dict = {}

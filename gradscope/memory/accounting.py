@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gradscope.memory.engine import Program, numel_bytes
+from gradscope.memory.reentrant import ctx_state_bytes
 
 if TYPE_CHECKING:
     from gradscope.memory.backward import Overrides
@@ -43,7 +44,8 @@ def offloaded_keys(prog: Program, ov: Overrides) -> frozenset:
 
 
 def grad_names(prog: Program, has_grad: dict) -> set:
-    return {prog.attrs[i].get("name") for i, g in has_grad.items() if g}
+    info = prog.leaves()
+    return {info[i][1] if i in info else prog.attrs[i].get("name") for i, g in has_grad.items() if g}
 
 
 def step_base(prog: Program, graph, sizes: dict, drop, has_grad: dict, scale) -> dict:
@@ -58,20 +60,21 @@ def step_base(prog: Program, graph, sizes: dict, drop, has_grad: dict, scale) ->
             p_bytes += nbytes
             if sid is not None:
                 seen.add(sid)
-    leaf_names = {prog.attrs[i].get("name"): i for i, leaf in enumerate(prog.leaf) if leaf}
+    info = prog.leaves()
+    leaf_names = {name: i for i, (_, name) in info.items()}
     for name, p in params.items():
         i = leaf_names.get(name)
         if has_grad.get(i) if i is not None else p.get("grad"):
             g_bytes += numel_bytes(p.get("shape"), p.get("dtype"))
     param_keys = {("s", p["storage"]) for p in params.values() if p.get("storage") is not None}
-    act = 0
+    act = ctx_state_bytes(prog)  # NOTE [reentrant checkpoint backward]: the RNG states the ctx keeps
     for key, nbytes in sizes.items():
         if key in param_keys or key in drop or key[0] == "r":
             continue
         act += nbytes
     inputs = 0
-    for i, leaf in enumerate(prog.leaf):
-        if leaf and prog.attrs[i].get("kind") == "input":
+    for i, (kind, _) in info.items():
+        if kind == "input":
             nbytes = prog.grad_bytes[i][0]
             inputs += int(scale(prog.grad_shapes[i][0], "float32", nbytes)) if scale else nbytes
             if has_grad.get(i):

@@ -38,12 +38,13 @@ ids, modules and locations filled in.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.memory.accounting import grad_names, offloaded_keys, peak_by_module, step_base, storage_sizes
+from gradscope.memory.compact import Lazy
 from gradscope.memory.engine import Program, compile_graph
 from gradscope.memory.replay import Trace, simulate
 
@@ -89,7 +90,7 @@ class BackwardMemory:
     base: int
     absolute_peak: int
     step: StepBudget | None = None
-    modules: list = field(default_factory=list)
+    modules: Sequence = field(default_factory=list)  # a list (computed on first use)
     inner: list = field(default_factory=list)
     workspace: dict = field(default_factory=dict)
     names: list = field(default_factory=list)
@@ -166,14 +167,24 @@ class BackwardMemory:
 
 def program(report) -> Program:
     """The compiled graph of ``report`` (cached on the report; the graph is not changed)."""
-    prog = getattr(report, "_gs_program", None)
-    if prog is None or prog[0] is not report.graph:
-        prog = (report.graph, compile_graph(report.graph))
-        try:
-            report._gs_program = prog
-        except AttributeError:
-            pass
-    return prog[1]
+    cached = getattr(report, "_gs_program", None)
+    view = report._view() if hasattr(report, "_view") else report.graph
+    records = getattr(view, "compact", None)
+    if cached is not None and (cached[0] is view or cached[0] is records or getattr(cached[0], "_digraph", 0) is view):
+        return cached[1]  # the same graph, or the DiGraph built since from the records it was compiled from
+    prog = None
+    if records is not None:  # NOTE [compiling from the compact records]
+        from gradscope.memory.attribution import node_modules
+        from gradscope.memory.compact import compile_records
+
+        prog = compile_records(records, list(view.nodes), lambda: node_modules(report.graph))
+    if prog is None:
+        records, prog = None, compile_graph(report.graph)
+    try:
+        report._gs_program = (records if records is not None else report.graph, prog)
+    except AttributeError:
+        pass
+    return prog
 
 
 def module_nodes(report, patterns) -> set:
@@ -236,14 +247,14 @@ def replay(
             )
     ov = overrides or Overrides()
     prog = program(report)
-    graph = report.graph
+    graph = report._view() if hasattr(report, "_view") else report.graph  # no DiGraph needed
     sizes, grad_scale = storage_sizes(prog, ov.scale)
     drop = offloaded_keys(prog, ov)
     has_grad = dict(prog.has_grad)
     if ov.has_grad:
-        for i, leaf in enumerate(prog.leaf):
-            if leaf and prog.attrs[i].get("name") in ov.has_grad:
-                has_grad[i] = bool(ov.has_grad[prog.attrs[i]["name"]])
+        for i, (_, name) in prog.leaves().items():
+            if name in ov.has_grad:
+                has_grad[i] = bool(ov.has_grad[name])
     ws = {}
     if workspace:
         from gradscope.memory.calibrate import BUILDERS
@@ -271,10 +282,12 @@ def replay(
     base = sum(parts.values())
     ids = prog.ids
     locs = {}
-    for nid in (ids[v] for v in tr.order):
-        loc = prog.attrs[prog.index[nid]].get("location")
+    built = getattr(prog.attrs, "built", None)  # compact: only dicts already made (a trace makes every op's)
+    for v in tr.order:
+        d = prog.attrs[v] if built is None else built(v)
+        loc = d.get("location") if d else None
         if loc:
-            locs[nid] = loc
+            locs[ids[v]] = loc
 
     def contributors() -> list[tuple[str, str, int]]:
         snap = simulate(
@@ -306,7 +319,7 @@ def replay(
         base=base,
         absolute_peak=base + max(high, 0),
         step=step,
-        modules=[prog.module[v] for v in tr.order],
+        modules=Lazy(lambda: [prog.module[v] for v in tr.order]),
         inner=list(tr.inner),
         workspace={ids[v]: w for v, w in ws.items()},
         names=[prog.name[v] for v in tr.order],

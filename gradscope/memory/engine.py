@@ -67,6 +67,16 @@ class Program:
     recompute: dict = field(default_factory=dict)
     opaque: list = field(default_factory=list)
     needs: list = field(default_factory=list)
+    extra: dict | None = None  # node index -> its ``attrs`` the replay reads; None: read ``attrs[v]["attrs"]``
+    leaf_info: dict | None = None  # leaf index -> (kind, name); None: read ``attrs``
+
+    def leaves(self) -> dict:
+        """Leaf index -> ``(kind, name)`` ("param"/"input", the parameter's name)."""
+        if self.leaf_info is None:
+            self.leaf_info = {
+                i: (self.attrs[i].get("kind"), self.attrs[i].get("name")) for i, lf in enumerate(self.leaf) if lf
+            }
+        return self.leaf_info
 
 
 def _edge_list(pred_v: dict, index: dict) -> tuple[list, list]:
@@ -130,7 +140,7 @@ def compile_graph(graph) -> Program:
         outs = d.get("out_shapes") or []
         dts = d.get("out_dtypes") or []
         gshapes.append(outs)
-        gbytes.append([numel_bytes(sh, dts[k] if k < len(dts) else _node_dtype(d)) for k, sh in enumerate(outs)])
+        gbytes.append([numel_bytes(sh, dts[k] if k < len(dts) else node_dtype(d)) for k, sh in enumerate(outs)])
         module.append(mods.get(nid))
         keys: list[tuple] = []
         for j, e in enumerate(d.get("saved") or ()):
@@ -151,7 +161,7 @@ def compile_graph(graph) -> Program:
     for r, shape in zip(roots, graph.graph.get("root_shapes", ())):
         d = nodes[ids[r]]
         dts = d.get("out_dtypes") or []
-        root_bytes.append(numel_bytes(shape, dts[0] if dts else _node_dtype(d)))
+        root_bytes.append(numel_bytes(shape, dts[0] if dts else node_dtype(d)))
     return Program(
         ids,
         index,
@@ -177,7 +187,7 @@ def compile_graph(graph) -> Program:
     )
 
 
-def _node_dtype(d: dict) -> str:
+def node_dtype(d: dict) -> str:
     for e in d.get("saved") or ():
         if e.get("dtype") and not e.get("scalar") and str(e["dtype"]).startswith(("float", "bfloat", "complex")):
             return e["dtype"]
@@ -191,7 +201,7 @@ class _Heap:
 
     def __init__(self, key) -> None:
         self.a: list = []
-        self.key = key  # node index -> (reentrant depth, sequence number)
+        self.key = key  # node index -> its priority (sequence number; (depth, seq) pairs would also do)
 
     def __len__(self) -> int:
         return len(self.a)
@@ -256,7 +266,7 @@ def engine_order(prog: Program, run=None) -> list[int]:
     ``run`` receives the node index and must return nothing; readiness is tracked here.
     """
     deps = dependencies(prog)
-    key = [(0, s) for s in prog.seq]
+    key = prog.seq  # one thread, no reentrant depth here: the sequence number alone orders the queue
     heap = _Heap(key)
     order = []
     if len(prog.roots) == 1:

@@ -83,14 +83,27 @@ def _spec(prog, v: int):
     dts = d.get("out_dtypes") or []
     tensors["grad"] = (list(outs[0]) if outs else [], dts[0] if dts else "float32")
     attrs = dict(d.get("attrs") or {})
+    flag = _neighbours(prog, v, name)
     if attrs.get("batch_first"):  # only the layer whose output goes through transpose(0, 1) gets it batch-major
-        attrs["grad_batch_major"] = any(
-            prog.name[u] in ("TransposeBackward0", "TransposeBackward1") for u in _consumers(prog).get(v, ())
-        )
-    if name.startswith("ScaledDotProduct"):  # heads split by .transpose(1, 2) (HF, nanoGPT) or not (nn.MHA)
-        q = [u for (u, _), pos in zip(prog.edges[v], prog.needs[v]) if pos == 0]
-        attrs["heads_transposed"] = bool(q) and prog.name[q[0]] in ("TransposeBackward0", "TransposeBackward1")
+        attrs["grad_batch_major"] = flag
+    if name.startswith("ScaledDotProduct"):
+        attrs["heads_transposed"] = flag
     return name, tensors, attrs
+
+
+_TRANSPOSES = ("TransposeBackward0", "TransposeBackward1")
+
+
+def _neighbours(prog, v: int, name: str) -> bool | None:
+    """What an op's workspace depends on besides its own attributes: for RNN, whether a transpose(0, 1)
+    consumes its output (batch-major gradient); for attention, whether its query comes from a
+    transpose(1, 2) (heads split by HF / nanoGPT, or not as in nn.MHA). None for other ops."""
+    if name.startswith("ScaledDotProduct"):
+        q = [u for (u, _), pos in zip(prog.edges[v], prog.needs[v]) if pos == 0]
+        return bool(q) and prog.name[q[0]] in _TRANSPOSES
+    if name == "MkldnnRnnLayerBackward0":
+        return any(prog.name[u] in _TRANSPOSES for u in _consumers(prog).get(v, ()))
+    return None
 
 
 def _consumers(prog) -> dict:
@@ -106,10 +119,22 @@ def _consumers(prog) -> dict:
     return cons
 
 
+#: (compact digest of the node, input positions, threads, neighbour flag) -> (workspace, grad bytes):
+#: repeat ops skip building their dict and cache key (the digest holds everything the key is made of)
+_FAST: dict = {}
+
+
 def node_workspace(prog, v: int, grad_scale=None) -> int:
     """Workspace bytes of node ``v`` (see NOTE [workspace calibration]); 0 for ops without a builder."""
     if prog.leaf[v]:
         return 0
+    raw = getattr(prog.attrs, "raw_key", None)
+    fast = raw(v) if raw is not None else None
+    if fast is not None:
+        fast = (fast, tuple(prog.needs[v]), _threads(), _neighbours(prog, v, prog.name[v]))
+        got = _FAST.get(fast)
+        if got is not None:
+            return _scaled(got[0], got[1], grad_scale, v)
     spec = _spec(prog, v)
     if spec is None:
         return 0
@@ -117,9 +142,8 @@ def node_workspace(prog, v: int, grad_scale=None) -> int:
     needs = prog.needs[v]
     dtype = tensors["grad"][1]
     scale = 1.0
+    full = numel_bytes(tensors["grad"][0], tensors["grad"][1])
     if grad_scale is not None:
-        k = tensors["grad"]
-        full = numel_bytes(k[0], k[1])
         scale = grad_scale(v, 0, full) / full if full else 1.0
     key = repr(
         (name, sorted(tensors.items()), sorted(attrs.items()), needs, _threads(), prog.attrs[v].get("device") or "cpu")
@@ -137,6 +161,15 @@ def node_workspace(prog, v: int, grad_scale=None) -> int:
         hit = measure_workspace(name, tensors, attrs, needs, dtype, LIMIT)
         _MEMO[key] = hit = hit or 0  # None: the builder does not apply (no broadcast...): no workspace
         _save()
+    if fast is not None:
+        _FAST[fast] = (hit, full)
+    return int(round(hit * scale)) if scale != 1.0 else int(hit)
+
+
+def _scaled(hit, full: int, grad_scale, v: int) -> int:
+    if grad_scale is None or not full:
+        return int(hit)
+    scale = grad_scale(v, 0, full) / full
     return int(round(hit * scale)) if scale != 1.0 else int(hit)
 
 

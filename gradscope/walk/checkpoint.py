@@ -19,7 +19,7 @@ import re
 
 import torch
 
-__all__ = ["checkpoint_inputs", "raw_slots", "holder_meta"]
+__all__ = ["checkpoint_inputs", "raw_slots", "holder_meta", "region_layers", "reentrant_recompute"]
 
 # Private torch APIs read here (to move into gradscope/_torch.py): torch.utils.checkpoint's
 # ``_CheckpointFrame`` (found by class name) and its ``saved_args``, the ``_Holder`` class name, and
@@ -189,3 +189,79 @@ def _frame_tensor_bytes(frame) -> int:
                 except (RuntimeError, NotImplementedError):
                     pass
     return total
+
+
+# NOTE [reentrant layers]: what a reentrant checkpoint's backward will recompute, when it can be known
+# without running anything. ``checkpoint(fn, x, use_reentrant=True)`` runs ``fn`` under no_grad in the
+# forward, so no graph records its ops; when ``fn`` is an ``nn.Sequential`` (nested ones too) of modules
+# whose forward is torch's own (exact types, no hooks), the ops follow from the modules' types and
+# attributes. Anything else (a custom forward, an in-place activation, dropout in training, hooks) gives None.
+_ELEMENTWISE = {
+    "ReLU": "ReluBackward0",
+    "GELU": "GeluBackward0",
+    "Tanh": "TanhBackward0",
+    "Sigmoid": "SigmoidBackward0",
+    "SiLU": "SiluBackward0",
+}
+
+
+def reentrant_recompute(node, module) -> dict:
+    """``{"layers": region_layers(module) or None, "rng_bytes": n}`` for a ``CheckpointFunctionBackward``
+    node: ``n`` is the size of the CPU generator state the forward stashed (``ctx.fwd_cpu_state``, alive as
+    long as the node) and that its backward copies again (``fork_rng``) when it preserves the RNG state."""
+    layers = region_layers(module) if module is not None else None
+    state = getattr(node, "fwd_cpu_state", None) if getattr(node, "preserve_rng_state", False) else None
+    try:
+        rng = state.untyped_storage().nbytes() if isinstance(state, torch.Tensor) else 0
+    except (RuntimeError, NotImplementedError):
+        rng = 0
+    return {"layers": layers, "rng_bytes": int(rng)}
+
+
+def region_layers(module) -> list | None:
+    """Plain-data layers of a reentrant checkpoint's ``nn.Sequential`` (see NOTE [reentrant layers])."""
+    out: list = []
+    nn = torch.nn
+
+    def hooked(m) -> bool:
+        return bool(m._forward_hooks or m._forward_pre_hooks or getattr(m, "_backward_hooks", None))
+
+    def visit(m) -> bool:
+        if hooked(m):
+            return False
+        t = type(m)
+        if t is nn.Sequential:
+            return all(visit(c) for c in m)
+        if t is nn.Identity:
+            return True
+        if t is nn.Linear:
+            w, b = m.weight, m.bias
+            has_b = b is not None
+            dtype = str(w.dtype).removeprefix("torch.")
+            out.append(
+                [
+                    "linear",
+                    m.in_features,
+                    m.out_features,
+                    dtype,
+                    has_b,
+                    w.requires_grad,
+                    w.grad is not None,
+                    has_b and b.requires_grad,
+                    has_b and b.grad is not None,
+                ]
+            )
+            return True
+        if t.__module__.startswith("torch.nn.") and t.__name__ in _ELEMENTWISE and not getattr(m, "inplace", False):
+            if t.__name__ == "GELU" and m.approximate != "none":
+                return False
+            out.append([_ELEMENTWISE[t.__name__]])
+            return True
+        if t is nn.Dropout:  # in training its CPU kernel makes a float mask and products: not modelled
+            return not (m.training and m.p > 0)
+        return False
+
+    try:
+        return out if isinstance(module, nn.Module) and visit(module) and out else None
+    except (AttributeError, TypeError):
+        return None

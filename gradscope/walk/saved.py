@@ -341,6 +341,11 @@ def _read_custom(node, saved: list, attrs: dict, storages: StorageIds) -> None:
             for p in module.parameters()
             if p.requires_grad
         ]
+    if fn is not None:
+        from gradscope.walk.checkpoint import reentrant_recompute
+
+        mod = module if isinstance(module, torch.nn.Module) else None
+        attrs["region_recompute"] = reentrant_recompute(node, mod)  # NOTE [reentrant layers]
 
 
 _READS_SAVED: dict = {}

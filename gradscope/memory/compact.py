@@ -1,0 +1,325 @@
+"""The replay's program compiled straight from the walk's compact records (no DiGraph, no node dicts).
+
+NOTE [compiling from the compact records]
+``inspect()`` returns a report whose graph is still in the compact columns of ``walk/records.py``
+(NOTE [compact records]); building the ``networkx.DiGraph`` and a dict per node costs more than the
+replay itself. :func:`compile_records` reads the columns instead and gives the same :class:`Program` as
+``engine.compile_graph(report.graph)``, field by field (``tests/test_backward_memory_compact.py`` checks
+it on every model): edges grouped per target in order of first use (as the DiGraph's ``pred`` lists
+them), the saved storage keys of each node, gradient sizes from the output shapes. What the numbers do
+not need is made on first use: ``Program.attrs`` builds a node's dict when it is read, ``Program.module``
+runs the module inference over the DiGraph only when a module name is asked for. Non-reentrant
+checkpoint regions (``regions.py``) read the nodes the general reader read and their inputs through
+:class:`_RegionView`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from gradscope.memory.dtypes import numel_bytes
+
+__all__ = ["compile_records", "Lazy", "NodeAttrs"]
+
+_UINT64_MAX = (1 << 64) - 1
+_FLOATS = ("float", "bfloat", "complex")
+
+
+class Lazy(Sequence):
+    """A read-only list computed on first use (``make() -> list``); compares equal to the list."""
+
+    __slots__ = ("_make", "_items")
+
+    def __init__(self, make: Callable[[], list]) -> None:
+        self._make: Callable[[], list] | None = make
+        self._items: list | None = None
+
+    def _get(self) -> list:
+        if self._items is None:
+            assert self._make is not None
+            self._items, self._make = list(self._make()), None
+        return self._items
+
+    def __getitem__(self, i):
+        return self._get()[i]
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __eq__(self, other) -> bool:
+        return self._get() == (list(other) if isinstance(other, Sequence) else other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self._get())
+
+
+class NodeAttrs(Sequence):
+    """``Program.attrs`` over compact records: node ``i``'s contract dict, built when it is read."""
+
+    __slots__ = ("_records",)
+
+    def __init__(self, records) -> None:
+        self._records = records
+
+    def __getitem__(self, i):
+        return self._records.node_attrs(i)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def raw_key(self, i: int):
+        """A hashable digest of op ``i``'s saved shapes, values and outputs from the columns (no dict made),
+        or None (a node the general reader read, or unhashable values): a memo key for per-op results."""
+        r = self._records
+        rec = r.saved[i]
+        if type(rec) is list:
+            return None
+        sids = rec[4::5]
+        key = (
+            r.types[i].name,
+            rec[0::5],
+            rec[1::5],
+            rec[2::5],
+            tuple(s < 0 for s in sids),
+            r.values[i],
+            r.outs[i],
+            r.out_dtypes[i],
+            r.devices[i],
+        )
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        return key
+
+    def built(self, i: int) -> dict | None:
+        """The dict of node ``i`` when something already built it (a trace annotates every op), else None."""
+        return self._records._dicts.get(i)
+
+
+def _grouped(kids, kid_out, start: int, end: int) -> tuple[list, list]:
+    """Edges grouped per target in order of first use, as the DiGraph's ``pred`` lists them."""
+    groups: dict = {}
+    for k in range(start, end):
+        u = kids[k]
+        if u >= 0:
+            g = groups.get(u)
+            if g is None:
+                groups[u] = [k - start, kid_out[k]]
+            else:
+                g.append(kid_out[k])
+    es, pos = [], []
+    for u, g in groups.items():
+        first = g[0]
+        for j, out in enumerate(g[1:]):
+            es.append((u, out))
+            pos.append(first + j)
+    return es, pos
+
+
+def _has_regions(records) -> bool:
+    for i in records.special:
+        rec = records.saved[i]
+        if type(rec) is list and any(e.get("status") == "recomputed" for e in rec):
+            return True
+    return False
+
+
+def compile_records(records, ids: list, modules: Callable[[], dict]):
+    """The :class:`~gradscope.memory.engine.Program` of ``records``.
+
+    ``ids`` are the node ids (``list(compact_graph.nodes)``); ``modules()`` returns ``{node id: module}``
+    (``graph.node_modules``), called on first use only.
+    """
+    from gradscope.graph import HELD
+    from gradscope.memory.engine import Program, node_dtype
+    from gradscope.memory.holders import external_storages
+
+    n = len(records)
+    leaves, types, seqs, outs, odts = records.leaves, records.types, records.seqs, records.outs, records.out_dtypes
+    off, kids, kid_out, sizes = records.kid_off, records.kids, records.kid_out, records.sizes
+    gattrs = records.graph
+    params = gattrs.get("params", {})
+    name = [t.name for t in types]  # a leaf's type is AccumulateGrad's
+    opaque = [bool(t.opaque) for t in types]
+    seq: list = seqs.tolist()
+    leaf = [False] * n
+    for i in leaves:
+        leaf[i] = True
+        seq[i] = _UINT64_MAX
+        opaque[i] = False
+    edges: list = [()] * n
+    needs: list = [()] * n
+    for i in range(n):  # one edge (most nodes), two distinct ones, or the general grouping
+        start, end = off[i], off[i + 1]
+        if end - start == 1:
+            u = kids[start]
+            if u >= 0:
+                edges[i], needs[i] = [(u, kid_out[start])], [0]
+        elif end - start == 2 and kids[start] != kids[start + 1] and kids[start] >= 0 and kids[start + 1] >= 0:
+            edges[i], needs[i] = [(kids[start], kid_out[start]), (kids[start + 1], kid_out[start + 1])], [0, 1]
+        elif end > start:
+            edges[i], needs[i] = _grouped(kids, kid_out, start, end)
+    by_shape: dict = {}
+
+    def grads(i, o, dts):  # shapes and dtypes are interned: one computation per distinct pair (read-only)
+        os_ = [None if s is None else list(s) for s in o]
+        if len(dts) < len(os_):
+            dflt = node_dtype({"saved": records.saved_dicts(i)})
+            return os_, [numel_bytes(sh, dts[k] if k < len(dts) else dflt) for k, sh in enumerate(os_)]
+        hit = by_shape[(id(o), dts)] = os_, [numel_bytes(sh, dts[k]) for k, sh in enumerate(os_)]
+        return hit
+
+    pairs = [by_shape.get((id(o), d)) or grads(i, o, d) for i, (o, d) in enumerate(zip(outs, odts))]
+    gshapes = [p[0] for p in pairs]
+    gbytes = [p[1] for p in pairs]
+    saved: list = [()] * n
+    storages: dict = {}
+    shapes: dict = {}
+    has_grad: dict = {}
+    leaf_info: dict = {}
+    for i, lf in leaves.items():
+        kind, lname, _mod, shape, dtype, _rg, _dev, grad = lf
+        sh = [] if shape is None else list(shape)
+        gshapes[i] = [sh]
+        gbytes[i] = [numel_bytes(sh, dtype)]
+        if grad is None and kind == "param":
+            grad = params.get(lname, {}).get("grad")
+        has_grad[i] = bool(grad)
+        leaf_info[i] = (kind, lname)
+    for i, rec in enumerate(records.saved):
+        if not rec or leaf[i]:
+            continue
+        keys: list = []
+        if type(rec) is list:
+            for j, e in enumerate(rec):
+                if e.get("status") not in HELD or e.get("scalar"):
+                    continue
+                sid = e.get("storage")
+                key = ("s", sid) if sid is not None else ("e", ids[i], j)
+                if key not in storages:
+                    storages[key] = int(e.get("nbytes") or 0)
+                    shapes[key] = e.get("shape")
+                if key not in keys:
+                    keys.append(key)
+        else:
+            for k in range(4, len(rec), 5):
+                sid = rec[k]
+                if sid < 0:
+                    continue  # a wrapped Python scalar
+                key = ("s", sid)
+                if key not in storages:
+                    storages[key] = sizes[sid]
+                    shapes[key] = list(rec[k - 3])
+                if key not in keys:
+                    keys.append(key)
+        saved[i] = tuple(keys)
+    index = {nid: i for i, nid in enumerate(ids)}
+    regions, recompute = {}, {}
+    if _has_regions(records):  # NOTE [recorded checkpoint regions]
+        from gradscope.memory.regions import recorded_regions
+
+        regions, recompute = recorded_regions(_RegionView(records, ids, index), index, saved, storages, shapes)
+    roots = [index[r] for r in gattrs.get("roots", ()) if r in index]
+    root_bytes = []
+    for r, shape in zip(roots, gattrs.get("root_shapes", ())):
+        dts = odts[r] if r not in leaves else ()
+        root_bytes.append(numel_bytes(shape, dts[0] if dts else node_dtype(records.node_attrs(r))))
+    module = Lazy(lambda: [leaves[i][2] if leaf[i] else m.get(nid) for m in (modules(),) for i, nid in enumerate(ids)])
+    extra: dict = {}  # what the replay reads of ``attrs`` (alpha, the reentrant checkpoint's region)
+    values = records.values
+    alpha_at: dict = {}  # node type -> position of its alpha value slot (-1: none)
+    for i in range(n):
+        if leaf[i]:
+            continue
+        vals = values[i]
+        if type(vals) is dict:  # a node the general reader read: the contract's dict already
+            if vals:
+                extra[i] = vals
+            continue
+        t = types[i]
+        at = alpha_at.get(id(t))
+        if at is None:
+            at = alpha_at[id(t)] = next((j for j, (slot, _) in enumerate(t.value_slots) if slot == "alpha"), -1)
+        if at >= 0:  # a number (c10::Scalar)
+            extra[i] = {"alpha": vals if len(t.value_slots) == 1 else vals[at]}
+    return Program(
+        ids=ids,
+        index=index,
+        name=name,
+        seq=seq,
+        leaf=leaf,
+        edges=edges,
+        grad_bytes=gbytes,
+        grad_shapes=gshapes,
+        saved=saved,
+        storages=storages,
+        shapes=shapes,
+        external=external_storages(_GraphAttrs(gattrs)),
+        has_grad=has_grad,
+        roots=roots,
+        root_bytes=root_bytes,
+        module=module,  # type: ignore[arg-type]
+        attrs=NodeAttrs(records),  # type: ignore[arg-type]
+        regions=regions,
+        recompute=recompute,
+        opaque=opaque,
+        needs=needs,
+        extra=extra,
+        leaf_info=leaf_info,
+    )
+
+
+class _RegionView:
+    """What ``regions.recorded_regions`` reads of a graph, answered from the records: ``nodes.items()``
+    over the nodes the general reader read (only they can hold recomputed slots), ``nodes[nid]`` any
+    node's dict, ``_pred[nid]`` its inputs as ``{input id: {"output": k}}`` (as the DiGraph's ``pred``)."""
+
+    __slots__ = ("nodes", "_pred")
+
+    def __init__(self, records, ids: list, index: dict) -> None:
+        self.nodes = _ViewNodes(records, ids, index)
+        self._pred = _ViewPred(records, ids, index)
+
+
+class _ViewNodes:
+    __slots__ = ("_r", "_ids", "_index")
+
+    def __init__(self, records, ids, index) -> None:
+        self._r, self._ids, self._index = records, ids, index
+
+    def __getitem__(self, nid) -> dict:
+        return self._r.node_attrs(self._index[nid])
+
+    def items(self) -> list:
+        return [(self._ids[i], self._r.node_attrs(i)) for i in sorted(self._r.special)]
+
+
+class _ViewPred:
+    __slots__ = ("_r", "_ids", "_index")
+
+    def __init__(self, records, ids, index) -> None:
+        self._r, self._ids, self._index = records, ids, index
+
+    def __getitem__(self, nid) -> dict:
+        r, i = self._r, self._index[nid]
+        out: dict = {}
+        for k in range(r.kid_off[i], r.kid_off[i + 1]):
+            u = r.kids[k]
+            if u >= 0 and self._ids[u] not in out:
+                out[self._ids[u]] = {"output": r.kid_out[k]}
+        return out
+
+
+class _GraphAttrs:
+    """What ``holders.external_storages`` reads of a graph: ``graph.graph``."""
+
+    __slots__ = ("graph",)
+
+    def __init__(self, graph: dict) -> None:
+        self.graph = graph

@@ -1,0 +1,201 @@
+"""The tensors of a simulated backward, and the gradients one formula sends (see ``replay.py`` NOTE [what
+one node does to memory]): :class:`Memory` tracks tensors (``impl`` ids with a reference count) and
+storages (a count of live impls plus graph holders), so views, pass-through gradients and shared saved
+storages free exactly when torch frees them; :func:`outputs` gives, per edge of a node, a new tensor, a
+view of the incoming gradient or the incoming gradient itself."""
+
+from __future__ import annotations
+
+__all__ = ["Memory", "outputs", "VIEW_OPS", "PASS_OPS"]
+
+#: Formulas whose gradient is a view of the incoming gradient (same storage).
+VIEW_OPS = frozenset(
+    {
+        "ViewBackward0",
+        "UnsafeViewBackward0",
+        "TBackward0",
+        "TransposeBackward0",
+        "TransposeBackward1",
+        "PermuteBackward0",
+        "SqueezeBackward0",
+        "SqueezeBackward1",
+        "SqueezeBackward2",
+        "SqueezeBackward3",
+        "SqueezeBackward4",
+        "UnsqueezeBackward0",
+        "UnsqueezeBackward1",
+        "ReshapeAliasBackward0",
+        "AliasBackward0",
+        "SumBackward0",
+        "SumBackward1",
+        "ExpandBackward0",
+        "ViewAsRealBackward0",
+        "ViewAsComplexBackward0",
+        "NumpyTBackward0",
+    }
+)
+#: Formulas that send the incoming gradient tensor itself (when the bytes and dtype match).
+PASS_OPS = frozenset(
+    {
+        "AddBackward0",
+        "AddBackward1",
+        "CloneBackward0",
+        "ToCopyBackward0",
+        "SubBackward0",
+        "SubBackward1",
+        "LiftFreshBackward0",
+        "DetachBackward0",
+    }
+)
+#: Formulas whose gradients are pieces of the incoming gradient: ``cat`` narrows it, ``stack`` selects.
+_PIECE_OPS = frozenset({"CatBackward0", "StackBackward0"})
+#: Formulas whose gradient is the incoming gradient expanded (``sum``: ``grad.expand(self_sizes)``).
+_EXPAND_OPS = frozenset({"SumBackward0", "SumBackward1"})
+#: Outputs of PASS_OPS that are not passed on (``SubBackward0``'s ``other`` gets ``-grad``).
+_PASS_ONLY_FIRST = frozenset({"SubBackward0"})
+
+
+#: name -> bit set: 1 view, 2 expand, 4 pieces, 8 pass (0: every output is a new tensor)
+_KIND = {
+    n: (n in VIEW_OPS) | (n in _EXPAND_OPS) << 1 | (n in _PIECE_OPS) << 2 | (n in PASS_OPS) << 3
+    for n in VIEW_OPS | PASS_OPS | _PIECE_OPS | _EXPAND_OPS
+}
+
+
+class Memory:
+    """Tensors and storages alive in the simulated backward."""
+
+    __slots__ = (
+        "level",
+        "high",
+        "impl_refs",
+        "impl_storage",
+        "impl_view",
+        "st_refs",
+        "st_bytes",
+        "next_id",
+        "origin",
+        "cur",
+        "snap",
+        "snap_at",
+    )
+
+    def __init__(self) -> None:
+        self.level = 0
+        self.high = 0
+        self.impl_refs: dict = {}
+        self.impl_storage: dict = {}
+        self.impl_view: dict = {}
+        self.st_refs: dict = {}
+        self.st_bytes: dict = {}
+        self.next_id = 0
+        self.origin: dict = {}  # gradient storage -> the node that made it
+        self.cur: int | None = None
+        self.snap: dict | None = None  # live storages at the highest point of node ``snap_at``
+        self.snap_at: int | None = None
+
+    def alloc(self, nbytes: int) -> int:
+        """A new dense tensor (one reference) on a new storage; returns its impl id."""
+        i = self.next_id = self.next_id + 1
+        st = ("g", i)
+        self.st_refs[st] = 1
+        self.st_bytes[st] = nbytes
+        self.origin[st] = self.cur
+        self.impl_refs[i] = 1
+        self.impl_storage[i] = st
+        self.impl_view[i] = False
+        self.level += nbytes
+        if self.level > self.high:
+            self.high = self.level
+            if self.cur is not None and self.cur == self.snap_at:
+                self.snap = dict(self.st_bytes)
+        return i
+
+    def view(self, impl: int, kind: str = "view") -> int:
+        i = self.next_id = self.next_id + 1
+        st = self.impl_storage[impl]
+        self.st_refs[st] += 1
+        self.impl_refs[i] = 1
+        self.impl_storage[i] = st
+        self.impl_view[i] = kind
+        return i
+
+    def ref(self, impl: int) -> int:
+        self.impl_refs[impl] += 1
+        return impl
+
+    def unref(self, impl: int) -> int:
+        """Drop one reference; returns the bytes freed."""
+        n = self.impl_refs[impl] - 1
+        if n:
+            self.impl_refs[impl] = n
+            return 0
+        del self.impl_refs[impl]
+        self.impl_view.pop(impl, None)
+        return self.drop_storage(self.impl_storage.pop(impl))
+
+    def drop_storage(self, st) -> int:
+        n = self.st_refs[st] - 1
+        if n:
+            self.st_refs[st] = n
+            return 0
+        del self.st_refs[st]
+        freed = self.st_bytes.pop(st, 0)
+        self.level -= freed
+        return freed
+
+    def hold_storage(self, st, nbytes: int, allocate: bool) -> None:
+        """A graph storage (saved tensor) with one more holder; ``allocate`` when it is created now."""
+        if st in self.st_refs:
+            self.st_refs[st] += 1
+            return
+        self.st_refs[st] = 1
+        self.st_bytes[st] = nbytes
+        if allocate:
+            self.level += nbytes
+            if self.level > self.high:
+                self.high = self.level
+
+    def sole(self, impl: int) -> bool:
+        return (
+            self.impl_refs.get(impl) == 1
+            and not self.impl_view.get(impl)
+            and self.st_refs.get(self.impl_storage[impl]) == 1
+        )
+
+
+def outputs(
+    v: int, name: str, inputs: dict, edges: list, positions: list, gbytes: list, mem: Memory, grad_scale, alpha=1
+) -> list:
+    """The gradient tensor (impl id) the formula of ``v`` sends along each edge."""
+    g0 = inputs.get(0)
+    kind = _KIND.get(name, 0)
+    if g0 is None or not kind:  # nothing to pass on: a new tensor per edge
+        if grad_scale is None:
+            return [mem.alloc(gbytes[u][k] if k < len(gbytes[u]) else 0) for u, k in edges]
+    in_bytes = mem.st_bytes.get(mem.impl_storage[g0], -1) if g0 is not None else -1
+    view = kind & 1
+    expand = kind & 2 and len(inputs) == 1
+    pieces = kind & 4 and len(inputs) == 1
+    passes = kind & 8
+    outs = []
+    for i, (u, k) in enumerate(edges):
+        nbytes = gbytes[u][k] if k < len(gbytes[u]) else 0
+        if grad_scale is not None:
+            nbytes = grad_scale(u, k, nbytes)
+        if g0 is not None and pieces:
+            outs.append(mem.view(g0))
+            continue
+        if g0 is not None and expand:
+            outs.append(mem.view(g0, "expand"))  # grad.expand(sizes): a stride-0 view of the incoming grad
+            continue
+        if g0 is not None and nbytes == in_bytes and len(inputs) == 1:
+            if view:
+                outs.append(mem.view(g0))
+                continue
+            pos = positions[i] if i < len(positions) else i
+            if passes and not (pos > 0 and (name in _PASS_ONLY_FIRST or alpha != 1)):
+                outs.append(mem.ref(g0))
+                continue
+        outs.append(mem.alloc(nbytes))
+    return outs
