@@ -87,9 +87,7 @@ class NodeAttrs(Sequence):
             rec[2::5],
             tuple(s < 0 for s in sids),
             r.values[i],
-            r.outs[i],
-            r.out_dtypes[i],
-            r.devices[i],
+            r.outs[i],  # (device, output shapes, output dtypes)
         )
         try:
             hash(key)
@@ -141,7 +139,9 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
     from gradscope.memory.holders import external_storages
 
     n = len(records)
-    leaves, types, seqs, outs, odts = records.leaves, records.types, records.seqs, records.outs, records.out_dtypes
+    leaves, types, seqs = records.leaves, records.types, records.seqs
+    outs = [o[1] for o in records.outs]  # records.outs[i]: (device, output shapes, output dtypes), interned
+    odts = [o[2] for o in records.outs]
     off, kids, kid_out, sizes = records.kid_off, records.kids, records.kid_out, records.sizes
     gattrs = records.graph
     params = gattrs.get("params", {})
