@@ -181,6 +181,7 @@ class GraphAttrs(TypedDict, total=False):
     root_storage_bytes: list[int | None]
     external: list[int]
     buffers: list[list]
+    input_storages: dict[str, int]  # input leaf node id -> the storage id an op saved it under
 
 
 # -- held bytes ------------------------------------------------------------------------------------

@@ -132,5 +132,7 @@ def test_step_budget_counts_the_rng_states_the_ctx_keeps(name):
                     inspect=lambda loss, m: gradscope.inspect(loss, model=m),
                     predict=lambda r, o: r.backward_memory(optimizer=o))
     bm = truth.prediction
-    assert abs(bm.absolute_peak - truth.absolute_peak) <= 0.02 * truth.absolute_peak
+    # the input that requires grad and that the region's first op saves is one storage, counted once
+    # (graph["input_storages"]): the step's peak is exact, not 4 KiB over
+    assert abs(bm.absolute_peak - truth.absolute_peak) <= 1024, (bm.absolute_peak, truth.absolute_peak)
     assert abs((bm.end + bm.step.end) - truth.step_end) <= 4096

@@ -73,12 +73,18 @@ def step_base(prog: Program, graph, sizes: dict, drop, has_grad: dict, scale) ->
             continue
         act += nbytes
     inputs = 0
+    ids = prog.ids
+    saved_inputs = graph.graph.get("input_storages") or {}
     for i, (kind, _) in info.items():
         if kind == "input":
             nbytes = prog.grad_bytes[i][0]
-            inputs += int(scale(prog.grad_shapes[i][0], "float32", nbytes)) if scale else nbytes
             if has_grad.get(i):
                 g_bytes += nbytes
+            sid = saved_inputs.get(ids[i])
+            key = ("s", sid)
+            if sid is not None and key in sizes and key not in param_keys and key not in drop:
+                continue  # an op saved this input: its storage is counted once, among the activations
+            inputs += int(scale(prog.grad_shapes[i][0], "float32", nbytes)) if scale else nbytes
     shapes, stored = graph.graph.get("root_shapes", ()), graph.graph.get("root_storage_bytes") or ()
     loss = sum(
         stored[i] if i < len(stored) and stored[i] is not None else numel_bytes(s, "float32")

@@ -155,6 +155,7 @@ def build(
                 "params": _params_info(records.param_nodes, names, storages),
                 "external": external(storages.uses, storages.impls),  # NOTE [holder counts]
                 "buffers": _buffers_info(buffers, storages),
+                "input_storages": _input_storages(records.leaves, ids, storages),
             }
         )
         if len(ids) >= _DEEP:
@@ -164,6 +165,24 @@ def build(
         if gc_was_enabled:
             gc.enable()
     return records
+
+
+def _input_storages(leaves: dict, ids: dict, storages: StorageIds) -> dict:
+    """``{node id: storage id}`` of the input leaves (tensors that require grad, not parameters) whose
+    storage an op saved too: the step's budget counts such a storage once (``memory/accounting.py``)."""
+    inputs = [i for i, leaf in leaves.items() if leaf[0] == "input"]
+    if not inputs:
+        return {}
+    nodes = list(ids)  # discovery order: node i is the i-th key
+    out = {}
+    for i in inputs:
+        try:
+            sid = storages.ids.get(nodes[i].variable.untyped_storage()._cdata)
+        except (RuntimeError, NotImplementedError, TypeError, AttributeError):
+            continue
+        if sid is not None:
+            out[node_id(i)] = sid
+    return out
 
 
 def _buffers_info(buffers, storages: StorageIds) -> list:
