@@ -245,43 +245,83 @@ class _Heap:
 
 def dependencies(prog: Program) -> list[int]:
     """Incoming edge count per node, counted from the roots as the engine does (duplicates twice)."""
-    deps = [0] * len(prog.ids)
-    seen = [False] * len(prog.ids)
+    n = len(prog.ids)
+    deps = [0] * n
+    seen = [False] * n
+    edges = prog.edges
     stack = list(prog.roots)
     for r in stack:
         seen[r] = True
+    push = stack.append
     while stack:
-        v = stack.pop()
-        for u, _ in prog.edges[v]:
+        for u, _ in edges[stack.pop()]:
             deps[u] += 1
             if not seen[u]:
                 seen[u] = True
-                stack.append(u)
+                push(u)
     return deps
 
 
 def engine_order(prog: Program, run=None) -> list[int]:
-    """Node indices in the order the engine runs them; ``run(v, heap_push)`` is called per node when given.
+    """Node indices in the order the engine runs them; ``run(v)`` is called per node when given.
 
-    ``run`` receives the node index and must return nothing; readiness is tracked here.
+    ``run`` receives the node index and must return nothing; readiness is tracked here. The queue is
+    :class:`_Heap`'s libstdc++ binary heap inlined (same pushes, same pops, so ties break the same way):
+    the ready set is mostly one or two nodes, and a method call per push and pop cost more than the rest.
     """
+    edges = prog.edges
     deps = dependencies(prog)
     key = prog.seq  # one thread, no reentrant depth here: the sequence number alone orders the queue
-    heap = _Heap(key)
-    order = []
+    a: list = []  # the heap (libstdc++ layout)
     if len(prog.roots) == 1:
-        heap.push(prog.roots[0])
+        a.append(prog.roots[0])
     else:  # a GraphRoot node sends each seed: roots become ready in root order, once each
+        heap = _Heap(key)
         for r in dict.fromkeys(prog.roots):
             if deps[r] == 0:
                 heap.push(r)
-    while heap:
-        v = heap.pop()
-        order.append(v)
+        a = heap.a
+    order: list = []
+    append = order.append
+    while a:
+        # pop (libstdc++ pop_heap + pop_back)
+        top = a[0]
+        value = a.pop()
+        n = len(a)
+        if n:
+            hole = 0
+            child = 2
+            while child < n:
+                if key[a[child]] < key[a[child - 1]]:
+                    child -= 1
+                a[hole] = a[child]
+                hole = child
+                child = 2 * (child + 1)
+            if (n & 1) == 0 and child == n:
+                a[hole] = a[child - 1]
+                hole = child - 1
+            kv = key[value]
+            parent = (hole - 1) // 2
+            while hole > 0 and key[a[parent]] < kv:
+                a[hole] = a[parent]
+                hole = parent
+                parent = (hole - 1) // 2
+            a[hole] = value
+        append(top)
         if run is not None:
-            run(v)
-        for u, _ in prog.edges[v]:
-            deps[u] -= 1
-            if deps[u] == 0:
-                heap.push(u)
+            run(top)
+        for u, _ in edges[top]:
+            d = deps[u] - 1
+            deps[u] = d
+            if d == 0:  # push (libstdc++ push_heap)
+                hole = len(a)
+                a.append(u)
+                if hole:
+                    kv = key[u]
+                    parent = (hole - 1) // 2
+                    while hole > 0 and key[a[parent]] < kv:
+                        a[hole] = a[parent]
+                        hole = parent
+                        parent = (hole - 1) // 2
+                    a[hole] = u
     return order

@@ -18,7 +18,7 @@ shared saved storages free exactly when torch frees them); ``gradients.outputs``
 from __future__ import annotations
 
 from gradscope.memory.engine import Program, engine_order, numel_bytes
-from gradscope.memory.gradients import PASS_OPS, VIEW_OPS, Memory, outputs
+from gradscope.memory.gradients import OUTPUT_KINDS, PASS_OPS, VIEW_OPS, Memory, outputs
 
 __all__ = ["simulate", "Trace", "VIEW_OPS", "PASS_OPS"]
 
@@ -135,6 +135,10 @@ def simulate(
     )
     snapping = snapshot_at is not None
     release = not retain_graph
+    kinds = OUTPUT_KINDS
+    attrs = prog.attrs
+    get_extra = op_extra.get if op_extra is not None else (lambda v: attrs[v].get("attrs"))
+    track_done = bool(recompute)
 
     def run(v: int) -> None:
         before = mem.high = mem.level
@@ -156,16 +160,18 @@ def simulate(
                     out.grads_kept += gbytes[v][0]
                     unref(g)
         else:
-            extra_attrs = (
-                (op_extra.get(v) or _EMPTY) if op_extra is not None else (prog.attrs[v].get("attrs") or _EMPTY)
-            )
+            extra_attrs = get_extra(v) or _EMPTY
             es = edges[v]
             nested = _nested(v, extra_attrs) if extra_attrs else None
             if nested is not None:  # NOTE [reentrant checkpoint backward]
                 mem.high = max(mem.high, mem.level + nested.forward_peak, mem.level + nested.peak)
                 mem.level += nested.end - nested.input_grad  # the input's grad is the output made below
                 out.grads_kept += nested.grads_kept
-            sent = outputs(v, names[v], inputs, es, needs[v], gbytes, mem, grad_scale, extra_attrs.get("alpha", 1))
+            name = names[v]
+            if grad_scale is None and (0 not in inputs or not kinds.get(name)):  # outputs()'s first case
+                sent = [alloc(gbytes[u][k] if k < len(gbytes[u]) else 0) for u, k in es]
+            else:
+                sent = outputs(v, name, inputs, es, needs[v], gbytes, mem, grad_scale, extra_attrs.get("alpha", 1))
             if workspace is not None:
                 extra = workspace(v)
                 if extra:
@@ -216,7 +222,8 @@ def simulate(
                     unref(old)
                     unref(g)
                     slot[k] = new
-        done.add(v)
+        if track_done:
+            done.add(v)
         order_append(v)
         level = mem.level
         levels_append(level)
@@ -251,6 +258,6 @@ def simulate(
         mem.unref(impl)
     out.end = mem.level
     if out.inner:
-        i = max(range(len(out.inner)), key=out.inner.__getitem__)
-        out.peak, out.peak_at = max(out.inner[i], 0), out.order[i]
+        top = max(out.inner)
+        out.peak, out.peak_at = max(top, 0), out.order[out.inner.index(top)]  # the first node at the top
     return out
