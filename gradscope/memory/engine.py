@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Program", "compile_graph", "engine_order", "UINT64_MAX", "DTYPE_BYTES", "numel_bytes"]
+__all__ = ["Program", "compile_graph", "engine_order", "engine_steps", "UINT64_MAX", "DTYPE_BYTES", "numel_bytes"]
 
 UINT64_MAX = (1 << 64) - 1
 
@@ -265,9 +265,24 @@ def dependencies(prog: Program) -> list[int]:
 def engine_order(prog: Program, run=None) -> list[int]:
     """Node indices in the order the engine runs them; ``run(v)`` is called per node when given.
 
-    ``run`` receives the node index and must return nothing; readiness is tracked here. The queue is
-    :class:`_Heap`'s libstdc++ binary heap inlined (same pushes, same pops, so ties break the same way):
-    the ready set is mostly one or two nodes, and a method call per push and pop cost more than the rest.
+    ``run`` receives the node index and must return nothing; readiness is tracked here.
+    """
+    order = []
+    append = order.append
+    for v in engine_steps(prog):
+        append(v)
+        if run is not None:
+            run(v)
+    return order
+
+
+def engine_steps(prog: Program):
+    """Yield the node indices in the engine's order; a node's inputs become ready once the consumer of
+    the iterator asks for the next one (after it replayed the node: ``replay.simulate``'s loop).
+
+    The queue is :class:`_Heap`'s libstdc++ binary heap inlined (same pushes, same pops, so ties break
+    the same way): the ready set is mostly one or two nodes, and a method call per push and pop cost
+    more than the rest.
     """
     edges = prog.edges
     deps = dependencies(prog)
@@ -281,8 +296,6 @@ def engine_order(prog: Program, run=None) -> list[int]:
             if deps[r] == 0:
                 heap.push(r)
         a = heap.a
-    order: list = []
-    append = order.append
     while a:
         # pop (libstdc++ pop_heap + pop_back)
         top = a[0]
@@ -307,9 +320,7 @@ def engine_order(prog: Program, run=None) -> list[int]:
                 hole = parent
                 parent = (hole - 1) // 2
             a[hole] = value
-        append(top)
-        if run is not None:
-            run(top)
+        yield top
         for u, _ in edges[top]:
             d = deps[u] - 1
             deps[u] = d
@@ -324,4 +335,3 @@ def engine_order(prog: Program, run=None) -> list[int]:
                         hole = parent
                         parent = (hole - 1) // 2
                     a[hole] = u
-    return order

@@ -17,7 +17,7 @@ shared saved storages free exactly when torch frees them); ``gradients.outputs``
 
 from __future__ import annotations
 
-from gradscope.memory.engine import Program, engine_order, numel_bytes
+from gradscope.memory.engine import Program, engine_steps, numel_bytes
 from gradscope.memory.gradients import OUTPUT_KINDS, PASS_OPS, VIEW_OPS, Memory, outputs
 
 __all__ = ["simulate", "Trace", "VIEW_OPS", "PASS_OPS"]
@@ -140,7 +140,27 @@ def simulate(
     get_extra = op_extra.get if op_extra is not None else (lambda v: attrs[v].get("attrs"))
     track_done = bool(recompute)
 
-    def run(v: int) -> None:
+    def _nested(v: int, extra_attrs: dict):
+        rec = extra_attrs.get("region_recompute")
+        if not rec or not rec.get("layers"):
+            return None
+        from gradscope.memory.reentrant import node_effect
+
+        return node_effect(prog, v, rec, simulate)
+
+    def _recompute(v: int) -> None:
+        for key, nbytes in recompute[v]:
+            if key not in created_regions and key not in drop:
+                created_regions.add(key)
+                nbytes = sizes.get(key, nbytes)
+                holders = sum(1 for u in prog.regions.get(key[1], ()) if key in saved[u] and (u == v or u not in done))
+                if not holders:  # re-created and dropped inside the recompute
+                    mem.high = max(mem.high, mem.level + nbytes)
+                    continue
+                mem.hold_storage(key, nbytes, allocate=True)
+                st_refs[key] = holders
+
+    for v in engine_steps(prog):  # NOTE [what one node does to memory], one node per step
         before = mem.high = mem.level
         mem.cur = v
         if snapping and v == snapshot_at:
@@ -230,28 +250,6 @@ def simulate(
         high = mem.high
         inner_append(high if high > level else level)
         allocated_append(high - before if high > before else 0)
-
-    def _nested(v: int, extra_attrs: dict):
-        rec = extra_attrs.get("region_recompute")
-        if not rec or not rec.get("layers"):
-            return None
-        from gradscope.memory.reentrant import node_effect
-
-        return node_effect(prog, v, rec, simulate)
-
-    def _recompute(v: int) -> None:
-        for key, nbytes in recompute[v]:
-            if key not in created_regions and key not in drop:
-                created_regions.add(key)
-                nbytes = sizes.get(key, nbytes)
-                holders = sum(1 for u in prog.regions.get(key[1], ()) if key in saved[u] and (u == v or u not in done))
-                if not holders:  # re-created and dropped inside the recompute
-                    mem.high = max(mem.high, mem.level + nbytes)
-                    continue
-                mem.hold_storage(key, nbytes, allocate=True)
-                st_refs[key] = holders
-
-    engine_order(prog, run)
     out.snapshot = mem.snap
     out.origin = mem.origin
     for impl in seeds:
