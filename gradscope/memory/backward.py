@@ -255,8 +255,9 @@ def replay(
     graph = report._view() if hasattr(report, "_view") else report.graph  # no DiGraph needed
     sizes, grad_scale = storage_sizes(prog, ov.scale)
     drop = offloaded_keys(prog, ov)
-    has_grad = dict(prog.has_grad)
+    has_grad = prog.has_grad  # read-only below; copied when overridden
     if ov.has_grad:
+        has_grad = dict(has_grad)
         for i, (_, name) in prog.leaves().items():
             if name in ov.has_grad:
                 has_grad[i] = bool(ov.has_grad[name])

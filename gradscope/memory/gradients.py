@@ -104,11 +104,10 @@ class Memory:
         self.st_bytes[st] = nbytes
         self.origin[st] = self.cur
         self.impl_refs[i] = 1
-        self.impl_storage[i] = st
-        self.impl_view[i] = False
-        self.level += nbytes
-        if self.level > self.high:
-            self.high = self.level
+        self.impl_storage[i] = st  # not a view: no ``impl_view`` entry (read with .get)
+        level = self.level = self.level + nbytes
+        if level > self.high:
+            self.high = level
             if self.cur is not None and self.cur == self.snap_at:
                 self.snap = dict(self.st_bytes)
         return i

@@ -35,7 +35,6 @@ class Trace:
         "peak",
         "peak_at",
         "end",
-        "allocated",
         "freed",
         "grads_kept",
         "saved_freed",
@@ -53,7 +52,6 @@ class Trace:
         self.peak = 0
         self.peak_at: int | None = None
         self.end = 0
-        self.allocated: list[int] = []  # bytes each node allocated (outputs, sums, workspace excluded)
         self.freed: list[int] = []
         self.grads_kept = 0  # bytes that ended in .grad (stolen or cloned)
         self.saved_freed = 0
@@ -127,12 +125,7 @@ def simulate(
         mem.impl_view,
     )
     alloc, unref, sole = mem.alloc, mem.unref, mem.sole
-    order_append, levels_append, inner_append, allocated_append = (
-        out.order.append,
-        out.levels.append,
-        out.inner.append,
-        out.allocated.append,
-    )
+    order_append, levels_append, inner_append = out.order.append, out.levels.append, out.inner.append
     snapping = snapshot_at is not None
     release = not retain_graph
     kinds = OUTPUT_KINDS
@@ -161,7 +154,7 @@ def simulate(
                 st_refs[key] = holders
 
     for v in engine_steps(prog):  # NOTE [what one node does to memory], one node per step
-        before = mem.high = mem.level
+        mem.high = mem.level
         mem.cur = v
         if snapping and v == snapshot_at:
             mem.snap = dict(st_bytes)
@@ -249,7 +242,6 @@ def simulate(
         levels_append(level)
         high = mem.high
         inner_append(high if high > level else level)
-        allocated_append(high - before if high > before else 0)
     out.snapshot = mem.snap
     out.origin = mem.origin
     for impl in seeds:
