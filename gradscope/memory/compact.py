@@ -127,6 +127,25 @@ def _grouped(kids, kid_out, start: int, end: int) -> tuple[list, list]:
     return es, pos
 
 
+_ALPHA_AT: dict = {}  # a node type's value slots -> the position of its alpha slot (-1: none); for every walk
+_GRADS: dict = {}  # (output shapes, dtypes) -> (shapes as lists, bytes per output), for every walk; read-only
+
+
+def _grads(o, dts) -> tuple[list, list]:
+    """The gradient shapes and bytes of outputs ``o`` with dtypes ``dts`` (one dtype per output), shared by
+    every program (nothing changes them)."""
+    try:
+        hit = _GRADS.get((o, dts))
+    except TypeError:  # an unhashable shape: computed each time
+        return [None if sh is None else list(sh) for sh in o], [numel_bytes(sh, dts[k]) for k, sh in enumerate(o)]
+    if hit is None:
+        if len(_GRADS) >= 4096:
+            _GRADS.clear()
+        os_ = [None if sh is None else list(sh) for sh in o]
+        hit = _GRADS[(o, dts)] = os_, [numel_bytes(sh, dts[k]) for k, sh in enumerate(os_)]
+    return hit
+
+
 def _has_regions(records) -> bool:
     for i in records.special:
         rec = records.saved[i]
@@ -162,12 +181,12 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
         hit = by_entry.get(id(ent))
         if hit is None:
             o, dts = ent[1], ent[2]
-            os_ = [None if sh is None else list(sh) for sh in o]
-            if len(dts) < len(os_):  # a default dtype from the node's saved tensors: not shared
+            if len(dts) < len(o):  # a default dtype from the node's saved tensors: not shared
+                os_ = [None if sh is None else list(sh) for sh in o]
                 dflt = node_dtype({"saved": records.saved_dicts(i)})
                 hit = os_, [numel_bytes(sh, dts[k] if k < len(dts) else dflt) for k, sh in enumerate(os_)]
             else:
-                hit = by_entry[id(ent)] = os_, [numel_bytes(sh, dts[k]) for k, sh in enumerate(os_)]
+                hit = by_entry[id(ent)] = _grads(o, dts)
         gshapes[i], gbytes[i] = hit
     has_grad: dict = {}
     leaf_info: dict = {}
@@ -186,7 +205,7 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
     storages: dict = {}
     shapes: dict = {}
     extra: dict = {}  # what the replay reads of ``attrs`` (alpha, the reentrant checkpoint's region)
-    alpha_at: dict = {}  # node type -> position of its alpha value slot (-1: none)
+    alpha_at = _ALPHA_AT
     for i in range(n):  # one pass: edges, saved storages, the values the replay reads
         start, end = off[i], off[i + 1]
         if end - start == 1:  # one edge (most nodes), two distinct ones, or the general grouping
@@ -196,7 +215,11 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
         elif end - start == 2 and kids[start] != kids[start + 1] and kids[start] >= 0 and kids[start + 1] >= 0:
             edges[i], needs[i] = [(kids[start], kid_out[start]), (kids[start + 1], kid_out[start + 1])], [0, 1]
         elif end > start:
-            edges[i], needs[i] = _grouped(kids, kid_out, start, end)
+            ks = kids[start:end]
+            if min(ks) >= 0 and len(set(ks)) == end - start:  # distinct targets: nothing to group
+                edges[i], needs[i] = list(zip(ks, kid_out[start:end])), list(range(end - start))
+            else:
+                edges[i], needs[i] = _grouped(kids, kid_out, start, end)
         if leaf[i]:
             continue
         rec = rsaved[i]
@@ -229,12 +252,12 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
             if vals:
                 extra[i] = vals
             continue
-        t = types[i]
-        at = alpha_at.get(id(t))
+        slots = types[i].value_slots
+        at = alpha_at.get(slots)
         if at is None:
-            at = alpha_at[id(t)] = next((j for j, (slot, _) in enumerate(t.value_slots) if slot == "alpha"), -1)
+            at = alpha_at[slots] = next((j for j, (slot, _) in enumerate(slots) if slot == "alpha"), -1)
         if at >= 0:  # a number (c10::Scalar)
-            extra[i] = {"alpha": vals if len(t.value_slots) == 1 else vals[at]}
+            extra[i] = {"alpha": vals if len(slots) == 1 else vals[at]}
     index = dict(zip(ids, range(n)))
     regions, recompute = {}, {}
     if _has_regions(records):  # NOTE [recorded checkpoint regions]
