@@ -46,8 +46,9 @@ from typing import TYPE_CHECKING, Any
 
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.memory.accounting import grad_names, offloaded_keys, peak_by_module, step_base, storage_sizes
+from gradscope.memory.attribution import node_modules
 from gradscope.memory.calibrate import BUILDERS
-from gradscope.memory.compact import Lazy
+from gradscope.memory.compact import Lazy, compile_records
 from gradscope.memory.engine import Program, compile_graph
 from gradscope.memory.optimizer import step_budget
 from gradscope.memory.replay import Trace, simulate
@@ -182,9 +183,6 @@ def program(report) -> Program:
         return cached[1]  # the same graph, or the DiGraph built since from the records it was compiled from
     prog = None
     if records is not None:  # NOTE [compiling from the compact records]
-        from gradscope.memory.attribution import node_modules
-        from gradscope.memory.compact import compile_records
-
         prog = compile_records(records, view.nodes(), lambda: node_modules(report.graph))
     if prog is None:
         records, prog = None, compile_graph(report.graph)
@@ -287,7 +285,7 @@ def replay(
     ids = prog.ids
     locs = {}
     built = getattr(prog.attrs, "built_dicts", None)  # compact: only dicts already made (a trace makes every op's)
-    dicts = prog.attrs if built is None else built()
+    dicts: Any = prog.attrs if built is None else built()
     if dicts:
         get = dicts.__getitem__ if built is None else dicts.get
         for v in tr.order:

@@ -267,7 +267,7 @@ def engine_order(prog: Program, run=None) -> list[int]:
 
     ``run`` receives the node index and must return nothing; readiness is tracked here.
     """
-    order = []
+    order: list[int] = []
     append = order.append
     for v in engine_steps(prog):
         append(v)

@@ -182,7 +182,12 @@ def simulate(
                 out.grads_kept += nested.grads_kept
             name = names[v]
             if grad_scale is None and (0 not in inputs or not kinds.get(name)):  # outputs()'s first case
-                sent = [alloc(gbytes[u][k] if k < len(gbytes[u]) else 0) for u, k in es]
+                if len(es) == 1:  # most nodes: no comprehension to set up
+                    u, k = es[0]
+                    gb = gbytes[u]
+                    sent = [alloc(gb[k] if k < len(gb) else 0)]
+                else:
+                    sent = [alloc(gbytes[u][k] if k < len(gbytes[u]) else 0) for u, k in es]
             else:
                 sent = outputs(v, name, inputs, es, needs[v], gbytes, mem, grad_scale, extra_attrs.get("alpha", 1))
             if workspace is not None:
