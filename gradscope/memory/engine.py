@@ -5,7 +5,7 @@ NOTE [engine order] (TORCH-FACTS section 14)
 twice); then one ready queue on the calling thread (CPU and meta work) pops the ready node with the
 highest ``_sequence_nr()`` first; AccumulateGrad nodes report UINT64_MAX. The queue is a
 ``std::priority_queue`` (libstdc++ binary heap), so nodes with equal sequence numbers (several ready
-AccumulateGrads) come out in the heap's order: :class:`_Heap` reproduces libstdc++'s ``push_heap`` /
+AccumulateGrads) come out in the heap's order: :func:`engine_steps` reproduces libstdc++'s ``push_heap`` /
 ``pop_heap`` step by step so that ties break exactly as in torch.
 
 :func:`compile_graph` reads only ``report.graph`` (plain metadata), never a live tensor.
@@ -194,55 +194,6 @@ def node_dtype(d: dict) -> str:
     return d.get("dtype") or "float32"
 
 
-class _Heap:
-    """``std::priority_queue<NodeTask, vector, CompareNodeTaskTime>`` as libstdc++ implements it."""
-
-    __slots__ = ("a", "key")
-
-    def __init__(self, key) -> None:
-        self.a: list = []
-        self.key = key  # node index -> its priority (sequence number; (depth, seq) pairs would also do)
-
-    def __len__(self) -> int:
-        return len(self.a)
-
-    def _sift_up(self, hole: int, v: int) -> None:
-        """libstdc++ ``__push_heap``: move ``v`` up from ``hole`` while its parent compares less."""
-        a, key = self.a, self.key
-        kv = key[v]
-        parent = (hole - 1) // 2
-        while hole > 0 and key[a[parent]] < kv:
-            a[hole] = a[parent]
-            hole = parent
-            parent = (hole - 1) // 2
-        a[hole] = v
-
-    def push(self, v: int) -> None:
-        self.a.append(v)
-        self._sift_up(len(self.a) - 1, v)
-
-    def pop(self) -> int:
-        a, key = self.a, self.key
-        top = a[0]
-        value = a.pop()
-        n = len(a)
-        if n == 0:
-            return top
-        hole = 0
-        child = 2
-        while child < n:
-            if key[a[child]] < key[a[child - 1]]:
-                child -= 1
-            a[hole] = a[child]
-            hole = child
-            child = 2 * (child + 1)
-        if (n & 1) == 0 and child == n:
-            a[hole] = a[child - 1]
-            hole = child - 1
-        self._sift_up(hole, value)
-        return top
-
-
 def dependencies(prog: Program) -> list[int]:
     """Incoming edge count per node, counted from the roots as the engine does (duplicates twice)."""
     n = len(prog.ids)
@@ -280,27 +231,38 @@ def engine_steps(prog: Program):
     """Yield the node indices in the engine's order; a node's inputs become ready once the consumer of
     the iterator asks for the next one (after it replayed the node: ``replay.simulate``'s loop).
 
-    The queue is :class:`_Heap`'s libstdc++ binary heap inlined (same pushes, same pops, so ties break
-    the same way): the ready set is mostly one or two nodes, and a method call per push and pop cost
-    more than the rest.
+    The queue is ``std::priority_queue<NodeTask, vector, CompareNodeTaskTime>`` as libstdc++ implements it
+    (``push_heap`` / ``pop_heap`` step by step, so that ties break exactly as in torch), inlined: the ready
+    set is mostly one or two nodes, and a method call per push and pop cost more than the rest.
     """
     edges = prog.edges
     deps = dependencies(prog)
     key = prog.seq  # one thread, no reentrant depth here: the sequence number alone orders the queue
     a: list = []  # the heap (libstdc++ layout)
     if len(prog.roots) == 1:
-        a.append(prog.roots[0])
+        ups: list = [(-1, prog.roots[0])]
     else:  # a GraphRoot node sends each seed: roots become ready in root order, once each
-        heap = _Heap(key)
-        for r in dict.fromkeys(prog.roots):
-            if deps[r] == 0:
-                heap.push(r)
-        a = heap.a
-    while a:
-        # pop (libstdc++ pop_heap + pop_back)
-        top = a[0]
+        ups = [(-1, r) for r in dict.fromkeys(prog.roots) if deps[r] == 0]
+    while True:
+        # the sift-ups due, in order: pop_heap's last element from its hole, then push_heap's (hole -1:
+        # appended); nothing reads the heap in between, so doing pop's here changes nothing
+        for hole, u in ups:
+            if hole < 0:
+                hole = len(a)
+                a.append(u)
+            kv = key[u]
+            parent = (hole - 1) // 2
+            while hole > 0 and key[a[parent]] < kv:
+                a[hole] = a[parent]
+                hole = parent
+                parent = (hole - 1) // 2
+            a[hole] = u
+        if not a:
+            return
+        top = a[0]  # pop_heap + pop_back: the hole goes down to a leaf, the last element goes up from it
         value = a.pop()
         n = len(a)
+        ups = []
         if n:
             hole = 0
             child = 2
@@ -313,25 +275,10 @@ def engine_steps(prog: Program):
             if (n & 1) == 0 and child == n:
                 a[hole] = a[child - 1]
                 hole = child - 1
-            kv = key[value]
-            parent = (hole - 1) // 2
-            while hole > 0 and key[a[parent]] < kv:
-                a[hole] = a[parent]
-                hole = parent
-                parent = (hole - 1) // 2
-            a[hole] = value
+            ups.append((hole, value))
         yield top
         for u, _ in edges[top]:
             d = deps[u] - 1
             deps[u] = d
-            if d == 0:  # push (libstdc++ push_heap)
-                hole = len(a)
-                a.append(u)
-                if hole:
-                    kv = key[u]
-                    parent = (hole - 1) // 2
-                    while hole > 0 and key[a[parent]] < kv:
-                        a[hole] = a[parent]
-                        hole = parent
-                        parent = (hole - 1) // 2
-                    a[hole] = u
+            if d == 0:
+                ups.append((-1, u))
