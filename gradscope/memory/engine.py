@@ -240,29 +240,16 @@ def engine_steps(prog: Program):
     key = prog.seq  # one thread, no reentrant depth here: the sequence number alone orders the queue
     a: list = []  # the heap (libstdc++ layout)
     if len(prog.roots) == 1:
-        ups: list = [(-1, prog.roots[0])]
+        a.append(prog.roots[0])
     else:  # a GraphRoot node sends each seed: roots become ready in root order, once each
-        ups = [(-1, r) for r in dict.fromkeys(prog.roots) if deps[r] == 0]
-    while True:
-        # the sift-ups due, in order: pop_heap's last element from its hole, then push_heap's (hole -1:
-        # appended); nothing reads the heap in between, so doing pop's here changes nothing
-        for hole, u in ups:
-            if hole < 0:
-                hole = len(a)
-                a.append(u)
-            kv = key[u]
-            parent = (hole - 1) // 2
-            while hole > 0 and key[a[parent]] < kv:
-                a[hole] = a[parent]
-                hole = parent
-                parent = (hole - 1) // 2
-            a[hole] = u
-        if not a:
-            return
+        for r in dict.fromkeys(prog.roots):
+            if deps[r] == 0:
+                a.append(r)
+                _sift_up(a, key, len(a) - 1, r)
+    while a:
         top = a[0]  # pop_heap + pop_back: the hole goes down to a leaf, the last element goes up from it
         value = a.pop()
         n = len(a)
-        ups = []
         if n:
             hole = 0
             child = 2
@@ -275,10 +262,23 @@ def engine_steps(prog: Program):
             if (n & 1) == 0 and child == n:
                 a[hole] = a[child - 1]
                 hole = child - 1
-            ups.append((hole, value))
+            _sift_up(a, key, hole, value)
         yield top
         for u, _ in edges[top]:
             d = deps[u] - 1
             deps[u] = d
-            if d == 0:
-                ups.append((-1, u))
+            if d == 0:  # push_heap (into an empty heap: nothing to sift, the common case)
+                a.append(u)
+                if len(a) > 1:
+                    _sift_up(a, key, len(a) - 1, u)
+
+
+def _sift_up(a: list, key: list, hole: int, v: int) -> None:
+    """libstdc++ ``__push_heap``: move ``v`` up from ``hole`` while its parent compares less."""
+    kv = key[v]
+    parent = (hole - 1) // 2
+    while hole > 0 and key[a[parent]] < kv:
+        a[hole] = a[parent]
+        hole = parent
+        parent = (hole - 1) // 2
+    a[hole] = v
