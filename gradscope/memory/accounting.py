@@ -51,22 +51,21 @@ def grad_names(prog: Program, has_grad: dict) -> set:
 def step_base(prog: Program, graph, sizes: dict, drop, has_grad: dict, scale) -> dict:
     """What is alive when backward starts, by kind (bytes)."""
     params = graph.graph.get("params", {})
-    seen = set()
+    param_keys = set()  # ("s", sid) of each parameter storage
     p_bytes = g_bytes = 0
-    for _name, p in params.items():
-        nbytes = numel_bytes(p.get("shape"), p.get("dtype"))
-        sid = p.get("storage")
-        if sid is None or sid not in seen:
-            p_bytes += nbytes
-            if sid is not None:
-                seen.add(sid)
     info = prog.leaves()
     leaf_names = {name: i for i, (_, name) in info.items()}
-    for name, p in params.items():
+    for name, p in params.items():  # one pass: parameter bytes (shared storages once), their .grads
+        nbytes = numel_bytes(p.get("shape"), p.get("dtype"))
+        sid = p.get("storage")
+        if sid is None:
+            p_bytes += nbytes
+        elif ("s", sid) not in param_keys:
+            p_bytes += nbytes
+            param_keys.add(("s", sid))
         i = leaf_names.get(name)
         if has_grad.get(i) if i is not None else p.get("grad"):
-            g_bytes += numel_bytes(p.get("shape"), p.get("dtype"))
-    param_keys = {("s", p["storage"]) for p in params.values() if p.get("storage") is not None}
+            g_bytes += nbytes
     act = ctx_state_bytes(prog)  # NOTE [reentrant checkpoint backward]: the RNG states the ctx keeps
     for key, nbytes in sizes.items():
         if key in param_keys or key in drop or key[0] == "r":

@@ -38,15 +38,21 @@ ids, modules and locations filled in.
 from __future__ import annotations
 
 import fnmatch
+import gc
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.memory.accounting import grad_names, offloaded_keys, peak_by_module, step_base, storage_sizes
-from gradscope.memory.compact import Lazy
+from gradscope.memory.attribution import node_modules
+from gradscope.memory.calibrate import BUILDERS
+from gradscope.memory.compact import Lazy, compile_records
 from gradscope.memory.engine import Program, compile_graph
+from gradscope.memory.optimizer import step_budget
 from gradscope.memory.replay import Trace, simulate
+from gradscope.memory.workspace import node_workspace
 
 if TYPE_CHECKING:
     from gradscope.memory.optimizer import StepBudget
@@ -165,6 +171,9 @@ class BackwardMemory:
         return repr_html(self)
 
 
+_NO_OVERRIDES = Overrides()
+
+
 def program(report) -> Program:
     """The compiled graph of ``report`` (cached on the report; the graph is not changed)."""
     cached = getattr(report, "_gs_program", None)
@@ -174,10 +183,7 @@ def program(report) -> Program:
         return cached[1]  # the same graph, or the DiGraph built since from the records it was compiled from
     prog = None
     if records is not None:  # NOTE [compiling from the compact records]
-        from gradscope.memory.attribution import node_modules
-        from gradscope.memory.compact import compile_records
-
-        prog = compile_records(records, list(view.nodes), lambda: node_modules(report.graph))
+        prog = compile_records(records, view.nodes(), lambda: node_modules(report.graph))
     if prog is None:
         records, prog = None, compile_graph(report.graph)
     try:
@@ -233,9 +239,6 @@ def replay(
     See the module docstring for the fields; raises :class:`InputTypeError` for an optimizer that is not a
     ``torch.optim.Optimizer`` and :class:`InputValueError` for a graph already freed by backward.
     """
-    from gradscope.memory.optimizer import step_budget
-    from gradscope.memory.workspace import node_workspace
-
     _check_graph(report)
     if optimizer is not None:
         import torch
@@ -245,21 +248,20 @@ def replay(
                 f"optimizer= must be a torch.optim.Optimizer (e.g. torch.optim.AdamW(model.parameters())), "
                 f"got {type(optimizer).__name__}."
             )
-    ov = overrides or Overrides()
+    ov = overrides or _NO_OVERRIDES
     prog = program(report)
     graph = report._view() if hasattr(report, "_view") else report.graph  # no DiGraph needed
     sizes, grad_scale = storage_sizes(prog, ov.scale)
     drop = offloaded_keys(prog, ov)
-    has_grad = dict(prog.has_grad)
+    has_grad = prog.has_grad  # read-only below; copied when overridden
     if ov.has_grad:
+        has_grad = dict(has_grad)
         for i, (_, name) in prog.leaves().items():
             if name in ov.has_grad:
                 has_grad[i] = bool(ov.has_grad[name])
     ws = {}
     if workspace:
-        from gradscope.memory.calibrate import BUILDERS
-
-        for i in (i for i, name in enumerate(prog.name) if name in BUILDERS):
+        for i in [i for i, name in enumerate(prog.name) if name in BUILDERS]:
             w = node_workspace(prog, i, grad_scale)
             if w:
                 ws[i] = w
@@ -282,12 +284,15 @@ def replay(
     base = sum(parts.values())
     ids = prog.ids
     locs = {}
-    built = getattr(prog.attrs, "built", None)  # compact: only dicts already made (a trace makes every op's)
-    for v in tr.order:
-        d = prog.attrs[v] if built is None else built(v)
-        loc = d.get("location") if d else None
-        if loc:
-            locs[ids[v]] = loc
+    built = getattr(prog.attrs, "built_dicts", None)  # compact: only dicts already made (a trace makes every op's)
+    dicts: Any = prog.attrs if built is None else built()
+    if dicts:
+        get = dicts.__getitem__ if built is None else dicts.get
+        for v in tr.order:
+            d = get(v)
+            loc = d.get("location") if d else None
+            if loc:
+                locs[ids[v]] = loc
 
     def contributors() -> list[tuple[str, str, int]]:
         snap = simulate(
@@ -302,8 +307,6 @@ def replay(
         )
         return peak_by_module(prog, snap.snapshot or {}, snap.origin, sizes, drop)
 
-    import weakref
-
     try:
         ref = weakref.ref(report)
     except TypeError:
@@ -311,8 +314,8 @@ def replay(
     return BackwardMemory(
         _contributors=contributors,
         _report=ref,
-        order=[ids[v] for v in tr.order],
-        levels=list(tr.levels),
+        order=list(map(ids.__getitem__, tr.order)),
+        levels=tr.levels,  # the trace's own lists: nothing else keeps or changes them
         peak=tr.peak,
         peak_node=None if tr.peak_at is None else ids[tr.peak_at],
         end=tr.end,
@@ -320,9 +323,9 @@ def replay(
         absolute_peak=base + max(high, 0),
         step=step,
         modules=Lazy(lambda: [prog.module[v] for v in tr.order]),
-        inner=list(tr.inner),
+        inner=tr.inner,
         workspace={ids[v]: w for v, w in ws.items()},
-        names=[prog.name[v] for v in tr.order],
+        names=list(map(prog.name.__getitem__, tr.order)),
         locations=locs,
         parts=parts,
     )
@@ -330,8 +333,6 @@ def replay(
 
 def backward_memory(report, retain_graph: bool = False, optimizer=None) -> BackwardMemory:
     """``report.backward_memory()``: the unchanged step (see :class:`BackwardMemory`)."""
-    import gc
-
     enabled = gc.isenabled()
     gc.disable()  # the replay allocates many small objects; generational passes would dominate its time
     try:

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from gradscope.graph import HELD
 from gradscope.memory.dtypes import numel_bytes
+from gradscope.memory.engine import Program, node_dtype
+from gradscope.memory.holders import external_storages
 
 __all__ = ["compile_records", "Lazy", "NodeAttrs"]
 
@@ -99,6 +102,10 @@ class NodeAttrs(Sequence):
         """The dict of node ``i`` when something already built it (a trace annotates every op), else None."""
         return self._records._dicts.get(i)
 
+    def built_dicts(self) -> dict:
+        """``{node index: dict}`` of the dicts already built (read-only)."""
+        return self._records._dicts
+
 
 def _grouped(kids, kid_out, start: int, end: int) -> tuple[list, list]:
     """Edges grouped per target in order of first use, as the DiGraph's ``pred`` lists them."""
@@ -120,6 +127,25 @@ def _grouped(kids, kid_out, start: int, end: int) -> tuple[list, list]:
     return es, pos
 
 
+_ALPHA_AT: dict = {}  # a node type's value slots -> the position of its alpha slot (-1: none); for every walk
+_GRADS: dict = {}  # (output shapes, dtypes) -> (shapes as lists, bytes per output), for every walk; read-only
+
+
+def _grads(o, dts) -> tuple[list, list]:
+    """The gradient shapes and bytes of outputs ``o`` with dtypes ``dts`` (one dtype per output), shared by
+    every program (nothing changes them)."""
+    try:
+        hit = _GRADS.get((o, dts))
+    except TypeError:  # an unhashable shape: computed each time
+        return [None if sh is None else list(sh) for sh in o], [numel_bytes(sh, dts[k]) for k, sh in enumerate(o)]
+    if hit is None:
+        if len(_GRADS) >= 4096:
+            _GRADS.clear()
+        os_ = [None if sh is None else list(sh) for sh in o]
+        hit = _GRADS[(o, dts)] = os_, [numel_bytes(sh, dts[k]) for k, sh in enumerate(os_)]
+    return hit
+
+
 def _has_regions(records) -> bool:
     for i in records.special:
         rec = records.saved[i]
@@ -134,15 +160,10 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
     ``ids`` are the node ids (``list(compact_graph.nodes)``); ``modules()`` returns ``{node id: module}``
     (``graph.node_modules``), called on first use only.
     """
-    from gradscope.graph import HELD
-    from gradscope.memory.engine import Program, node_dtype
-    from gradscope.memory.holders import external_storages
-
     n = len(records)
     leaves, types, seqs = records.leaves, records.types, records.seqs
-    outs = [o[1] for o in records.outs]  # records.outs[i]: (device, output shapes, output dtypes), interned
-    odts = [o[2] for o in records.outs]
     off, kids, kid_out, sizes = records.kid_off, records.kids, records.kid_out, records.sizes
+    rsaved, values = records.saved, records.values
     gattrs = records.graph
     params = gattrs.get("params", {})
     name = [t.name for t in types]  # a leaf's type is AccumulateGrad's
@@ -153,34 +174,20 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
         leaf[i] = True
         seq[i] = _UINT64_MAX
         opaque[i] = False
-    edges: list = [()] * n
-    needs: list = [()] * n
-    for i in range(n):  # one edge (most nodes), two distinct ones, or the general grouping
-        start, end = off[i], off[i + 1]
-        if end - start == 1:
-            u = kids[start]
-            if u >= 0:
-                edges[i], needs[i] = [(u, kid_out[start])], [0]
-        elif end - start == 2 and kids[start] != kids[start + 1] and kids[start] >= 0 and kids[start + 1] >= 0:
-            edges[i], needs[i] = [(kids[start], kid_out[start]), (kids[start + 1], kid_out[start + 1])], [0, 1]
-        elif end > start:
-            edges[i], needs[i] = _grouped(kids, kid_out, start, end)
-    by_shape: dict = {}
-
-    def grads(i, o, dts):  # shapes and dtypes are interned: one computation per distinct pair (read-only)
-        os_ = [None if s is None else list(s) for s in o]
-        if len(dts) < len(os_):
-            dflt = node_dtype({"saved": records.saved_dicts(i)})
-            return os_, [numel_bytes(sh, dts[k] if k < len(dts) else dflt) for k, sh in enumerate(os_)]
-        hit = by_shape[(id(o), dts)] = os_, [numel_bytes(sh, dts[k]) for k, sh in enumerate(os_)]
-        return hit
-
-    pairs = [by_shape.get((id(o), d)) or grads(i, o, d) for i, (o, d) in enumerate(zip(outs, odts))]
-    gshapes = [p[0] for p in pairs]
-    gbytes = [p[1] for p in pairs]
-    saved: list = [()] * n
-    storages: dict = {}
-    shapes: dict = {}
+    gshapes: list = [None] * n
+    gbytes: list = [None] * n
+    by_entry: dict = {}  # records.outs[i] is interned: one computation per distinct (shapes, dtypes) entry
+    for i, ent in enumerate(records.outs):  # ent: (device, output shapes, output dtypes)
+        hit = by_entry.get(id(ent))
+        if hit is None:
+            o, dts = ent[1], ent[2]
+            if len(dts) < len(o):  # a default dtype from the node's saved tensors: not shared
+                os_ = [None if sh is None else list(sh) for sh in o]
+                dflt = node_dtype({"saved": records.saved_dicts(i)})
+                hit = os_, [numel_bytes(sh, dts[k] if k < len(dts) else dflt) for k, sh in enumerate(os_)]
+            else:
+                hit = by_entry[id(ent)] = _grads(o, dts)
+        gshapes[i], gbytes[i] = hit
     has_grad: dict = {}
     leaf_info: dict = {}
     for i, lf in leaves.items():
@@ -192,34 +199,66 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
             grad = params.get(lname, {}).get("grad")
         has_grad[i] = bool(grad)
         leaf_info[i] = (kind, lname)
-    for i, rec in enumerate(records.saved):
-        if not rec or leaf[i]:
+    edges: list = [()] * n
+    needs: list = [()] * n
+    saved: list = [()] * n
+    storages: dict = {}
+    shapes: dict = {}
+    extra: dict = {}  # what the replay reads of ``attrs`` (alpha, the reentrant checkpoint's region)
+    alpha_at = _ALPHA_AT
+    for i in range(n):  # one pass: edges, saved storages, the values the replay reads
+        start, end = off[i], off[i + 1]
+        if end - start == 1:  # one edge (most nodes), two distinct ones, or the general grouping
+            u = kids[start]
+            if u >= 0:
+                edges[i], needs[i] = [(u, kid_out[start])], [0]
+        elif end - start == 2 and kids[start] != kids[start + 1] and kids[start] >= 0 and kids[start + 1] >= 0:
+            edges[i], needs[i] = [(kids[start], kid_out[start]), (kids[start + 1], kid_out[start + 1])], [0, 1]
+        elif end > start:
+            ks = kids[start:end]
+            if min(ks) >= 0 and len(set(ks)) == end - start:  # distinct targets: nothing to group
+                edges[i], needs[i] = list(zip(ks, kid_out[start:end])), list(range(end - start))
+            else:
+                edges[i], needs[i] = _grouped(kids, kid_out, start, end)
+        if leaf[i]:
             continue
-        keys: list = []
-        if type(rec) is list:
-            for j, e in enumerate(rec):
-                if e.get("status") not in HELD or e.get("scalar"):
-                    continue
-                sid = e.get("storage")
-                key = ("s", sid) if sid is not None else ("e", ids[i], j)
-                if key not in storages:
-                    storages[key] = int(e.get("nbytes") or 0)
-                    shapes[key] = e.get("shape")
-                if key not in keys:
-                    keys.append(key)
-        else:
-            for k in range(4, len(rec), 5):
-                sid = rec[k]
-                if sid < 0:
-                    continue  # a wrapped Python scalar
-                key = ("s", sid)
-                if key not in storages:
-                    storages[key] = sizes[sid]
-                    shapes[key] = list(rec[k - 3])
-                if key not in keys:
-                    keys.append(key)
-        saved[i] = tuple(keys)
-    index = {nid: i for i, nid in enumerate(ids)}
+        rec = rsaved[i]
+        if rec:
+            keys: list = []
+            if type(rec) is list:
+                for j, e in enumerate(rec):
+                    if e.get("status") not in HELD or e.get("scalar"):
+                        continue
+                    sid = e.get("storage")
+                    key = ("s", sid) if sid is not None else ("e", ids[i], j)
+                    if key not in storages:
+                        storages[key] = int(e.get("nbytes") or 0)
+                        shapes[key] = e.get("shape")
+                    if key not in keys:
+                        keys.append(key)
+            else:
+                for sid, shp in zip(rec[4::5], rec[1::5]):
+                    if sid < 0:
+                        continue  # a wrapped Python scalar
+                    key = ("s", sid)
+                    if key not in storages:
+                        storages[key] = sizes[sid]
+                        shapes[key] = list(shp)
+                    if key not in keys:
+                        keys.append(key)
+            saved[i] = tuple(keys)
+        vals = values[i]
+        if type(vals) is dict:  # a node the general reader read: the contract's dict already
+            if vals:
+                extra[i] = vals
+            continue
+        slots = types[i].value_slots
+        at = alpha_at.get(slots)
+        if at is None:
+            at = alpha_at[slots] = next((j for j, (slot, _) in enumerate(slots) if slot == "alpha"), -1)
+        if at >= 0:  # a number (c10::Scalar)
+            extra[i] = {"alpha": vals if len(slots) == 1 else vals[at]}
+    index = dict(zip(ids, range(n)))
     regions, recompute = {}, {}
     if _has_regions(records):  # NOTE [recorded checkpoint regions]
         from gradscope.memory.regions import recorded_regions
@@ -228,26 +267,9 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
     roots = [index[r] for r in gattrs.get("roots", ()) if r in index]
     root_bytes = []
     for r, shape in zip(roots, gattrs.get("root_shapes", ())):
-        dts = odts[r] if r not in leaves else ()
+        dts = records.outs[r][2] if r not in leaves else ()
         root_bytes.append(numel_bytes(shape, dts[0] if dts else node_dtype(records.node_attrs(r))))
     module = Lazy(lambda: [leaves[i][2] if leaf[i] else m.get(nid) for m in (modules(),) for i, nid in enumerate(ids)])
-    extra: dict = {}  # what the replay reads of ``attrs`` (alpha, the reentrant checkpoint's region)
-    values = records.values
-    alpha_at: dict = {}  # node type -> position of its alpha value slot (-1: none)
-    for i in range(n):
-        if leaf[i]:
-            continue
-        vals = values[i]
-        if type(vals) is dict:  # a node the general reader read: the contract's dict already
-            if vals:
-                extra[i] = vals
-            continue
-        t = types[i]
-        at = alpha_at.get(id(t))
-        if at is None:
-            at = alpha_at[id(t)] = next((j for j, (slot, _) in enumerate(t.value_slots) if slot == "alpha"), -1)
-        if at >= 0:  # a number (c10::Scalar)
-            extra[i] = {"alpha": vals if len(t.value_slots) == 1 else vals[at]}
     return Program(
         ids=ids,
         index=index,

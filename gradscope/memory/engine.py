@@ -5,7 +5,7 @@ NOTE [engine order] (TORCH-FACTS section 14)
 twice); then one ready queue on the calling thread (CPU and meta work) pops the ready node with the
 highest ``_sequence_nr()`` first; AccumulateGrad nodes report UINT64_MAX. The queue is a
 ``std::priority_queue`` (libstdc++ binary heap), so nodes with equal sequence numbers (several ready
-AccumulateGrads) come out in the heap's order: :class:`_Heap` reproduces libstdc++'s ``push_heap`` /
+AccumulateGrads) come out in the heap's order: :func:`engine_steps` reproduces libstdc++'s ``push_heap`` /
 ``pop_heap`` step by step so that ties break exactly as in torch.
 
 :func:`compile_graph` reads only ``report.graph`` (plain metadata), never a live tensor.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Program", "compile_graph", "engine_order", "UINT64_MAX", "DTYPE_BYTES", "numel_bytes"]
+__all__ = ["Program", "compile_graph", "engine_order", "engine_steps", "UINT64_MAX", "DTYPE_BYTES", "numel_bytes"]
 
 UINT64_MAX = (1 << 64) - 1
 
@@ -194,94 +194,91 @@ def node_dtype(d: dict) -> str:
     return d.get("dtype") or "float32"
 
 
-class _Heap:
-    """``std::priority_queue<NodeTask, vector, CompareNodeTaskTime>`` as libstdc++ implements it."""
-
-    __slots__ = ("a", "key")
-
-    def __init__(self, key) -> None:
-        self.a: list = []
-        self.key = key  # node index -> its priority (sequence number; (depth, seq) pairs would also do)
-
-    def __len__(self) -> int:
-        return len(self.a)
-
-    def _sift_up(self, hole: int, v: int) -> None:
-        """libstdc++ ``__push_heap``: move ``v`` up from ``hole`` while its parent compares less."""
-        a, key = self.a, self.key
-        kv = key[v]
-        parent = (hole - 1) // 2
-        while hole > 0 and key[a[parent]] < kv:
-            a[hole] = a[parent]
-            hole = parent
-            parent = (hole - 1) // 2
-        a[hole] = v
-
-    def push(self, v: int) -> None:
-        self.a.append(v)
-        self._sift_up(len(self.a) - 1, v)
-
-    def pop(self) -> int:
-        a, key = self.a, self.key
-        top = a[0]
-        value = a.pop()
-        n = len(a)
-        if n == 0:
-            return top
-        hole = 0
-        child = 2
-        while child < n:
-            if key[a[child]] < key[a[child - 1]]:
-                child -= 1
-            a[hole] = a[child]
-            hole = child
-            child = 2 * (child + 1)
-        if (n & 1) == 0 and child == n:
-            a[hole] = a[child - 1]
-            hole = child - 1
-        self._sift_up(hole, value)
-        return top
-
-
 def dependencies(prog: Program) -> list[int]:
     """Incoming edge count per node, counted from the roots as the engine does (duplicates twice)."""
-    deps = [0] * len(prog.ids)
-    seen = [False] * len(prog.ids)
+    n = len(prog.ids)
+    deps = [0] * n
+    seen = [False] * n
+    edges = prog.edges
     stack = list(prog.roots)
     for r in stack:
         seen[r] = True
+    push = stack.append
     while stack:
-        v = stack.pop()
-        for u, _ in prog.edges[v]:
+        for u, _ in edges[stack.pop()]:
             deps[u] += 1
             if not seen[u]:
                 seen[u] = True
-                stack.append(u)
+                push(u)
     return deps
 
 
 def engine_order(prog: Program, run=None) -> list[int]:
-    """Node indices in the order the engine runs them; ``run(v, heap_push)`` is called per node when given.
+    """Node indices in the order the engine runs them; ``run(v)`` is called per node when given.
 
     ``run`` receives the node index and must return nothing; readiness is tracked here.
     """
+    order: list[int] = []
+    append = order.append
+    for v in engine_steps(prog):
+        append(v)
+        if run is not None:
+            run(v)
+    return order
+
+
+def engine_steps(prog: Program):
+    """Yield the node indices in the engine's order; a node's inputs become ready once the consumer of
+    the iterator asks for the next one (after it replayed the node: ``replay.simulate``'s loop).
+
+    The queue is ``std::priority_queue<NodeTask, vector, CompareNodeTaskTime>`` as libstdc++ implements it
+    (``push_heap`` / ``pop_heap`` step by step, so that ties break exactly as in torch), inlined: the ready
+    set is mostly one or two nodes, and a method call per push and pop cost more than the rest.
+    """
+    edges = prog.edges
     deps = dependencies(prog)
     key = prog.seq  # one thread, no reentrant depth here: the sequence number alone orders the queue
-    heap = _Heap(key)
-    order = []
+    a: list = []  # the heap (libstdc++ layout)
     if len(prog.roots) == 1:
-        heap.push(prog.roots[0])
+        a.append(prog.roots[0])
     else:  # a GraphRoot node sends each seed: roots become ready in root order, once each
         for r in dict.fromkeys(prog.roots):
             if deps[r] == 0:
-                heap.push(r)
-    while heap:
-        v = heap.pop()
-        order.append(v)
-        if run is not None:
-            run(v)
-        for u, _ in prog.edges[v]:
-            deps[u] -= 1
-            if deps[u] == 0:
-                heap.push(u)
-    return order
+                a.append(r)
+                _sift_up(a, key, len(a) - 1, r)
+    while a:
+        top = a[0]  # pop_heap + pop_back: the hole goes down to a leaf, the last element goes up from it
+        value = a.pop()
+        n = len(a)
+        if n:
+            hole = 0
+            child = 2
+            while child < n:
+                if key[a[child]] < key[a[child - 1]]:
+                    child -= 1
+                a[hole] = a[child]
+                hole = child
+                child = 2 * (child + 1)
+            if (n & 1) == 0 and child == n:
+                a[hole] = a[child - 1]
+                hole = child - 1
+            _sift_up(a, key, hole, value)
+        yield top
+        for u, _ in edges[top]:
+            d = deps[u] - 1
+            deps[u] = d
+            if d == 0:  # push_heap (into an empty heap: nothing to sift, the common case)
+                a.append(u)
+                if len(a) > 1:
+                    _sift_up(a, key, len(a) - 1, u)
+
+
+def _sift_up(a: list, key: list, hole: int, v: int) -> None:
+    """libstdc++ ``__push_heap``: move ``v`` up from ``hole`` while its parent compares less."""
+    kv = key[v]
+    parent = (hole - 1) // 2
+    while hole > 0 and key[a[parent]] < kv:
+        a[hole] = a[parent]
+        hole = parent
+        parent = (hole - 1) // 2
+    a[hole] = v

@@ -6,7 +6,7 @@ view of the incoming gradient or the incoming gradient itself."""
 
 from __future__ import annotations
 
-__all__ = ["Memory", "outputs", "VIEW_OPS", "PASS_OPS"]
+__all__ = ["Memory", "outputs", "VIEW_OPS", "PASS_OPS", "OUTPUT_KINDS"]
 
 #: Formulas whose gradient is a view of the incoming gradient (same storage).
 VIEW_OPS = frozenset(
@@ -60,6 +60,8 @@ _KIND = {
     n: (n in VIEW_OPS) | (n in _EXPAND_OPS) << 1 | (n in _PIECE_OPS) << 2 | (n in PASS_OPS) << 3
     for n in VIEW_OPS | PASS_OPS | _PIECE_OPS | _EXPAND_OPS
 }
+#: The same, public: ``replay.simulate`` skips :func:`outputs` for kind 0 (every output a new tensor).
+OUTPUT_KINDS = _KIND
 
 
 class Memory:
@@ -102,11 +104,10 @@ class Memory:
         self.st_bytes[st] = nbytes
         self.origin[st] = self.cur
         self.impl_refs[i] = 1
-        self.impl_storage[i] = st
-        self.impl_view[i] = False
-        self.level += nbytes
-        if self.level > self.high:
-            self.high = self.level
+        self.impl_storage[i] = st  # not a view: no ``impl_view`` entry (read with .get)
+        level = self.level = self.level + nbytes
+        if level > self.high:
+            self.high = level
             if self.cur is not None and self.cur == self.snap_at:
                 self.snap = dict(self.st_bytes)
         return i

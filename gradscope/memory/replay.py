@@ -17,8 +17,8 @@ shared saved storages free exactly when torch frees them); ``gradients.outputs``
 
 from __future__ import annotations
 
-from gradscope.memory.engine import Program, engine_order, numel_bytes
-from gradscope.memory.gradients import PASS_OPS, VIEW_OPS, Memory, outputs
+from gradscope.memory.engine import Program, engine_steps, numel_bytes
+from gradscope.memory.gradients import OUTPUT_KINDS, PASS_OPS, VIEW_OPS, Memory, outputs
 
 __all__ = ["simulate", "Trace", "VIEW_OPS", "PASS_OPS"]
 
@@ -35,7 +35,6 @@ class Trace:
         "peak",
         "peak_at",
         "end",
-        "allocated",
         "freed",
         "grads_kept",
         "saved_freed",
@@ -53,7 +52,6 @@ class Trace:
         self.peak = 0
         self.peak_at: int | None = None
         self.end = 0
-        self.allocated: list[int] = []  # bytes each node allocated (outputs, sums, workspace excluded)
         self.freed: list[int] = []
         self.grads_kept = 0  # bytes that ended in .grad (stolen or cloned)
         self.saved_freed = 0
@@ -127,17 +125,36 @@ def simulate(
         mem.impl_view,
     )
     alloc, unref, sole = mem.alloc, mem.unref, mem.sole
-    order_append, levels_append, inner_append, allocated_append = (
-        out.order.append,
-        out.levels.append,
-        out.inner.append,
-        out.allocated.append,
-    )
+    order_append, levels_append, inner_append = out.order.append, out.levels.append, out.inner.append
     snapping = snapshot_at is not None
     release = not retain_graph
+    kinds = OUTPUT_KINDS
+    attrs = prog.attrs
+    get_extra = op_extra.get if op_extra is not None else (lambda v: attrs[v].get("attrs"))
+    track_done = bool(recompute)
 
-    def run(v: int) -> None:
-        before = mem.high = mem.level
+    def _nested(v: int, extra_attrs: dict):
+        rec = extra_attrs.get("region_recompute")
+        if not rec or not rec.get("layers"):
+            return None
+        from gradscope.memory.reentrant import node_effect
+
+        return node_effect(prog, v, rec, simulate)
+
+    def _recompute(v: int) -> None:
+        for key, nbytes in recompute[v]:
+            if key not in created_regions and key not in drop:
+                created_regions.add(key)
+                nbytes = sizes.get(key, nbytes)
+                holders = sum(1 for u in prog.regions.get(key[1], ()) if key in saved[u] and (u == v or u not in done))
+                if not holders:  # re-created and dropped inside the recompute
+                    mem.high = max(mem.high, mem.level + nbytes)
+                    continue
+                mem.hold_storage(key, nbytes, allocate=True)
+                st_refs[key] = holders
+
+    for v in engine_steps(prog):  # NOTE [what one node does to memory], one node per step
+        mem.high = mem.level
         mem.cur = v
         if snapping and v == snapshot_at:
             mem.snap = dict(st_bytes)
@@ -156,16 +173,23 @@ def simulate(
                     out.grads_kept += gbytes[v][0]
                     unref(g)
         else:
-            extra_attrs = (
-                (op_extra.get(v) or _EMPTY) if op_extra is not None else (prog.attrs[v].get("attrs") or _EMPTY)
-            )
+            extra_attrs = get_extra(v) or _EMPTY
             es = edges[v]
             nested = _nested(v, extra_attrs) if extra_attrs else None
             if nested is not None:  # NOTE [reentrant checkpoint backward]
                 mem.high = max(mem.high, mem.level + nested.forward_peak, mem.level + nested.peak)
                 mem.level += nested.end - nested.input_grad  # the input's grad is the output made below
                 out.grads_kept += nested.grads_kept
-            sent = outputs(v, names[v], inputs, es, needs[v], gbytes, mem, grad_scale, extra_attrs.get("alpha", 1))
+            name = names[v]
+            if grad_scale is None and (0 not in inputs or not kinds.get(name)):  # outputs()'s first case
+                if len(es) == 1:  # most nodes: no comprehension to set up
+                    u, k = es[0]
+                    gb = gbytes[u]
+                    sent = [alloc(gb[k] if k < len(gb) else 0)]
+                else:
+                    sent = [alloc(gbytes[u][k] if k < len(gbytes[u]) else 0) for u, k in es]
+            else:
+                sent = outputs(v, name, inputs, es, needs[v], gbytes, mem, grad_scale, extra_attrs.get("alpha", 1))
             if workspace is not None:
                 extra = workspace(v)
                 if extra:
@@ -216,41 +240,19 @@ def simulate(
                     unref(old)
                     unref(g)
                     slot[k] = new
-        done.add(v)
+        if track_done:
+            done.add(v)
         order_append(v)
         level = mem.level
         levels_append(level)
         high = mem.high
         inner_append(high if high > level else level)
-        allocated_append(high - before if high > before else 0)
-
-    def _nested(v: int, extra_attrs: dict):
-        rec = extra_attrs.get("region_recompute")
-        if not rec or not rec.get("layers"):
-            return None
-        from gradscope.memory.reentrant import node_effect
-
-        return node_effect(prog, v, rec, simulate)
-
-    def _recompute(v: int) -> None:
-        for key, nbytes in recompute[v]:
-            if key not in created_regions and key not in drop:
-                created_regions.add(key)
-                nbytes = sizes.get(key, nbytes)
-                holders = sum(1 for u in prog.regions.get(key[1], ()) if key in saved[u] and (u == v or u not in done))
-                if not holders:  # re-created and dropped inside the recompute
-                    mem.high = max(mem.high, mem.level + nbytes)
-                    continue
-                mem.hold_storage(key, nbytes, allocate=True)
-                st_refs[key] = holders
-
-    engine_order(prog, run)
     out.snapshot = mem.snap
     out.origin = mem.origin
     for impl in seeds:
         mem.unref(impl)
     out.end = mem.level
     if out.inner:
-        i = max(range(len(out.inner)), key=out.inner.__getitem__)
-        out.peak, out.peak_at = max(out.inner[i], 0), out.order[i]
+        top = max(out.inner)
+        out.peak, out.peak_at = max(top, 0), out.order[out.inner.index(top)]  # the first node at the top
     return out
