@@ -93,6 +93,22 @@ def test_custom_forward_region_is_not_modelled():
     assert abs(bm.peak - truth.peak) <= 0.01 * truth.peak                    # the miss
 
 
+def test_an_unmodelled_region_is_said_and_the_peak_is_a_lower_bound():
+    torch.manual_seed(0)
+    model, x = _ResidualInside(), torch.randn(16, 64, requires_grad=True)
+    truth = _truth(model, (x,), lambda m, x: m(x).pow(2).mean())
+    bm = truth.prediction
+    regions = [n for n, k in zip(bm.order, bm.names) if k == "CheckpointFunctionBackward"]
+    assert len(regions) == 2 and sorted(bm.unmodelled) == sorted(regions)
+    assert truth.peak > bm.peak                   # the profiler: really above the prediction
+    text = str(bm)
+    assert "2 reentrant checkpoint regions" in text and "lower bounds" in text and "use_reentrant=False" in text
+    torch.manual_seed(0)
+    modelled, inputs, loss_fn = MODELS["checkpoint_reentrant"]()
+    bm = gradscope.inspect(loss_fn(modelled, *inputs), model=modelled).backward_memory()
+    assert bm.unmodelled == [] and "lower bound" not in str(bm)
+
+
 def test_layers_outside_the_model_are_not_guessed():
     from gradscope.walk.checkpoint import region_layers
 

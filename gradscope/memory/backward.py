@@ -86,6 +86,9 @@ class BackwardMemory:
         modules: module name per node of ``order`` (None when unknown).
         inner: the highest level inside each node (workspace included).
         workspace: kernel workspace per node id (only nodes that have some).
+        unmodelled: reentrant checkpoint nodes whose recompute and nested backward are not replayed (the
+            region has its own ``forward``: NOTE [reentrant checkpoint backward]); when not empty, ``peak``
+            and ``absolute_peak`` are lower bounds.
     """
 
     order: list
@@ -102,6 +105,7 @@ class BackwardMemory:
     names: list = field(default_factory=list)
     locations: dict = field(default_factory=dict)
     parts: dict = field(default_factory=dict)
+    unmodelled: list = field(default_factory=list)
     # the rows, or a function computing them on first use
     _contributors: list[tuple[str, str, int]] | Callable[[], list[tuple[str, str, int]]] | None = field(
         default=None, repr=False, compare=False
@@ -328,7 +332,27 @@ def replay(
         names=list(map(prog.name.__getitem__, tr.order)),
         locations=locs,
         parts=parts,
+        unmodelled=_unmodelled_regions(prog),
     )
+
+
+def _unmodelled_regions(prog: Program) -> list:
+    """Node ids of the reentrant checkpoint regions the replay could not model (see BackwardMemory)."""
+    names = prog.name
+    if _REENTRANT not in names:
+        return []
+    out = []
+    for v, name in enumerate(names):
+        if name != _REENTRANT:
+            continue
+        extra = (prog.extra.get(v) if prog.extra is not None else prog.attrs[v].get("attrs")) or {}
+        rec = extra.get("region_recompute")
+        if not (rec and rec.get("layers")):
+            out.append(prog.ids[v])
+    return out
+
+
+_REENTRANT = "CheckpointFunctionBackward"
 
 
 def backward_memory(report, retain_graph: bool = False, optimizer=None) -> BackwardMemory:

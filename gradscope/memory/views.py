@@ -48,8 +48,18 @@ def text(bm, top: int = 5) -> str:
     if bm.workspace:
         ws = sum(bm.workspace.values())
         lines.append(
-            f"  kernel workspace (measured per op and shapes): {len(bm.workspace)} nodes, up to "
+            f"  kernel workspace (measured per op and shapes): {len(bm.workspace)} "
+            f"node{'s' if len(bm.workspace) > 1 else ''}, up to "
             f"{human_bytes(max(bm.workspace.values()))} in one node ({human_bytes(ws)} in all)."
+        )
+    if bm.unmodelled:
+        n = len(bm.unmodelled)
+        its = "their" if n > 1 else "its"
+        lines.append(
+            f"  NOTE: {n} reentrant checkpoint region{'s' if n > 1 else ''} ({', '.join(bm.unmodelled[:4])}"
+            f"{', ...' if n > 4 else ''}): backward re-runs {its} forward, which no graph shows before it runs; "
+            f"{its} recompute and nested backward are not in these numbers, so the peaks are lower bounds. "
+            "checkpoint(..., use_reentrant=False) is replayed exactly."
         )
     lines.append("step budget:")
     width = max(len(k) for k, _ in budget_rows(bm))
