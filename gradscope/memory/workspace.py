@@ -162,6 +162,8 @@ def node_workspace(prog, v: int, grad_scale=None) -> int:
         _MEMO[key] = hit = hit or 0  # None: the builder does not apply (no broadcast...): no workspace
         _save()
     if fast is not None:
+        if len(_FAST) >= 4096:  # a memo (the calibration cache keeps the measurements): bounded
+            _FAST.clear()
         _FAST[fast] = (hit, full)
     return int(round(hit * scale)) if scale != 1.0 else int(hit)
 

@@ -19,6 +19,8 @@ import re
 
 import torch
 
+from gradscope.walk.values import dtype_str
+
 __all__ = ["checkpoint_inputs", "raw_slots", "holder_meta", "region_layers", "reentrant_recompute"]
 
 # Private torch APIs read here (to move into gradscope/_torch.py): torch.utils.checkpoint's
@@ -167,7 +169,7 @@ def holder_meta(unpack_hook, holder, storages) -> dict | None:
         "region": rec[0],
         "index": i,
         "shape": shape,
-        "dtype": str(dtype).removeprefix("torch."),
+        "dtype": dtype_str(dtype),
         "nbytes": n * (dtype.itemsize if hasattr(dtype, "itemsize") else 4),
         "frame_bytes": rec[3],
     }
@@ -237,7 +239,7 @@ def region_layers(module) -> list | None:
         if t is nn.Linear:
             w, b = m.weight, m.bias
             has_b = b is not None
-            dtype = str(w.dtype).removeprefix("torch.")
+            dtype = dtype_str(w.dtype)
             out.append(
                 [
                     "linear",

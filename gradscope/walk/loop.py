@@ -31,15 +31,15 @@ from gradscope.walk.outputs import OUT_SLOT
 from gradscope.walk.records import Records, node_id
 from gradscope.walk.saved import (
     _DEVICES,
-    _DTYPES,
     HELD,
     StorageIds,
     device_str,
-    dtype_str,
     node_type,
     plain_value,
     read_saved,
 )
+from gradscope.walk.values import DTYPES as _DTYPES
+from gradscope.walk.values import dtype_str
 
 __all__ = ["walk"]
 

@@ -12,7 +12,7 @@ from typing import overload
 
 import torch
 
-from gradscope.walk.values import plain_value
+from gradscope.walk.values import dtype_str, plain_value
 
 __all__ = ["HELD", "NodeType", "node_type", "read_saved", "StorageIds", "plain_value", "dtype_str", "device_str"]
 
@@ -161,20 +161,11 @@ def _is_wrapped_scalar(t: torch.Tensor) -> bool:
     )
 
 
-_DTYPES: dict = {}
 _DEVICES: dict = {}
 # Private torch APIs read here (to move into gradscope/_torch.py): the SavedTensor type and its
 # ``data`` / ``unpack_hook``; on nodes ``_raw_saved_*`` / ``_saved_*`` (found by dir()),
 # ``_raw_saved_tensors`` / ``saved_tensors`` / ``_forward_cls`` of custom Functions; ``_cdata`` of storages.
 _SavedTensor = torch._C._autograd.SavedTensor
-
-
-def dtype_str(dtype) -> str:
-    """``torch.float32 -> 'float32'`` (cached)."""
-    text = _DTYPES.get(dtype)
-    if text is None:
-        text = _DTYPES[dtype] = str(dtype).removeprefix("torch.")
-    return text
 
 
 def device_str(device) -> str:

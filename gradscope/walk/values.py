@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["plain_value"]
+__all__ = ["plain_value", "dtype_str", "DTYPES"]
 
 _U64 = 2**64
 _I64_MAX = 2**63
+#: torch.dtype -> its name without the ``torch.`` prefix (the walk reads it with ``.get`` in hot loops)
+DTYPES: dict = {}
+
+
+def dtype_str(dtype) -> str:
+    """``torch.float32 -> 'float32'`` (cached in :data:`DTYPES`)."""
+    text = DTYPES.get(dtype)
+    if text is None:
+        text = DTYPES[dtype] = str(dtype).removeprefix("torch.")
+    return text
 
 
 def plain_value(v):
