@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from gradscope.memory.dtypes import numel_bytes
 
-__all__ = ["NestedEffect", "nested_effect"]
+__all__ = ["NestedEffect", "nested_effect", "node_effect", "modelled_region"]
 
 _U64 = (1 << 64) - 1
 #: Activations whose backward node saves its result (the others save their input).
@@ -179,6 +179,13 @@ def nested_effect(layers, in_shape, in_dtype: str, input_grad: bool, rng_bytes: 
         grads_kept=tr.grads_kept - in_grad,
         names=tuple(b.name[v] for v in tr.order),
     )
+
+
+def modelled_region(extra_attrs: dict) -> dict | None:
+    """The ``region_recompute`` record of a reentrant checkpoint node's ``attrs`` when its layers are known
+    (NOTE [reentrant layers]), else None: a region this module can replay."""
+    rec = extra_attrs.get("region_recompute")
+    return rec if rec and rec.get("layers") else None
 
 
 def node_effect(prog, v: int, recompute: dict, simulate) -> NestedEffect | None:

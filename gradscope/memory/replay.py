@@ -134,12 +134,10 @@ def simulate(
     track_done = bool(recompute)
 
     def _nested(v: int, extra_attrs: dict):
-        rec = extra_attrs.get("region_recompute")
-        if not rec or not rec.get("layers"):
-            return None
-        from gradscope.memory.reentrant import node_effect
+        from gradscope.memory.reentrant import modelled_region, node_effect
 
-        return node_effect(prog, v, rec, simulate)
+        rec = modelled_region(extra_attrs)
+        return None if rec is None else node_effect(prog, v, rec, simulate)
 
     def _recompute(v: int) -> None:
         for key, nbytes in recompute[v]:
