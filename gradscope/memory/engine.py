@@ -218,18 +218,21 @@ def engine_order(prog: Program, run=None) -> list[int]:
 
     ``run`` receives the node index and must return nothing; readiness is tracked here.
     """
-    order: list[int] = []
-    append = order.append
-    for v in engine_steps(prog):
-        append(v)
-        if run is not None:
+    order = _order(prog)
+    if run is not None:
+        for v in order:
             run(v)
     return order
 
 
 def engine_steps(prog: Program):
-    """Yield the node indices in the engine's order; a node's inputs become ready once the consumer of
-    the iterator asks for the next one (after it replayed the node: ``replay.simulate``'s loop).
+    """Iterate the node indices in the engine's order (see :func:`engine_order`)."""
+    return iter(_order(prog))
+
+
+def _order(prog: Program) -> list[int]:
+    """The engine's order as a list (nothing the replay does changes it: readiness depends on the graph
+    alone, so it is computed before the replay in one loop instead of one generator step per node).
 
     The queue is ``std::priority_queue<NodeTask, vector, CompareNodeTaskTime>`` as libstdc++ implements it
     (``push_heap`` / ``pop_heap`` step by step, so that ties break exactly as in torch), inlined: the ready
@@ -246,6 +249,8 @@ def engine_steps(prog: Program):
             if deps[r] == 0:
                 a.append(r)
                 _sift_up(a, key, len(a) - 1, r)
+    order: list[int] = []
+    append = order.append
     while a:
         top = a[0]  # pop_heap + pop_back: the hole goes down to a leaf, the last element goes up from it
         value = a.pop()
@@ -263,14 +268,17 @@ def engine_steps(prog: Program):
                 a[hole] = a[child - 1]
                 hole = child - 1
             _sift_up(a, key, hole, value)
-        yield top
+        append(top)
         for u, _ in edges[top]:
             d = deps[u] - 1
             deps[u] = d
             if d == 0:  # push_heap (into an empty heap: nothing to sift, the common case)
-                a.append(u)
-                if len(a) > 1:
+                if a:
+                    a.append(u)
                     _sift_up(a, key, len(a) - 1, u)
+                else:
+                    a.append(u)
+    return order
 
 
 def _sift_up(a: list, key: list, hole: int, v: int) -> None:

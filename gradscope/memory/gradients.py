@@ -6,6 +6,8 @@ view of the incoming gradient or the incoming gradient itself."""
 
 from __future__ import annotations
 
+import itertools
+
 __all__ = ["Memory", "outputs", "VIEW_OPS", "PASS_OPS", "OUTPUT_KINDS"]
 
 #: Formulas whose gradient is a view of the incoming gradient (same storage).
@@ -75,7 +77,7 @@ class Memory:
         "impl_view",
         "st_refs",
         "st_bytes",
-        "next_id",
+        "ids",
         "origin",
         "cur",
         "snap",
@@ -90,7 +92,7 @@ class Memory:
         self.impl_view: dict = {}
         self.st_refs: dict = {}
         self.st_bytes: dict = {}
-        self.next_id = 0
+        self.ids = itertools.count(1)  # impl ids (a gradient's storage is ("g", its impl id))
         self.origin: dict = {}  # gradient storage -> the node that made it
         self.cur: int | None = None
         self.snap: dict | None = None  # live storages at the highest point of node ``snap_at``
@@ -98,7 +100,7 @@ class Memory:
 
     def alloc(self, nbytes: int) -> int:
         """A new dense tensor (one reference) on a new storage; returns its impl id."""
-        i = self.next_id = self.next_id + 1
+        i = next(self.ids)
         st = ("g", i)
         self.st_refs[st] = 1
         self.st_bytes[st] = nbytes
@@ -113,7 +115,7 @@ class Memory:
         return i
 
     def view(self, impl: int, kind: str = "view") -> int:
-        i = self.next_id = self.next_id + 1
+        i = next(self.ids)
         st = self.impl_storage[impl]
         self.st_refs[st] += 1
         self.impl_refs[i] = 1

@@ -17,7 +17,7 @@ shared saved storages free exactly when torch frees them); ``gradients.outputs``
 
 from __future__ import annotations
 
-from gradscope.memory.engine import Program, engine_steps, numel_bytes
+from gradscope.memory.engine import Program, engine_order, numel_bytes
 from gradscope.memory.gradients import OUTPUT_KINDS, PASS_OPS, VIEW_OPS, Memory, outputs
 
 __all__ = ["simulate", "Trace", "VIEW_OPS", "PASS_OPS"]
@@ -103,7 +103,6 @@ def simulate(
     buffers: dict = {}
     out = Trace()
     gbytes = prog.grad_bytes
-    names = prog.name
     seeds = []
     for r, nbytes in zip(prog.roots, prog.root_bytes):
         impl = mem.alloc(nbytes)  # torch.autograd.backward's ones_like(root), held until it returns
@@ -111,12 +110,7 @@ def simulate(
         buffers.setdefault(r, {})[0] = impl
     created_regions: set = set()
     done: set = set()
-    leaf = prog.leaf
-    edges = prog.edges
-    op_extra = prog.extra
-
-    saved = prog.saved
-    needs = prog.needs
+    leaf, edges, saved, needs, names = prog.leaf, prog.edges, prog.saved, prog.needs, prog.name
     st_refs, st_bytes, impl_refs, impl_storage, impl_view = (
         mem.st_refs,
         mem.st_bytes,
@@ -124,13 +118,12 @@ def simulate(
         mem.impl_storage,
         mem.impl_view,
     )
-    alloc, unref, sole = mem.alloc, mem.unref, mem.sole
-    order_append, levels_append, inner_append = out.order.append, out.levels.append, out.inner.append
-    snapping = snapshot_at is not None
+    alloc, unref, sole, new_id = mem.alloc, mem.unref, mem.sole, mem.ids.__next__
+    origin = mem.origin if snapshot_at is not None else None  # only a snapshot reads who made a gradient
+    levels_append, inner_append = out.levels.append, out.inner.append
     release = not retain_graph
     kinds = OUTPUT_KINDS
-    attrs = prog.attrs
-    get_extra = op_extra.get if op_extra is not None else (lambda v: attrs[v].get("attrs"))
+    ext = _node_extras(prog)
     track_done = bool(recompute)
 
     def _nested(v: int, extra_attrs: dict):
@@ -151,10 +144,11 @@ def simulate(
                 mem.hold_storage(key, nbytes, allocate=True)
                 st_refs[key] = holders
 
-    for v in engine_steps(prog):  # NOTE [what one node does to memory], one node per step
+    order = out.order = engine_order(prog)
+    for v in order:  # NOTE [what one node does to memory], one node per step
         mem.high = mem.level
         mem.cur = v
-        if snapping and v == snapshot_at:
+        if v == snapshot_at:
             mem.snap = dict(st_bytes)
         inputs = buffers.pop(v, _EMPTY)
         if recompute and v in recompute:
@@ -171,45 +165,68 @@ def simulate(
                     out.grads_kept += gbytes[v][0]
                     unref(g)
         else:
-            extra_attrs = get_extra(v) or _EMPTY
+            extra_attrs = ext[v]
             es = edges[v]
-            nested = _nested(v, extra_attrs) if extra_attrs else None
+            nested = _nested(v, extra_attrs) if extra_attrs is not None and "region_recompute" in extra_attrs else None
             if nested is not None:  # NOTE [reentrant checkpoint backward]
                 mem.high = max(mem.high, mem.level + nested.forward_peak, mem.level + nested.peak)
                 mem.level += nested.end - nested.input_grad  # the input's grad is the output made below
                 out.grads_kept += nested.grads_kept
-            name = names[v]
-            if grad_scale is None and (0 not in inputs or not kinds.get(name)):  # outputs()'s first case
-                if len(es) == 1:  # most nodes: no comprehension to set up
-                    u, k = es[0]
+            if grad_scale is None and (0 not in inputs or not kinds.get(names[v])):  # outputs()'s first case
+                sent = []  # a new tensor per edge: Memory.alloc, inlined
+                level, high = mem.level, mem.high
+                for u, k in es:
                     gb = gbytes[u]
-                    sent = [alloc(gb[k] if k < len(gb) else 0)]
-                else:
-                    sent = [alloc(gbytes[u][k] if k < len(gbytes[u]) else 0) for u, k in es]
+                    nbytes = gb[k] if k < len(gb) else 0
+                    i = new_id()
+                    st = ("g", i)
+                    st_refs[st] = 1
+                    st_bytes[st] = nbytes
+                    impl_refs[i] = 1
+                    impl_storage[i] = st
+                    sent.append(i)
+                    level += nbytes
+                    if level > high:
+                        high = level
+                        if v == snapshot_at:
+                            mem.snap = dict(st_bytes)
+                    if origin is not None:
+                        origin[st] = v
+                mem.level, mem.high = level, high
             else:
-                sent = outputs(v, name, inputs, es, needs[v], gbytes, mem, grad_scale, extra_attrs.get("alpha", 1))
+                alpha = extra_attrs.get("alpha", 1) if extra_attrs is not None else 1
+                sent = outputs(v, names[v], inputs, es, needs[v], gbytes, mem, grad_scale, alpha)
             if workspace is not None:
                 extra = workspace(v)
                 if extra:
                     if v == snapshot_at and mem.level + extra >= mem.high:
                         mem.snap = {**st_bytes, ("w", v): extra}
                     mem.high = max(mem.high, mem.level + extra)
-            if extra_attrs and nested is None:
+            if extra_attrs is not None and nested is None:
                 for shape, dtype, had, *_ in extra_attrs.get("region_params") or ():
                     if not had:  # reentrant checkpoint: the nested backward fills the region's .grads
                         nbytes = numel_bytes(shape, dtype)
                         alloc(nbytes)
                         out.grads_kept += nbytes
-            for g in inputs.values():
+            for g in inputs.values():  # Memory.unref, inlined
                 n = impl_refs[g] - 1
                 if n:
                     impl_refs[g] = n
+                    continue
+                del impl_refs[g]
+                if impl_view:
+                    impl_view.pop(g, None)
+                st = impl_storage.pop(g)
+                n = st_refs[st] - 1
+                if n:
+                    st_refs[st] = n
                 else:
-                    unref(g)
+                    del st_refs[st]
+                    mem.level -= st_bytes.pop(st, 0)
             if release:
-                for key in saved[v]:  # drop_storage, inlined: the hottest loop of the replay
+                for key in saved[v]:  # drop_storage, inlined (offloaded keys were never counted)
                     n = st_refs.get(key)
-                    if n is None or key in drop:
+                    if n is None:
                         continue
                     if n > 1:
                         st_refs[key] = n - 1
@@ -240,13 +257,12 @@ def simulate(
                     slot[k] = new
         if track_done:
             done.add(v)
-        order_append(v)
         level = mem.level
         levels_append(level)
         high = mem.high
         inner_append(high if high > level else level)
     out.snapshot = mem.snap
-    out.origin = mem.origin
+    out.origin = mem.origin if origin is not None else {}
     for impl in seeds:
         mem.unref(impl)
     out.end = mem.level
@@ -254,3 +270,21 @@ def simulate(
         top = max(out.inner)
         out.peak, out.peak_at = max(top, 0), out.order[out.inner.index(top)]  # the first node at the top
     return out
+
+
+def _node_extras(prog: Program) -> list:
+    """Per node, the ``attrs`` the replay reads (alpha, a reentrant checkpoint's region) or None; cached on
+    the program (``dataclasses.replace`` copies, as ``rewrite.py`` makes, start without it)."""
+    got = prog.__dict__.get("_extras")
+    if got is None:
+        n = len(prog.name)
+        if prog.extra is not None:
+            got = [None] * n
+            for v, d in prog.extra.items():
+                if d and not prog.leaf[v]:
+                    got[v] = d
+        else:
+            attrs = prog.attrs
+            got = [None if lf else (attrs[v].get("attrs") or None) for v, lf in enumerate(prog.leaf)]
+        prog.__dict__["_extras"] = got
+    return got
