@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from math import prod
+
 __all__ = ["DTYPE_BYTES", "numel_bytes"]
 
 DTYPE_BYTES = {
@@ -25,6 +27,13 @@ DTYPE_BYTES = {
 def numel_bytes(shape, dtype: str | None) -> int:
     """Dense bytes of a tensor of ``shape`` and ``dtype`` (a gradscope dtype string)."""
     n = 1
-    for s in shape or ():
-        n *= int(s)
+    if shape:
+        try:
+            n = prod(shape)
+        except TypeError:
+            n = None
+        if type(n) is not int:  # not plain ints (a float, a string...): each converted, as int() does
+            n = 1
+            for s in shape:
+                n *= int(s)
     return n * DTYPE_BYTES.get(dtype or "float32", 4)

@@ -224,4 +224,4 @@ def ctx_state_bytes(prog) -> int:
         items = prog.extra.values()
     else:
         items = ((a.get("attrs") or {}) for i, a in enumerate(prog.attrs) if not prog.leaf[i])
-    return sum(int((a.get("region_recompute") or {}).get("rng_bytes") or 0) for a in items if a)
+    return sum(int((a["region_recompute"] or {}).get("rng_bytes") or 0) for a in items if a and "region_recompute" in a)

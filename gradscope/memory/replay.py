@@ -17,6 +17,9 @@ shared saved storages free exactly when torch frees them); ``gradients.outputs``
 
 from __future__ import annotations
 
+from collections import Counter
+from itertools import chain, repeat
+
 from gradscope.memory.engine import Program, engine_order, numel_bytes
 from gradscope.memory.gradients import OUTPUT_KINDS, PASS_OPS, VIEW_OPS, Memory, outputs
 
@@ -88,18 +91,8 @@ def simulate(
     recompute = prog.recompute if recompute is None else recompute
     mem = Memory()
     mem.snap_at = snapshot_at
-    external = prog.external
-    refs0, bytes0 = mem.st_refs, mem.st_bytes
-    for keys in prog.saved:
-        for key in keys:
-            if key in drop or key[0] == "r":
-                continue
-            n = refs0.get(key)
-            if n is None:  # a holder outside the graph (external) is one more: never freed by backward
-                refs0[key] = 2 if key in external else 1
-                bytes0[key] = sizes.get(key, 0)
-            else:
-                refs0[key] = n + 1
+    refs0 = mem.st_refs = _holders(prog, drop)  # a holder outside the graph (external) is one more
+    mem.st_bytes = dict(zip(refs0, map(sizes.get, refs0, repeat(0))))
     buffers: dict = {}
     out = Trace()
     gbytes = prog.grad_bytes
@@ -145,107 +138,129 @@ def simulate(
                 st_refs[key] = holders
 
     order = out.order = engine_order(prog)
+    level = high = mem.level  # kept in locals; written to ``mem`` around every call that reads or changes it
     for v in order:  # NOTE [what one node does to memory], one node per step
-        mem.high = mem.level
-        mem.cur = v
+        high = level
         if v == snapshot_at:
             mem.snap = dict(st_bytes)
         inputs = buffers.pop(v, _EMPTY)
         if recompute and v in recompute:
+            mem.level, mem.high, mem.cur = level, high, v
             _recompute(v)
+            level, high = mem.level, mem.high
         if leaf[v]:
             g = inputs.get(0)
-            if g is not None:
-                if has_grad.get(v):
-                    unref(g)  # .grad += new_grad, in place
-                elif impl_refs.get(g) == 1 and impl_view.get(g) != "expand":
-                    out.grads_kept += st_bytes.get(impl_storage[g], 0)  # stolen: it becomes .grad
-                else:
+            if g is None:
+                pass
+            elif not has_grad.get(v) and impl_refs.get(g) == 1 and impl_view.get(g) != "expand":
+                out.grads_kept += st_bytes.get(impl_storage[g], 0)  # stolen: it becomes .grad
+            else:
+                mem.level, mem.high, mem.cur = level, high, v
+                if not has_grad.get(v):  # cloned; else .grad += new_grad, in place
                     alloc(gbytes[v][0])
                     out.grads_kept += gbytes[v][0]
-                    unref(g)
-        else:
-            extra_attrs = ext[v]
-            es = edges[v]
-            nested = _nested(v, extra_attrs) if extra_attrs is not None and "region_recompute" in extra_attrs else None
-            if nested is not None:  # NOTE [reentrant checkpoint backward]
-                mem.high = max(mem.high, mem.level + nested.forward_peak, mem.level + nested.peak)
-                mem.level += nested.end - nested.input_grad  # the input's grad is the output made below
-                out.grads_kept += nested.grads_kept
-            if grad_scale is None and (0 not in inputs or not kinds.get(names[v])):  # outputs()'s first case
-                sent = []  # a new tensor per edge: Memory.alloc, inlined
+                unref(g)
                 level, high = mem.level, mem.high
-                for u, k in es:
-                    gb = gbytes[u]
-                    nbytes = gb[k] if k < len(gb) else 0
-                    i = new_id()
-                    st = ("g", i)
-                    st_refs[st] = 1
-                    st_bytes[st] = nbytes
-                    impl_refs[i] = 1
-                    impl_storage[i] = st
-                    sent.append(i)
-                    level += nbytes
-                    if level > high:
-                        high = level
-                        if v == snapshot_at:
-                            mem.snap = dict(st_bytes)
-                    if origin is not None:
-                        origin[st] = v
-                mem.level, mem.high = level, high
+            levels_append(level)
+            inner_append(high if high > level else level)
+            if track_done:
+                done.add(v)
+            continue
+        extra_attrs = ext[v]
+        es = edges[v]
+        nested = None
+        if extra_attrs is not None and "region_recompute" in extra_attrs:
+            nested = _nested(v, extra_attrs)
+            if nested is not None:  # NOTE [reentrant checkpoint backward]
+                high = max(high, level + nested.forward_peak, level + nested.peak)
+                level += nested.end - nested.input_grad  # the input's grad is the output made below
+                out.grads_kept += nested.grads_kept
+        if grad_scale is None and (0 not in inputs or not kinds.get(names[v])):  # outputs()'s first case
+            sent = None  # a new tensor per edge (Memory.alloc, inlined), put in its buffer below
+        else:
+            mem.level, mem.high, mem.cur = level, high, v
+            alpha = extra_attrs.get("alpha", 1) if extra_attrs is not None else 1
+            sent = outputs(v, names[v], inputs, es, needs[v], gbytes, mem, grad_scale, alpha)
+            level, high = mem.level, mem.high
+        pending = None  # (target, output, tensor) meeting a gradient already buffered: summed after the frees
+        for j, (u, k) in enumerate(es):
+            if sent is None:
+                gb = gbytes[u]
+                nbytes = gb[k] if k < len(gb) else 0
+                g = new_id()
+                st = ("g", g)
+                st_refs[st] = 1
+                st_bytes[st] = nbytes
+                impl_refs[g] = 1
+                impl_storage[g] = st
+                level += nbytes
+                if level > high:
+                    high = level
+                    if v == snapshot_at:
+                        mem.snap = dict(st_bytes)
+                if origin is not None:
+                    origin[st] = v
             else:
-                alpha = extra_attrs.get("alpha", 1) if extra_attrs is not None else 1
-                sent = outputs(v, names[v], inputs, es, needs[v], gbytes, mem, grad_scale, alpha)
-            if workspace is not None:
-                extra = workspace(v)
-                if extra:
-                    if v == snapshot_at and mem.level + extra >= mem.high:
-                        mem.snap = {**st_bytes, ("w", v): extra}
-                    mem.high = max(mem.high, mem.level + extra)
-            if extra_attrs is not None and nested is None:
-                for shape, dtype, had, *_ in extra_attrs.get("region_params") or ():
-                    if not had:  # reentrant checkpoint: the nested backward fills the region's .grads
-                        nbytes = numel_bytes(shape, dtype)
-                        alloc(nbytes)
-                        out.grads_kept += nbytes
-            for g in inputs.values():  # Memory.unref, inlined
-                n = impl_refs[g] - 1
-                if n:
-                    impl_refs[g] = n
-                    continue
-                del impl_refs[g]
-                if impl_view:
-                    impl_view.pop(g, None)
-                st = impl_storage.pop(g)
-                n = st_refs[st] - 1
-                if n:
-                    st_refs[st] = n
-                else:
-                    del st_refs[st]
-                    mem.level -= st_bytes.pop(st, 0)
-            if release:
-                for key in saved[v]:  # drop_storage, inlined (offloaded keys were never counted)
-                    n = st_refs.get(key)
-                    if n is None:
-                        continue
-                    if n > 1:
-                        st_refs[key] = n - 1
-                    else:
-                        del st_refs[key]
-                        freed = st_bytes.pop(key, 0)
-                        mem.level -= freed
-                        out.saved_freed += freed
-            for (u, k), g in zip(es, sent):
+                g = sent[j]
                 if g is None:
                     continue
-                slot = buffers.get(u)
-                if slot is None:
-                    buffers[u] = {k: g}
+            slot = buffers.get(u)  # a first gradient for (u, k) just moves in: nothing else changes
+            if slot is None:
+                buffers[u] = {k: g}
+            elif k not in slot:
+                slot[k] = g
+            elif pending is None:
+                pending = [(u, k, g)]
+            else:
+                pending.append((u, k, g))
+        if workspace is not None:
+            extra = workspace(v)
+            if extra:
+                if v == snapshot_at and level + extra >= high:
+                    mem.snap = {**st_bytes, ("w", v): extra}
+                if level + extra > high:
+                    high = level + extra
+        if extra_attrs is not None and nested is None and extra_attrs.get("region_params"):
+            mem.level, mem.high, mem.cur = level, high, v
+            for shape, dtype, had, *_ in extra_attrs["region_params"]:
+                if not had:  # reentrant checkpoint: the nested backward fills the region's .grads
+                    nbytes = numel_bytes(shape, dtype)
+                    alloc(nbytes)
+                    out.grads_kept += nbytes
+            level, high = mem.level, mem.high
+        for g in inputs.values():  # Memory.unref, inlined
+            n = impl_refs[g] - 1
+            if n:
+                impl_refs[g] = n
+                continue
+            del impl_refs[g]
+            if impl_view:
+                impl_view.pop(g, None)
+            st = impl_storage.pop(g)
+            n = st_refs[st] - 1
+            if n:
+                st_refs[st] = n
+            else:
+                del st_refs[st]
+                level -= st_bytes.pop(st, 0)
+        if release:
+            for key in saved[v]:  # Memory.drop_storage, inlined (offloaded keys were never counted)
+                n = st_refs.get(key)
+                if n is None:
                     continue
-                old = slot.get(k)
-                if old is None:
-                    slot[k] = g
-                elif sole(old):
+                if n > 1:
+                    st_refs[key] = n - 1
+                else:
+                    del st_refs[key]
+                    freed = st_bytes.pop(key, 0)
+                    level -= freed
+                    out.saved_freed += freed
+        if pending is not None:  # the InputBuffer's accumulation
+            mem.level, mem.high, mem.cur = level, high, v
+            for u, k, g in pending:
+                slot = buffers[u]
+                old = slot[k]
+                if sole(old):
                     unref(g)
                 elif sole(g):
                     unref(old)
@@ -255,12 +270,12 @@ def simulate(
                     unref(old)
                     unref(g)
                     slot[k] = new
+            level, high = mem.level, mem.high
         if track_done:
             done.add(v)
-        level = mem.level
         levels_append(level)
-        high = mem.high
         inner_append(high if high > level else level)
+    mem.level, mem.high = level, high
     out.snapshot = mem.snap
     out.origin = mem.origin if origin is not None else {}
     for impl in seeds:
@@ -270,6 +285,19 @@ def simulate(
         top = max(out.inner)
         out.peak, out.peak_at = max(top, 0), out.order[out.inner.index(top)]  # the first node at the top
     return out
+
+
+def _holders(prog: Program, drop) -> dict:
+    """Storage key -> its holders when backward starts: the nodes saving it, one more when it is held
+    outside the graph (never freed by backward); offloaded keys and recomputed copies are not there
+    (in first-use order: a snapshot's rows keep it)."""
+    refs = Counter(chain.from_iterable(prog.saved))  # each node lists a key once
+    if drop or prog.recompute or prog.regions:
+        refs = Counter({k: n for k, n in refs.items() if k not in drop and k[0] != "r"})
+    for key in prog.external:
+        if key in refs:
+            refs[key] += 1
+    return dict(refs)
 
 
 def _node_extras(prog: Program) -> list:

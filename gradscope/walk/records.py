@@ -285,6 +285,9 @@ class _Nodes:
         r = self._r
         n = len(r)
         if data is False:
+            if 0 < n <= _MAX_CACHED_IDS:
+                node_id(n - 1)  # the cache then holds the first n ids: one slice
+                return _IDS[:n]
             return [node_id(i) for i in range(n)]
         if data is True:
             return [(node_id(i), r.node_attrs(i)) for i in range(n)]
