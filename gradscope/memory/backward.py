@@ -113,6 +113,23 @@ class BackwardMemory:
     )
     _report: Callable[[], Any] | None = field(default=None, repr=False, compare=False)  # weakref to the report
 
+    @classmethod
+    def _deferred(cls, make: Callable[[], dict], **fields) -> BackwardMemory:
+        """An instance with ``fields`` set and the fields ``make()`` returns filled on first access (NOTE
+        [deferred fields])."""
+        self = object.__new__(cls)
+        self.__dict__.update(fields)
+        self.__dict__["_make"] = make
+        return self
+
+    def __getattr__(self, name: str):
+        make = self.__dict__.get("_make")  # only called for an attribute not set: a deferred field
+        if make is None or name not in _DEFERRED:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        self.__dict__["_make"] = None
+        self.__dict__.update(make())
+        return self.__dict__[name]
+
     def contributors(self) -> list[tuple[str, str, int]]:
         """What backward made that is alive at its peak, by module: ``(module, kind, bytes)`` rows, largest
         first (kind: ``gradients``, ``recomputed activations``, ``workspace``), then the saved tensors freed
@@ -175,6 +192,13 @@ class BackwardMemory:
 
         return repr_html(self)
 
+
+# NOTE [deferred fields]
+# ``backward_memory()`` computes at call time what the replay itself gives (order, levels, inner, peak,
+# peak_node, end, locations, the optimizer step, which reads the optimizer's current state); the fields
+# below are filled from the compiled graph on first access, with the same values (a report's records do
+# not change; tests/test_backward_memory_compact.py checks them against a direct computation).
+_DEFERRED = frozenset({"base", "absolute_peak", "parts", "workspace", "names", "unmodelled"})
 
 _NO_OVERRIDES = Overrides()
 
@@ -279,14 +303,11 @@ def replay(
         workspace=ws.get if ws else None,
         drop=drop,
     )
-    parts = step_base(prog, graph, sizes, drop, has_grad, ov.scale)
     step = None
     high = tr.peak
-    if optimizer is not None:
+    if optimizer is not None:  # read now: the optimizer's state changes with every step
         step = step_budget(optimizer, graph, has_grad_names=grad_names(prog, has_grad), after=tr.end)
-        parts["optimizer state"] = step.state_before
         high = max(high, tr.end + step.peak)
-    base = sum(parts.values())
     ids = prog.ids
     locs = {}
     built = getattr(prog.attrs, "built_dicts", None)  # compact: only dicts already made (a trace makes every op's)
@@ -312,11 +333,26 @@ def replay(
         )
         return peak_by_module(prog, snap.snapshot or {}, snap.origin, sizes, drop)
 
+    def deferred() -> dict:  # NOTE [deferred fields]: read from the compiled graph only, which nothing changes
+        parts = step_base(prog, graph, sizes, drop, has_grad, ov.scale)
+        if step is not None:
+            parts["optimizer state"] = step.state_before
+        base = sum(parts.values())
+        return {
+            "base": base,
+            "absolute_peak": base + max(high, 0),
+            "parts": parts,
+            "workspace": {ids[v]: w for v, w in ws.items()},
+            "names": list(map(prog.name.__getitem__, tr.order)),
+            "unmodelled": _unmodelled_regions(prog),
+        }
+
     try:
         ref = weakref.ref(report)
     except TypeError:
         ref = None
-    return BackwardMemory(
+    return BackwardMemory._deferred(
+        deferred,
         _contributors=contributors,
         _report=ref,
         order=list(map(ids.__getitem__, tr.order)),
@@ -324,16 +360,10 @@ def replay(
         peak=tr.peak,
         peak_node=None if tr.peak_at is None else ids[tr.peak_at],
         end=tr.end,
-        base=base,
-        absolute_peak=base + max(high, 0),
         step=step,
         modules=Lazy(lambda: [prog.module[v] for v in tr.order]),
         inner=tr.inner,
-        workspace={ids[v]: w for v, w in ws.items()},
-        names=list(map(prog.name.__getitem__, tr.order)),
         locations=locs,
-        parts=parts,
-        unmodelled=_unmodelled_regions(prog),
     )
 
 

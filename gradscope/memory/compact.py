@@ -16,6 +16,8 @@ checkpoint regions (``regions.py``) read the nodes the general reader read and t
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import compress
+from operator import attrgetter, itemgetter
 
 from gradscope.graph import HELD
 from gradscope.memory.dtypes import numel_bytes
@@ -146,6 +148,39 @@ def _grads(o, dts) -> tuple[list, list]:
     return hit
 
 
+_NAME = attrgetter("name")
+_FIRST = itemgetter(0)
+_SECOND = itemgetter(1)
+
+
+def _alpha_at(t) -> int:
+    """The position of node type ``t``'s alpha slot among its value slots, -1 when it has none (memo)."""
+    slots = t.value_slots
+    at = _ALPHA_AT.get(slots)
+    if at is None:
+        at = _ALPHA_AT[slots] = next((j for j, (slot, _) in enumerate(slots) if slot == "alpha"), -1)
+    return at
+
+
+def _extras(records, leaf: list, extra: dict) -> None:
+    """Fill ``extra`` with what the replay reads of the ops' values: the dict of each op the general
+    reader read (``records.special``), ``{"alpha": a}`` of each fast-path op whose type has an alpha slot."""
+    types, values = records.types, records.values
+    for i in records.special:
+        vals = values[i]
+        if type(vals) is dict and vals and not leaf[i]:  # the contract's dict already
+            extra[i] = vals
+    at = {k: a for k, t in dict(zip(map(id, types), types)).items() if (a := _alpha_at(t)) >= 0}
+    if not at:
+        return
+    for i in compress(range(len(types)), map(at.__contains__, map(id, types))):
+        vals = values[i]
+        if type(vals) is dict or leaf[i]:
+            continue
+        j = at[id(types[i])]
+        extra[i] = {"alpha": vals if len(types[i].value_slots) == 1 else vals[j]}  # a number (c10::Scalar)
+
+
 def _has_regions(records) -> bool:
     for i in records.special:
         rec = records.saved[i]
@@ -163,31 +198,31 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
     n = len(records)
     leaves, types, seqs = records.leaves, records.types, records.seqs
     off, kids, kid_out, sizes = records.kid_off, records.kids, records.kid_out, records.sizes
-    rsaved, values = records.saved, records.values
+    rsaved = records.saved
     gattrs = records.graph
     params = gattrs.get("params", {})
-    name = [t.name for t in types]  # a leaf's type is AccumulateGrad's
-    opaque = [bool(t.opaque) for t in types]
+    name = list(map(_NAME, types))  # a leaf's type is AccumulateGrad's
     seq: list = seqs.tolist()
     leaf = [False] * n
     for i in leaves:
         leaf[i] = True
         seq[i] = _UINT64_MAX
-        opaque[i] = False
-    gshapes: list = [None] * n
-    gbytes: list = [None] * n
-    by_entry: dict = {}  # records.outs[i] is interned: one computation per distinct (shapes, dtypes) entry
-    for i, ent in enumerate(records.outs):  # ent: (device, output shapes, output dtypes)
-        hit = by_entry.get(id(ent))
-        if hit is None:
-            o, dts = ent[1], ent[2]
-            if len(dts) < len(o):  # a default dtype from the node's saved tensors: not shared
+    opaque = Lazy(lambda: [bool(t.opaque) and not leaf[i] for i, t in enumerate(types)])
+    outs = records.outs  # interned (device, output shapes, output dtypes): one computation per distinct entry
+    hits = {}
+    for key, ent in dict(zip(map(id, outs), outs)).items():
+        o, dts = ent[1], ent[2]
+        hits[key] = None if len(dts) < len(o) else _grads(o, dts)  # None: a default dtype, per node
+    pairs = list(map(hits.__getitem__, map(id, outs)))
+    if None in pairs:
+        for i, hit in enumerate(pairs):
+            if hit is None:  # the default dtype from the node's saved tensors: not shared
+                o, dts = outs[i][1], outs[i][2]
                 os_ = [None if sh is None else list(sh) for sh in o]
                 dflt = node_dtype({"saved": records.saved_dicts(i)})
-                hit = os_, [numel_bytes(sh, dts[k] if k < len(dts) else dflt) for k, sh in enumerate(os_)]
-            else:
-                hit = by_entry[id(ent)] = _grads(o, dts)
-        gshapes[i], gbytes[i] = hit
+                pairs[i] = os_, [numel_bytes(sh, dts[k] if k < len(dts) else dflt) for k, sh in enumerate(os_)]
+    gshapes: list = list(map(_FIRST, pairs))
+    gbytes: list = list(map(_SECOND, pairs))
     has_grad: dict = {}
     leaf_info: dict = {}
     for i, lf in leaves.items():
@@ -205,7 +240,6 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
     storages: dict = {}
     shapes: dict = {}
     extra: dict = {}  # what the replay reads of ``attrs`` (alpha, the reentrant checkpoint's region)
-    alpha_at = _ALPHA_AT
     for i in range(n):  # one pass: edges, saved storages, the values the replay reads
         start, end = off[i], off[i + 1]
         if end - start == 1:  # one edge (most nodes), two distinct ones, or the general grouping
@@ -247,17 +281,7 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
                     if key not in keys:
                         keys.append(key)
             saved[i] = tuple(keys)
-        vals = values[i]
-        if type(vals) is dict:  # a node the general reader read: the contract's dict already
-            if vals:
-                extra[i] = vals
-            continue
-        slots = types[i].value_slots
-        at = alpha_at.get(slots)
-        if at is None:
-            at = alpha_at[slots] = next((j for j, (slot, _) in enumerate(slots) if slot == "alpha"), -1)
-        if at >= 0:  # a number (c10::Scalar)
-            extra[i] = {"alpha": vals if len(slots) == 1 else vals[at]}
+    _extras(records, leaf, extra)
     index = dict(zip(ids, range(n)))
     regions, recompute = {}, {}
     if _has_regions(records):  # NOTE [recorded checkpoint regions]

@@ -176,6 +176,8 @@ def outputs(
     if g0 is None or not kind:  # nothing to pass on: a new tensor per edge
         if grad_scale is None:
             return [mem.alloc(gbytes[u][k] if k < len(gbytes[u]) else 0) for u, k in edges]
+    elif grad_scale is None and len(inputs) == 1:  # the loop below for its common case, in fewer steps
+        return _from_one(mem, g0, kind, name, edges, positions, gbytes, alpha)
     in_bytes = mem.st_bytes.get(mem.impl_storage[g0], -1) if g0 is not None else -1
     view = kind & 1
     expand = kind & 2 and len(inputs) == 1
@@ -199,6 +201,43 @@ def outputs(
             pos = positions[i] if i < len(positions) else i
             if passes and not (pos > 0 and (name in _PASS_ONLY_FIRST or alpha != 1)):
                 outs.append(mem.ref(g0))
+                continue
+        outs.append(mem.alloc(nbytes))
+    return outs
+
+
+def _from_one(mem: Memory, g0: int, kind: int, name: str, edges: list, positions: list, gbytes: list, alpha) -> list:
+    """:func:`outputs` of a formula with one incoming gradient ``g0`` and unscaled sizes."""
+    st = mem.impl_storage[g0]
+    views = kind & 7  # views of the incoming gradient (``Memory.view``, inlined), or the gradient itself
+    tag = "expand" if kind & 2 else "view"
+    if kind & 6:  # pieces of it, or an expand of it: whatever the sizes
+        n = len(edges)
+        mem.st_refs[st] += n
+        outs = [next(mem.ids) for _ in range(n)]
+        for i in outs:
+            mem.impl_refs[i] = 1
+            mem.impl_storage[i] = st
+            mem.impl_view[i] = tag
+        return outs
+    in_bytes = mem.st_bytes.get(st, -1)
+    outs = []
+    for j, (u, k) in enumerate(edges):
+        gb = gbytes[u]
+        nbytes = gb[k] if k < len(gb) else 0
+        if nbytes == in_bytes:
+            if views:
+                i = next(mem.ids)
+                mem.st_refs[st] += 1
+                mem.impl_refs[i] = 1
+                mem.impl_storage[i] = st
+                mem.impl_view[i] = tag
+                outs.append(i)
+                continue
+            pos = positions[j] if j < len(positions) else j
+            if not (pos > 0 and (name in _PASS_ONLY_FIRST or alpha != 1)):
+                mem.impl_refs[g0] += 1
+                outs.append(g0)
                 continue
         outs.append(mem.alloc(nbytes))
     return outs
