@@ -42,6 +42,7 @@ import gc
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
 from typing import TYPE_CHECKING, Any
 
 from gradscope.errors import InputTypeError, InputValueError
@@ -290,7 +291,7 @@ def replay(
                 has_grad[i] = bool(ov.has_grad[name])
     ws = {}
     if workspace:
-        for i in [i for i, name in enumerate(prog.name) if name in BUILDERS]:
+        for i in compress(range(len(prog.name)), map(BUILDERS.__contains__, prog.name)):
             w = node_workspace(prog, i, grad_scale)
             if w:
                 ws[i] = w
@@ -312,11 +313,13 @@ def replay(
     locs = {}
     built = getattr(prog.attrs, "built_dicts", None)  # compact: only dicts already made (a trace makes every op's)
     dicts: Any = prog.attrs if built is None else built()
-    if dicts:
-        get = dicts.__getitem__ if built is None else dicts.get
+    if built is not None:  # the few dicts made: their locations, then in the engine's order
+        found = {v: d["location"] for v, d in dicts.items() if d.get("location")}
+        if found:
+            locs = {ids[v]: found[v] for v in tr.order if v in found}
+    elif dicts:
         for v in tr.order:
-            d = get(v)
-            loc = d.get("location") if d else None
+            loc = dicts[v].get("location")
             if loc:
                 locs[ids[v]] = loc
 
