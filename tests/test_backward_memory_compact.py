@@ -4,6 +4,8 @@ compact records]). The numbers themselves are checked against torch.profiler in 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -51,3 +53,82 @@ def test_program_is_cached_and_survives_the_digraph_being_built():
     assert program(report) is first
     report.graph = report.graph.copy()                           # a different graph: compiled again
     assert program(report) is not first
+
+
+DEFERRED = ("base", "absolute_peak", "parts", "workspace", "names", "unmodelled")
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_deferred_fields_equal_a_direct_computation(name):
+    """backward_memory() fills base, absolute_peak, parts, workspace, names and unmodelled on first access
+    (backward.py NOTE [deferred fields]): the values are those computed from the graph directly, whichever
+    field is read first, and the same as on a report whose DiGraph was built."""
+    from gradscope.memory.accounting import step_base
+    from gradscope.memory.workspace import node_workspace
+
+    torch.manual_seed(0)
+    model, inputs, loss_fn = MODELS[name]()
+    loss = loss_fn(model, *inputs)
+    report = gradscope.inspect(loss, model=model)
+    prog = program(report)
+    parts = step_base(prog, report._view(), prog.storages, frozenset(), prog.has_grad, None)
+    ws = {prog.ids[i]: w for i in range(len(prog.ids)) if (w := node_workspace(prog, i))}
+    direct = {"base": sum(parts.values()), "parts": parts, "workspace": ws,
+              "names": [prog.name[prog.index[n]] for n in report.backward_memory().order]}
+    direct["absolute_peak"] = direct["base"] + report.backward_memory().peak
+    for first in DEFERRED:
+        bm = report.backward_memory()
+        assert "base" not in vars(bm)                            # not computed at call time
+        getattr(bm, first)
+        for f, want in direct.items():
+            assert getattr(bm, f) == want, (first, f)
+    slow = gradscope.inspect(loss, model=model)
+    _ = slow.graph
+    bm, other = report.backward_memory(), slow.backward_memory()
+    assert bm == other and repr(bm) == repr(other)               # dataclass equality reads every field
+    assert [f for f in DEFERRED if getattr(bm, f) != getattr(other, f)] == []
+    assert not hasattr(bm, "no_such_field")
+
+
+def test_a_deferred_field_can_be_changed_like_any_other():
+    torch.manual_seed(0)
+    model, inputs, loss_fn = MODELS["mlp"]()
+    bm = gradscope.inspect(loss_fn(model, *inputs), model=model).backward_memory()
+    base = gradscope.inspect(loss_fn(model, *inputs), model=model).backward_memory().base
+    bm.base += 100                                               # what what_if does to a batch-grown loss
+    bm.parts["loss"] += 100
+    assert bm.base == base + 100 and bm.parts["loss"] == bm.parts["loss"]
+    copied = copy.copy(bm)
+    assert copied.base == base + 100 and copied == bm
+
+
+def test_engine_order_with_a_node_the_roots_do_not_reach():
+    """Dependencies are counted over every edge when the roots reach every node (what inspect() records);
+    a node they do not reach must not hold back the node it points to (the engine never sees it)."""
+    from gradscope.memory.engine import engine_order
+
+    torch.manual_seed(0)
+    model, inputs, loss_fn = MODELS["glu_split"]()
+    report = gradscope.inspect(loss_fn(model, *inputs), model=model)
+    graph = report.graph.copy()
+    want = engine_order(compile_graph(graph))
+    roots = graph.graph["roots"]
+    target = next(n for n, d in graph.nodes(data=True) if d.get("kind") == "op" and graph.pred[n] and n not in roots)
+    graph.add_node("stray", **{**graph.nodes[target], "seq": 10**6})
+    graph.add_edge(target, "stray", index=0, output=0)           # the stray node sends the target a gradient
+    prog = compile_graph(graph)
+    assert (prog.index[target], 0) in prog.edges[prog.index["stray"]]
+    got = engine_order(prog)
+    ids = list(report.graph.nodes)
+    assert [prog.ids[v] for v in got] == [ids[v] for v in want] and len(got) == len(ids)
+    assert prog.index["stray"] not in got
+
+
+def test_numel_bytes_converts_each_dimension():
+    from gradscope.memory.dtypes import numel_bytes
+
+    assert numel_bytes(torch.Size([2, 3]), "float16") == 12
+    assert numel_bytes([2.0, 3], "float32") == numel_bytes(["2", 3], None) == 24      # as int() reads them
+    assert numel_bytes([], "int64") == numel_bytes(None, "int64") == 8
+    with pytest.raises((TypeError, ValueError)):
+        numel_bytes(["x", 3], "float32")
