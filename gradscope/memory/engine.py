@@ -245,7 +245,8 @@ def _order(prog: Program) -> list[int]:
     from the roots when every node is reachable from them (what ``inspect()`` records), which the order
     then shows (it holds every node); otherwise they are counted from the roots and the order made again.
     """
-    order = _heap_order(prog, Counter(map(_first, chain.from_iterable(prog.edges))))
+    counts = Counter(map(_first, chain.from_iterable(prog.edges)))
+    order = _heap_order(prog, list(map(counts.__getitem__, range(len(prog.edges)))))  # a list: faster to index
     if len(order) != len(prog.edges):  # a node the roots do not reach: count as the engine does
         order = _heap_order(prog, dependencies(prog))
     return order
@@ -272,8 +273,8 @@ def _heap_order(prog: Program, deps) -> list[int]:
     while a:
         top = a[0]  # pop_heap + pop_back: the hole goes down to a leaf, the last element goes up from it
         value = pop()
-        n = len(a)
-        if n:
+        if a:
+            n = len(a)
             hole = 0
             child = 2
             while child < n:
@@ -291,9 +292,11 @@ def _heap_order(prog: Program, deps) -> list[int]:
             d = deps[u] - 1
             deps[u] = d
             if not d:  # push_heap (into an empty heap: nothing to sift, the common case)
-                a.append(u)
-                if len(a) > 1:
+                if a:
+                    a.append(u)
                     _sift_up(a, key, len(a) - 1, u)
+                else:
+                    a.append(u)
     return order
 
 

@@ -92,7 +92,7 @@ class Memory:
         self.impl_view: dict = {}
         self.st_refs: dict = {}
         self.st_bytes: dict = {}
-        self.ids = itertools.count(1)  # impl ids (a gradient's storage is ("g", its impl id))
+        self.ids = itertools.count(1)  # impl ids; a new tensor's storage is keyed by its impl id (an int)
         self.origin: dict = {}  # gradient storage -> the node that made it
         self.cur: int | None = None
         self.snap: dict | None = None  # live storages at the highest point of node ``snap_at``
@@ -101,7 +101,7 @@ class Memory:
     def alloc(self, nbytes: int) -> int:
         """A new dense tensor (one reference) on a new storage; returns its impl id."""
         i = next(self.ids)
-        st = ("g", i)
+        st = i
         self.st_refs[st] = 1
         self.st_bytes[st] = nbytes
         self.origin[st] = self.cur

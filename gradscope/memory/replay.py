@@ -93,14 +93,16 @@ def simulate(
     mem.snap_at = snapshot_at
     refs0 = mem.st_refs = _holders(prog, drop)  # a holder outside the graph (external) is one more
     mem.st_bytes = dict(zip(refs0, map(sizes.get, refs0, repeat(0))))
-    buffers: dict = {}
+    buffers: list = [None] * len(prog.edges)  # per node, its InputBuffer {input nr: tensor} (None: empty)
     out = Trace()
     gbytes = prog.grad_bytes
     seeds = []
     for r, nbytes in zip(prog.roots, prog.root_bytes):
         impl = mem.alloc(nbytes)  # torch.autograd.backward's ones_like(root), held until it returns
         seeds.append(mem.ref(impl))
-        buffers.setdefault(r, {})[0] = impl
+        if buffers[r] is None:
+            buffers[r] = {}
+        buffers[r][0] = impl
     created_regions: set = set()
     done: set = set()
     leaf, edges, saved, needs, names = prog.leaf, prog.edges, prog.saved, prog.needs, prog.name
@@ -115,7 +117,8 @@ def simulate(
     origin = mem.origin if snapshot_at is not None else None  # only a snapshot reads who made a gradient
     levels_append, inner_append = out.levels.append, out.inner.append
     release = not retain_graph
-    kinds = OUTPUT_KINDS
+    kind = list(map(OUTPUT_KINDS.get, names, repeat(0)))  # 0: every output a new tensor
+    unscaled = grad_scale is None
     ext = _node_extras(prog)
     track_done = bool(recompute)
 
@@ -143,7 +146,7 @@ def simulate(
         high = level
         if v == snapshot_at:
             mem.snap = dict(st_bytes)
-        inputs = buffers.pop(v, _EMPTY)
+        inputs = buffers[v] or _EMPTY  # a node runs once: its buffer is not read again
         if recompute and v in recompute:
             mem.level, mem.high, mem.cur = level, high, v
             _recompute(v)
@@ -162,7 +165,7 @@ def simulate(
                 unref(g)
                 level, high = mem.level, mem.high
             levels_append(level)
-            inner_append(high if high > level else level)
+            inner_append(high)  # never below the level: every step that raises the level raises it too
             if track_done:
                 done.add(v)
             continue
@@ -175,7 +178,7 @@ def simulate(
                 high = max(high, level + nested.forward_peak, level + nested.peak)
                 level += nested.end - nested.input_grad  # the input's grad is the output made below
                 out.grads_kept += nested.grads_kept
-        if grad_scale is None and (0 not in inputs or not kinds.get(names[v])):  # outputs()'s first case
+        if unscaled and (not kind[v] or 0 not in inputs):  # outputs()'s first case
             sent = None  # a new tensor per edge (Memory.alloc, inlined), put in its buffer below
         else:
             mem.level, mem.high, mem.cur = level, high, v
@@ -188,23 +191,22 @@ def simulate(
                 gb = gbytes[u]
                 nbytes = gb[k] if k < len(gb) else 0
                 g = new_id()
-                st = ("g", g)
-                st_refs[st] = 1
-                st_bytes[st] = nbytes
+                st_refs[g] = 1  # the storage of a new tensor is keyed by the tensor's id
+                st_bytes[g] = nbytes
                 impl_refs[g] = 1
-                impl_storage[g] = st
+                impl_storage[g] = g
                 level += nbytes
                 if level > high:
                     high = level
                     if v == snapshot_at:
                         mem.snap = dict(st_bytes)
                 if origin is not None:
-                    origin[st] = v
+                    origin[g] = v
             else:
                 g = sent[j]
                 if g is None:
                     continue
-            slot = buffers.get(u)  # a first gradient for (u, k) just moves in: nothing else changes
+            slot = buffers[u]  # a first gradient for (u, k) just moves in: nothing else changes
             if slot is None:
                 buffers[u] = {k: g}
             elif k not in slot:
@@ -274,7 +276,7 @@ def simulate(
         if track_done:
             done.add(v)
         levels_append(level)
-        inner_append(high if high > level else level)
+        inner_append(high)
     mem.level, mem.high = level, high
     out.snapshot = mem.snap
     out.origin = mem.origin if origin is not None else {}
