@@ -197,7 +197,8 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
     """
     n = len(records)
     leaves, types, seqs = records.leaves, records.types, records.seqs
-    off, kids, kid_out, sizes = records.kid_off, records.kids, records.kid_out, records.sizes
+    off, kids, kid_out = records.kid_off.tolist(), records.kids.tolist(), records.kid_out.tolist()  # faster to index
+    sizes = records.sizes
     rsaved = records.saved
     gattrs = records.graph
     params = gattrs.get("params", {})

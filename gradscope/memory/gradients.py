@@ -208,17 +208,19 @@ def outputs(
 
 def _from_one(mem: Memory, g0: int, kind: int, name: str, edges: list, positions: list, gbytes: list, alpha) -> list:
     """:func:`outputs` of a formula with one incoming gradient ``g0`` and unscaled sizes."""
-    st = mem.impl_storage[g0]
+    refs, storage, views_of, st_refs = mem.impl_refs, mem.impl_storage, mem.impl_view, mem.st_refs
+    st = storage[g0]
     views = kind & 7  # views of the incoming gradient (``Memory.view``, inlined), or the gradient itself
     tag = "expand" if kind & 2 else "view"
+    new_id = mem.ids.__next__
     if kind & 6:  # pieces of it, or an expand of it: whatever the sizes
         n = len(edges)
-        mem.st_refs[st] += n
-        outs = [next(mem.ids) for _ in range(n)]
+        st_refs[st] += n
+        outs = [new_id() for _ in range(n)]
         for i in outs:
-            mem.impl_refs[i] = 1
-            mem.impl_storage[i] = st
-            mem.impl_view[i] = tag
+            refs[i] = 1
+            storage[i] = st
+            views_of[i] = tag
         return outs
     in_bytes = mem.st_bytes.get(st, -1)
     outs = []
@@ -227,16 +229,16 @@ def _from_one(mem: Memory, g0: int, kind: int, name: str, edges: list, positions
         nbytes = gb[k] if k < len(gb) else 0
         if nbytes == in_bytes:
             if views:
-                i = next(mem.ids)
-                mem.st_refs[st] += 1
-                mem.impl_refs[i] = 1
-                mem.impl_storage[i] = st
-                mem.impl_view[i] = tag
+                i = new_id()
+                st_refs[st] += 1
+                refs[i] = 1
+                storage[i] = st
+                views_of[i] = tag
                 outs.append(i)
                 continue
             pos = positions[j] if j < len(positions) else j
             if not (pos > 0 and (name in _PASS_ONLY_FIRST or alpha != 1)):
-                mem.impl_refs[g0] += 1
+                refs[g0] += 1
                 outs.append(g0)
                 continue
         outs.append(mem.alloc(nbytes))
