@@ -16,7 +16,7 @@ checkpoint regions (``regions.py``) read the nodes the general reader read and t
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from itertools import compress
+from itertools import compress, islice
 from operator import attrgetter, itemgetter
 
 from gradscope.graph import HELD
@@ -90,7 +90,7 @@ class NodeAttrs(Sequence):
             rec[0::5],
             rec[1::5],
             rec[2::5],
-            tuple(s < 0 for s in sids),
+            tuple(map(_NEGATIVE, sids)),  # a wrapped scalar
             r.values[i],
             r.outs[i],  # (device, output shapes, output dtypes)
         )
@@ -149,6 +149,7 @@ def _grads(o, dts) -> tuple[list, list]:
 
 
 _NAME = attrgetter("name")
+_NEGATIVE = (0).__gt__
 _FIRST = itemgetter(0)
 _SECOND = itemgetter(1)
 
@@ -179,6 +180,22 @@ def _extras(records, leaf: list, extra: dict) -> None:
             continue
         j = at[id(types[i])]
         extra[i] = {"alpha": vals if len(types[i].value_slots) == 1 else vals[j]}  # a number (c10::Scalar)
+
+
+def _general_keys(rec: list, nid, storages: dict, shapes: dict) -> tuple:
+    """The storage keys of the held slots of a node the general reader read (``rec``: its slot dicts)."""
+    keys: list = []
+    for j, e in enumerate(rec):
+        if e.get("status") not in HELD or e.get("scalar"):
+            continue
+        sid = e.get("storage")
+        key = ("s", sid) if sid is not None else ("e", nid, j)
+        if key not in storages:
+            storages[key] = int(e.get("nbytes") or 0)
+            shapes[key] = e.get("shape")
+        if key not in keys:
+            keys.append(key)
+    return tuple(keys)
 
 
 def _has_regions(records) -> bool:
@@ -241,47 +258,49 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
     storages: dict = {}
     shapes: dict = {}
     extra: dict = {}  # what the replay reads of ``attrs`` (alpha, the reentrant checkpoint's region)
-    for i in range(n):  # one pass: edges, saved storages, the values the replay reads
-        start, end = off[i], off[i + 1]
-        if end - start == 1:  # one edge (most nodes), two distinct ones, or the general grouping
+    for i, start, end in zip(range(n), off, islice(off, 1, None)):  # the edges
+        d = end - start
+        if not d:
+            continue
+        if d == 1:  # one edge (most nodes), two distinct ones, or the general grouping
             u = kids[start]
             if u >= 0:
                 edges[i], needs[i] = [(u, kid_out[start])], [0]
-        elif end - start == 2 and kids[start] != kids[start + 1] and kids[start] >= 0 and kids[start + 1] >= 0:
+        elif d == 2 and kids[start] != kids[start + 1] and kids[start] >= 0 and kids[start + 1] >= 0:
             edges[i], needs[i] = [(kids[start], kid_out[start]), (kids[start + 1], kid_out[start + 1])], [0, 1]
-        elif end > start:
+        else:
             ks = kids[start:end]
-            if min(ks) >= 0 and len(set(ks)) == end - start:  # distinct targets: nothing to group
-                edges[i], needs[i] = list(zip(ks, kid_out[start:end])), list(range(end - start))
+            if min(ks) >= 0 and len(set(ks)) == d:  # distinct targets: nothing to group
+                edges[i], needs[i] = list(zip(ks, kid_out[start:end])), list(range(d))
             else:
                 edges[i], needs[i] = _grouped(kids, kid_out, start, end)
+    for i in compress(range(n), rsaved):  # the saved storages of each op
         if leaf[i]:
             continue
         rec = rsaved[i]
-        if rec:
-            keys: list = []
-            if type(rec) is list:
-                for j, e in enumerate(rec):
-                    if e.get("status") not in HELD or e.get("scalar"):
-                        continue
-                    sid = e.get("storage")
-                    key = ("s", sid) if sid is not None else ("e", ids[i], j)
-                    if key not in storages:
-                        storages[key] = int(e.get("nbytes") or 0)
-                        shapes[key] = e.get("shape")
-                    if key not in keys:
-                        keys.append(key)
-            else:
-                for sid, shp in zip(rec[4::5], rec[1::5]):
-                    if sid < 0:
-                        continue  # a wrapped Python scalar
-                    key = ("s", sid)
-                    if key not in storages:
-                        storages[key] = sizes[sid]
-                        shapes[key] = list(shp)
-                    if key not in keys:
-                        keys.append(key)
-            saved[i] = tuple(keys)
+        if type(rec) is list:
+            saved[i] = _general_keys(rec, ids[i], storages, shapes)
+            continue
+        if len(rec) == 5:  # one saved tensor (most ops)
+            sid = rec[4]
+            if sid >= 0:  # else a wrapped Python scalar
+                key = ("s", sid)
+                saved[i] = (key,)
+                if key not in storages:
+                    storages[key] = sizes[sid]
+                    shapes[key] = list(rec[1])
+            continue
+        keys: list = []
+        for sid, shp in zip(rec[4::5], rec[1::5]):
+            if sid < 0:
+                continue  # a wrapped Python scalar
+            key = ("s", sid)
+            if key not in storages:
+                storages[key] = sizes[sid]
+                shapes[key] = list(shp)
+            if key not in keys:
+                keys.append(key)
+        saved[i] = tuple(keys)
     _extras(records, leaf, extra)
     index = dict(zip(ids, range(n)))
     regions, recompute = {}, {}
