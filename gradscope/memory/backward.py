@@ -301,7 +301,7 @@ def replay(
         has_grad=has_grad,
         storage_bytes=sizes,
         grad_scale=grad_scale,
-        workspace=ws.get if ws else None,
+        workspace=ws or None,
         drop=drop,
     )
     step = None
@@ -330,7 +330,7 @@ def replay(
             has_grad=has_grad,
             storage_bytes=sizes,
             grad_scale=grad_scale,
-            workspace=ws.get if ws else None,
+            workspace=ws or None,
             drop=drop,
             snapshot_at=tr.peak_at,
         )

@@ -79,7 +79,8 @@ def simulate(
         has_grad: leaf index -> whether ``.grad`` is set (default: as inspected).
         storage_bytes: storage key -> bytes (default ``prog.storages``), e.g. scaled by the batch.
         grad_scale: optional ``f(node index, output nr, bytes) -> bytes`` for gradient sizes.
-        workspace: optional ``f(node index) -> bytes`` allocated and freed inside the node.
+        workspace: optional ``{node index: bytes}`` (or ``f(node index) -> bytes``) allocated and freed inside
+            the node.
         drop: storage keys that are not on the device during backward (offloaded): never counted.
         recompute: node index -> ``[(storage key, bytes)]`` re-created at the node's first run within its
             region (default ``prog.recompute``); keys shared by a region are created once.
@@ -120,6 +121,7 @@ def simulate(
     kind = list(map(OUTPUT_KINDS.get, names, repeat(0)))  # 0: every output a new tensor
     unscaled = grad_scale is None
     ext = _node_extras(prog)
+    wsd = workspace if workspace is None or type(workspace) is dict else _by_node(workspace, leaf)
     track_done = bool(recompute)
 
     def _nested(v: int, extra_attrs: dict):
@@ -178,19 +180,12 @@ def simulate(
                 high = max(high, level + nested.forward_peak, level + nested.peak)
                 level += nested.end - nested.input_grad  # the input's grad is the output made below
                 out.grads_kept += nested.grads_kept
-        if unscaled and (not kind[v] or 0 not in inputs):  # outputs()'s first case
-            sent = None  # a new tensor per edge (Memory.alloc, inlined), put in its buffer below
-        else:
-            mem.level, mem.high, mem.cur = level, high, v
-            alpha = extra_attrs.get("alpha", 1) if extra_attrs is not None else 1
-            sent = outputs(v, names[v], inputs, es, needs[v], gbytes, mem, grad_scale, alpha)
-            level, high = mem.level, mem.high
-        pending = None  # (target, output, tensor) meeting a gradient already buffered: summed after the frees
-        for j, (u, k) in enumerate(es):
-            if sent is None:
+        pending = None  # (target, output, tensor) put in the InputBuffers after the frees
+        if unscaled and (not kind[v] or 0 not in inputs):  # outputs()'s first case: a new tensor per edge
+            for u, k in es:
                 gb = gbytes[u]
                 nbytes = gb[k] if k < len(gb) else 0
-                g = new_id()
+                g = new_id()  # Memory.alloc, inlined
                 st_refs[g] = 1  # the storage of a new tensor is keyed by the tensor's id
                 st_bytes[g] = nbytes
                 impl_refs[g] = 1
@@ -202,21 +197,23 @@ def simulate(
                         mem.snap = dict(st_bytes)
                 if origin is not None:
                     origin[g] = v
-            else:
-                g = sent[j]
-                if g is None:
-                    continue
-            slot = buffers[u]  # a first gradient for (u, k) just moves in: nothing else changes
-            if slot is None:
-                buffers[u] = {k: g}
-            elif k not in slot:
-                slot[k] = g
-            elif pending is None:
-                pending = [(u, k, g)]
-            else:
-                pending.append((u, k, g))
-        if workspace is not None:
-            extra = workspace(v)
+                slot = buffers[u]  # a first gradient for (u, k) moves in now: nothing else changes
+                if slot is None:
+                    buffers[u] = {k: g}
+                elif k not in slot:
+                    slot[k] = g
+                elif pending is None:
+                    pending = [(u, k, g)]
+                else:
+                    pending.append((u, k, g))
+        else:
+            mem.level, mem.high, mem.cur = level, high, v
+            alpha = extra_attrs.get("alpha", 1) if extra_attrs is not None else 1
+            sent = outputs(v, names[v], inputs, es, needs[v], gbytes, mem, grad_scale, alpha)
+            level, high = mem.level, mem.high
+            pending = [(u, k, g) for (u, k), g in zip(es, sent) if g is not None]
+        if wsd is not None and v in wsd:
+            extra = wsd[v]
             if extra:
                 if v == snapshot_at and level + extra >= high:
                     mem.snap = {**st_bytes, ("w", v): extra}
@@ -257,12 +254,17 @@ def simulate(
                     freed = st_bytes.pop(key, 0)
                     level -= freed
                     out.saved_freed += freed
-        if pending is not None:  # the InputBuffer's accumulation
+        if pending:  # into the InputBuffers, summed with a gradient already there
             mem.level, mem.high, mem.cur = level, high, v
             for u, k, g in pending:
                 slot = buffers[u]
-                old = slot[k]
-                if sole(old):
+                old = None if slot is None else slot.get(k)
+                if old is None:
+                    if slot is None:
+                        buffers[u] = {k: g}
+                    else:
+                        slot[k] = g
+                elif sole(old):
                     unref(g)
                 elif sole(g):
                     unref(old)
@@ -287,6 +289,11 @@ def simulate(
         top = max(out.inner)
         out.peak, out.peak_at = max(top, 0), out.order[out.inner.index(top)]  # the first node at the top
     return out
+
+
+def _by_node(workspace, leaf: list) -> dict:
+    """``{node index: bytes}`` of a ``workspace(node index)`` callable, over the op nodes."""
+    return {v: w for v, lf in enumerate(leaf) if not lf and (w := workspace(v))}
 
 
 def _holders(prog: Program, drop) -> dict:
