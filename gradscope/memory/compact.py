@@ -154,6 +154,10 @@ _FIRST = itemgetter(0)
 _SECOND = itemgetter(1)
 
 
+_SEEN_TYPES: dict = {}  # id -> the node types (walk.saved.NodeType, one per node class) already looked at
+_ALPHA_TYPES: dict = {}  # id -> the node types with an alpha slot
+
+
 def _alpha_at(t) -> int:
     """The position of node type ``t``'s alpha slot among its value slots, -1 when it has none (memo)."""
     slots = t.value_slots
@@ -171,15 +175,20 @@ def _extras(records, leaf: list, extra: dict) -> None:
         vals = values[i]
         if type(vals) is dict and vals and not leaf[i]:  # the contract's dict already
             extra[i] = vals
-    at = {k: a for k, t in dict(zip(map(id, types), types)).items() if (a := _alpha_at(t)) >= 0}
-    if not at:
+    if not _SEEN_TYPES.keys() >= set(map(id, types)):  # a node type not met before
+        for t in types:
+            if id(t) not in _SEEN_TYPES:
+                _SEEN_TYPES[id(t)] = t  # kept: its id stays its own
+                if _alpha_at(t) >= 0:
+                    _ALPHA_TYPES[id(t)] = t
+    if _ALPHA_TYPES.keys().isdisjoint(map(id, types)):
         return
-    for i in compress(range(len(types)), map(at.__contains__, map(id, types))):
+    for i in compress(range(len(types)), map(_ALPHA_TYPES.__contains__, map(id, types))):
         vals = values[i]
         if type(vals) is dict or leaf[i]:
             continue
-        j = at[id(types[i])]
-        extra[i] = {"alpha": vals if len(types[i].value_slots) == 1 else vals[j]}  # a number (c10::Scalar)
+        slots = types[i].value_slots
+        extra[i] = {"alpha": vals if len(slots) == 1 else vals[_alpha_at(types[i])]}  # a number (c10::Scalar)
 
 
 def _general_keys(rec: list, nid, storages: dict, shapes: dict) -> tuple:

@@ -292,9 +292,16 @@ def _heap_order(prog: Program, deps) -> list[int]:
             d = deps[u] - 1
             deps[u] = d
             if not d:  # push_heap (into an empty heap: nothing to sift, the common case)
-                if a:
+                if a:  # _sift_up, inlined
+                    hole = len(a)
                     a.append(u)
-                    _sift_up(a, key, len(a) - 1, u)
+                    ku = key[u]
+                    parent = (hole - 1) // 2
+                    while hole > 0 and key[a[parent]] < ku:
+                        a[hole] = a[parent]
+                        hole = parent
+                        parent = (hole - 1) // 2
+                    a[hole] = u
                 else:
                     a.append(u)
     return order
