@@ -19,9 +19,8 @@ from collections.abc import Callable, Sequence
 from itertools import compress, islice
 from operator import attrgetter, itemgetter
 
-from gradscope.graph import HELD
 from gradscope.memory.dtypes import numel_bytes
-from gradscope.memory.engine import Program, node_dtype
+from gradscope.memory.engine import Program, node_dtype, slot_keys
 from gradscope.memory.holders import external_storages
 
 __all__ = ["compile_records", "Lazy", "NodeAttrs"]
@@ -191,22 +190,6 @@ def _extras(records, leaf: list, extra: dict) -> None:
         extra[i] = {"alpha": vals if len(slots) == 1 else vals[_alpha_at(types[i])]}  # a number (c10::Scalar)
 
 
-def _general_keys(rec: list, nid, storages: dict, shapes: dict) -> tuple:
-    """The storage keys of the held slots of a node the general reader read (``rec``: its slot dicts)."""
-    keys: list = []
-    for j, e in enumerate(rec):
-        if e.get("status") not in HELD or e.get("scalar"):
-            continue
-        sid = e.get("storage")
-        key = ("s", sid) if sid is not None else ("e", nid, j)
-        if key not in storages:
-            storages[key] = int(e.get("nbytes") or 0)
-            shapes[key] = e.get("shape")
-        if key not in keys:
-            keys.append(key)
-    return tuple(keys)
-
-
 def _has_regions(records) -> bool:
     for i in records.special:
         rec = records.saved[i]
@@ -288,7 +271,7 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
             continue
         rec = rsaved[i]
         if type(rec) is list:
-            saved[i] = _general_keys(rec, ids[i], storages, shapes)
+            saved[i] = slot_keys(rec, ids[i], storages, shapes)
             continue
         if len(rec) == 5:  # one saved tensor (most ops)
             sid = rec[4]

@@ -22,6 +22,7 @@ __all__ = ["Program", "compile_graph", "engine_order", "engine_steps", "UINT64_M
 
 UINT64_MAX = (1 << 64) - 1
 
+from gradscope.graph import HELD  # noqa: E402
 from gradscope.memory.dtypes import DTYPE_BYTES, numel_bytes  # noqa: E402 - re-exported
 
 
@@ -96,7 +97,6 @@ def _edge_list(pred_v: dict, index: dict) -> tuple[list, list]:
 
 def compile_graph(graph) -> Program:
     """Flatten ``report.graph`` for the replay (see :class:`Program`)."""
-    from gradscope.graph import HELD
     from gradscope.memory.attribution import node_modules
     from gradscope.memory.holders import external_storages
     from gradscope.memory.regions import recorded_regions
@@ -145,19 +145,7 @@ def compile_graph(graph) -> Program:
         gshapes.append(outs)
         gbytes.append([numel_bytes(sh, dts[k] if k < len(dts) else node_dtype(d)) for k, sh in enumerate(outs)])
         module.append(mods.get(nid))
-        keys: list[tuple] = []
-        for j, e in enumerate(d.get("saved") or ()):
-            status = e.get("status")
-            if status not in HELD or e.get("scalar"):
-                continue
-            sid = e.get("storage")
-            key = ("s", sid) if sid is not None else ("e", nid, j)
-            if key not in storages:
-                storages[key] = int(e.get("nbytes") or 0)
-                shapes[key] = e.get("shape")
-            if key not in keys:
-                keys.append(key)
-        saved.append(tuple(keys))
+        saved.append(slot_keys(d.get("saved") or (), nid, storages, shapes))
     regions, recompute = recorded_regions(graph, index, saved, storages, shapes)
     roots = [index[r] for r in graph.graph.get("roots", ()) if r in index]
     root_bytes = []
@@ -188,6 +176,23 @@ def compile_graph(graph) -> Program:
         opaque,
         needs,
     )
+
+
+def slot_keys(slots, nid, storages: dict, shapes: dict) -> tuple:
+    """The storage keys of a node's held saved slots (``slots``: the contract's slot dicts), each once; a
+    storage met for the first time goes into ``storages`` (bytes) and ``shapes``."""
+    keys: list = []
+    for j, e in enumerate(slots):
+        if e.get("status") not in HELD or e.get("scalar"):
+            continue
+        sid = e.get("storage")
+        key = ("s", sid) if sid is not None else ("e", nid, j)
+        if key not in storages:
+            storages[key] = int(e.get("nbytes") or 0)
+            shapes[key] = e.get("shape")
+        if key not in keys:
+            keys.append(key)
+    return tuple(keys)
 
 
 def node_dtype(d: dict) -> str:
@@ -292,16 +297,9 @@ def _heap_order(prog: Program, deps) -> list[int]:
             d = deps[u] - 1
             deps[u] = d
             if not d:  # push_heap (into an empty heap: nothing to sift, the common case)
-                if a:  # _sift_up, inlined
-                    hole = len(a)
+                if a:
                     a.append(u)
-                    ku = key[u]
-                    parent = (hole - 1) // 2
-                    while hole > 0 and key[a[parent]] < ku:
-                        a[hole] = a[parent]
-                        hole = parent
-                        parent = (hole - 1) // 2
-                    a[hole] = u
+                    _sift_up(a, key, len(a) - 1, u)
                 else:
                     a.append(u)
     return order
