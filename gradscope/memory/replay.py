@@ -183,8 +183,10 @@ def simulate(
         pending = None  # (target, output, tensor) put in the InputBuffers after the frees
         if unscaled and (not kind[v] or 0 not in inputs):  # outputs()'s first case: a new tensor per edge
             for u, k in es:
-                gb = gbytes[u]
-                nbytes = gb[k] if k < len(gb) else 0
+                try:
+                    nbytes = gbytes[u][k]
+                except IndexError:  # an output the graph has no shape for
+                    nbytes = 0
                 g = new_id()  # Memory.alloc, inlined
                 st_refs[g] = 1  # the storage of a new tensor is keyed by the tensor's id
                 st_bytes[g] = nbytes
