@@ -219,11 +219,11 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
         seq[i] = _UINT64_MAX
     opaque = Lazy(lambda: [bool(t.opaque) and not leaf[i] for i, t in enumerate(types)])
     outs = records.outs  # interned (device, output shapes, output dtypes): one computation per distinct entry
-    hits = {}
-    for key, ent in dict(zip(map(id, outs), outs)).items():
+    hits: dict = {}
+    for eid, ent in dict(zip(map(id, outs), outs)).items():
         o, dts = ent[1], ent[2]
-        hits[key] = None if len(dts) < len(o) else _grads(o, dts)  # None: a default dtype, per node
-    pairs = list(map(hits.__getitem__, map(id, outs)))
+        hits[eid] = None if len(dts) < len(o) else _grads(o, dts)  # None: a default dtype, per node
+    pairs: list = list(map(hits.__getitem__, map(id, outs)))
     if None in pairs:
         for i, hit in enumerate(pairs):
             if hit is None:  # the default dtype from the node's saved tensors: not shared
@@ -326,7 +326,7 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
         attrs=NodeAttrs(records),  # type: ignore[arg-type]
         regions=regions,
         recompute=recompute,
-        opaque=opaque,
+        opaque=opaque,  # type: ignore[arg-type]
         needs=needs,
         extra=extra,
         leaf_info=leaf_info,

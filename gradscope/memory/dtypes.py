@@ -29,11 +29,12 @@ def numel_bytes(shape, dtype: str | None) -> int:
     n = 1
     if shape:
         try:
-            n = prod(shape)
+            p = prod(shape)
         except TypeError:
-            n = None
-        if type(n) is not int:  # not plain ints (a float, a string...): each converted, as int() does
-            n = 1
+            p = None
+        if type(p) is int:
+            n = p
+        else:  # not plain ints (a float, a string...): each converted, as int() does
             for s in shape:
                 n *= int(s)
     return n * DTYPE_BYTES.get(dtype or "float32", 4)

@@ -213,7 +213,7 @@ def _from_one(mem: Memory, g0: int, kind: int, name: str, edges: list, positions
         refs, storage, views_of, new_id = mem.impl_refs, mem.impl_storage, mem.impl_view, mem.ids.__next__
         tag = "expand" if kind & 2 else "view"
         if kind & 6:  # pieces of it, or an expand of it: whatever the sizes
-            outs = [new_id() for _ in edges]
+            outs: list = [new_id() for _ in edges]
             sizes = None
         else:
             in_bytes = mem.st_bytes.get(st, -1)
