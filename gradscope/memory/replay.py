@@ -124,24 +124,6 @@ def simulate(
     wsd = workspace if workspace is None or type(workspace) is dict else _by_node(workspace, leaf)
     track_done = bool(recompute)
 
-    def _nested(v: int, extra_attrs: dict):
-        from gradscope.memory.reentrant import modelled_region, node_effect
-
-        rec = modelled_region(extra_attrs)
-        return None if rec is None else node_effect(prog, v, rec, simulate)
-
-    def _recompute(v: int) -> None:
-        for key, nbytes in recompute[v]:
-            if key not in created_regions and key not in drop:
-                created_regions.add(key)
-                nbytes = sizes.get(key, nbytes)
-                holders = sum(1 for u in prog.regions.get(key[1], ()) if key in saved[u] and (u == v or u not in done))
-                if not holders:  # re-created and dropped inside the recompute
-                    mem.high = max(mem.high, mem.level + nbytes)
-                    continue
-                mem.hold_storage(key, nbytes, allocate=True)
-                st_refs[key] = holders
-
     order = out.order = engine_order(prog)
     level = high = mem.level  # kept in locals; written to ``mem`` around every call that reads or changes it
     for v in order:  # NOTE [what one node does to memory], one node per step
@@ -151,7 +133,7 @@ def simulate(
         inputs = buffers[v] or _EMPTY  # a node runs once: its buffer is not read again
         if recompute and v in recompute:
             mem.level, mem.high, mem.cur = level, high, v
-            _recompute(v)
+            _recompute(prog, mem, v, recompute[v], sizes, drop, created_regions, done)
             level, high = mem.level, mem.high
         if leaf[v]:
             g = inputs.get(0)
@@ -175,7 +157,7 @@ def simulate(
         es = edges[v]
         nested = None
         if extra_attrs is not None and "region_recompute" in extra_attrs:
-            nested = _nested(v, extra_attrs)
+            nested = _nested(prog, v, extra_attrs)
             if nested is not None:  # NOTE [reentrant checkpoint backward]
                 high = max(high, level + nested.forward_peak, level + nested.peak)
                 level += nested.end - nested.input_grad  # the input's grad is the output made below
@@ -291,6 +273,30 @@ def simulate(
         top = max(out.inner)
         out.peak, out.peak_at = max(top, 0), out.order[out.inner.index(top)]  # the first node at the top
     return out
+
+
+def _nested(prog: Program, v: int, extra_attrs: dict):
+    """The modelled recompute and nested backward of reentrant checkpoint node ``v``, or None."""
+    from gradscope.memory.reentrant import modelled_region, node_effect
+
+    rec = modelled_region(extra_attrs)
+    return None if rec is None else node_effect(prog, v, rec, simulate)
+
+
+def _recompute(prog: Program, mem: Memory, v: int, fresh: list, sizes: dict, drop, created: set, done: set) -> None:
+    """Node ``v`` of a checkpoint region runs: the region's tensors in ``fresh`` (``[(key, bytes)]``) not
+    made yet are re-created, each held by the region's nodes that save it and have not run."""
+    saved, st_refs = prog.saved, mem.st_refs
+    for key, nbytes in fresh:
+        if key not in created and key not in drop:
+            created.add(key)
+            nbytes = sizes.get(key, nbytes)
+            holders = sum(1 for u in prog.regions.get(key[1], ()) if key in saved[u] and (u == v or u not in done))
+            if not holders:  # re-created and dropped inside the recompute
+                mem.high = max(mem.high, mem.level + nbytes)
+                continue
+            mem.hold_storage(key, nbytes, allocate=True)
+            st_refs[key] = holders
 
 
 def _by_node(workspace, leaf: list) -> dict:
