@@ -278,7 +278,9 @@ def _heap_order(prog: Program, deps) -> list[int]:
     while a:
         top = a[0]  # pop_heap + pop_back: the hole goes down to a leaf, the last element goes up from it
         value = pop()
-        if a:
+        if len(a) == 1:  # the last element takes the root
+            a[0] = value
+        elif a:
             n = len(a)
             hole = 0
             child = 2
@@ -297,11 +299,12 @@ def _heap_order(prog: Program, deps) -> list[int]:
             d = deps[u] - 1
             deps[u] = d
             if not d:  # push_heap (into an empty heap: nothing to sift, the common case)
-                if a:
-                    a.append(u)
+                a.append(u)
+                if len(a) == 2:  # one parent: the root
+                    if key[a[0]] < key[u]:
+                        a[0], a[1] = u, a[0]
+                elif len(a) > 2:
                     _sift_up(a, key, len(a) - 1, u)
-                else:
-                    a.append(u)
     return order
 
 
