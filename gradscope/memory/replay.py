@@ -126,6 +126,7 @@ def simulate(
 
     order = out.order = engine_order(prog)
     level = high = mem.level  # kept in locals; written to ``mem`` around every call that reads or changes it
+    grads_kept = saved_freed = 0
     for v in order:  # NOTE [what one node does to memory], one node per step
         high = level
         if v == snapshot_at:
@@ -140,12 +141,12 @@ def simulate(
             if g is None:
                 pass
             elif not has_grad.get(v) and impl_refs.get(g) == 1 and impl_view.get(g) != "expand":
-                out.grads_kept += st_bytes.get(impl_storage[g], 0)  # stolen: it becomes .grad
+                grads_kept += st_bytes.get(impl_storage[g], 0)  # stolen: it becomes .grad
             else:
                 mem.level, mem.high, mem.cur = level, high, v
                 if not has_grad.get(v):  # cloned; else .grad += new_grad, in place
                     alloc(gbytes[v][0])
-                    out.grads_kept += gbytes[v][0]
+                    grads_kept += gbytes[v][0]
                 unref(g)
                 level, high = mem.level, mem.high
             levels_append(level)
@@ -161,7 +162,7 @@ def simulate(
             if nested is not None:  # NOTE [reentrant checkpoint backward]
                 high = max(high, level + nested.forward_peak, level + nested.peak)
                 level += nested.end - nested.input_grad  # the input's grad is the output made below
-                out.grads_kept += nested.grads_kept
+                grads_kept += nested.grads_kept
         pending = None  # (target, output, tensor) put in the InputBuffers after the frees
         if unscaled and (not kind[v] or 0 not in inputs):  # outputs()'s first case: a new tensor per edge
             for u, k in es:
@@ -209,7 +210,7 @@ def simulate(
                 if not had:  # reentrant checkpoint: the nested backward fills the region's .grads
                     nbytes = numel_bytes(shape, dtype)
                     alloc(nbytes)
-                    out.grads_kept += nbytes
+                    grads_kept += nbytes
             level, high = mem.level, mem.high
         for g in inputs.values():  # Memory.unref, inlined
             n = impl_refs[g] - 1
@@ -237,7 +238,7 @@ def simulate(
                     del st_refs[key]
                     freed = st_bytes.pop(key, 0)
                     level -= freed
-                    out.saved_freed += freed
+                    saved_freed += freed
         if pending:  # into the InputBuffers, summed with a gradient already there
             mem.level, mem.high, mem.cur = level, high, v
             for u, k, g in pending:
@@ -264,6 +265,7 @@ def simulate(
         levels_append(level)
         inner_append(high)
     mem.level, mem.high = level, high
+    out.grads_kept, out.saved_freed = grads_kept, saved_freed
     out.snapshot = mem.snap
     out.origin = mem.origin if origin is not None else {}
     for impl in seeds:
