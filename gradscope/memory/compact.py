@@ -77,8 +77,8 @@ class NodeAttrs(Sequence):
         return len(self._records)
 
     def raw_key(self, i: int):
-        """A hashable digest of op ``i``'s saved shapes, values and outputs from the columns (no dict made),
-        or None (a node the general reader read, or unhashable values): a memo key for per-op results."""
+        """A digest of op ``i``'s saved shapes, values and outputs from the columns (no dict made), or None (a
+        node the general reader read): a memo key for per-op results (unhashable when a value is)."""
         r = self._records
         rec = r.saved[i]
         if type(rec) is list:
@@ -93,11 +93,7 @@ class NodeAttrs(Sequence):
             r.values[i],
             r.outs[i],  # (device, output shapes, output dtypes)
         )
-        try:
-            hash(key)
-        except TypeError:
-            return None
-        return key
+        return key  # unhashable values raise TypeError where it is looked up
 
     def built(self, i: int) -> dict | None:
         """The dict of node ``i`` when something already built it (a trace annotates every op), else None."""

@@ -132,7 +132,10 @@ def node_workspace(prog, v: int, grad_scale=None) -> int:
     fast = raw(v) if raw is not None else None
     if fast is not None:
         fast = (fast, tuple(prog.needs[v]), _threads(), _neighbours(prog, v, prog.name[v]))
-        got = _FAST.get(fast)
+        try:
+            got = _FAST.get(fast)
+        except TypeError:  # an unhashable value: no memo for this op
+            got = fast = None
         if got is not None:
             return _scaled(got[0], got[1], grad_scale, v)
     spec = _spec(prog, v)
@@ -176,6 +179,11 @@ def _scaled(hit, full: int, grad_scale, v: int) -> int:
 
 
 def _threads() -> int:
-    import torch
+    if not _NUM_THREADS:
+        import torch
 
-    return torch.get_num_threads()
+        _NUM_THREADS.append(torch.get_num_threads)
+    return _NUM_THREADS[0]()
+
+
+_NUM_THREADS: list = []  # torch.get_num_threads, bound on first use
