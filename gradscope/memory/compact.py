@@ -150,7 +150,7 @@ _SECOND = itemgetter(1)
 
 
 _SEEN_TYPES: dict = {}  # id -> the node types (walk.saved.NodeType, one per node class) already looked at
-_ALPHA_TYPES: dict = {}  # id -> the node types with an alpha slot
+_ALPHA_TYPES: dict = {}  # id of a node type with an alpha slot -> its position (None: the only value slot)
 
 
 def _alpha_at(t) -> int:
@@ -162,28 +162,32 @@ def _alpha_at(t) -> int:
     return at
 
 
-def _extras(records, leaf: list, extra: dict) -> None:
+def _extras(records, leaf: list, extra: dict) -> list:
     """Fill ``extra`` with what the replay reads of the ops' values: the dict of each op the general
-    reader read (``records.special``), ``{"alpha": a}`` of each fast-path op whose type has an alpha slot."""
+    reader read (``records.special``), ``{"alpha": a}`` of each fast-path op whose type has an alpha slot;
+    returns the same per node (None for the others: ``replay._node_extras``)."""
     types, values = records.types, records.values
+    per_node: list = [None] * len(types)
     for i in records.special:
         vals = values[i]
         if type(vals) is dict and vals and not leaf[i]:  # the contract's dict already
-            extra[i] = vals
+            extra[i] = per_node[i] = vals
     if not _SEEN_TYPES.keys() >= set(map(id, types)):  # a node type not met before
         for t in types:
             if id(t) not in _SEEN_TYPES:
                 _SEEN_TYPES[id(t)] = t  # kept: its id stays its own
-                if _alpha_at(t) >= 0:
-                    _ALPHA_TYPES[id(t)] = t
+                at = _alpha_at(t)
+                if at >= 0:
+                    _ALPHA_TYPES[id(t)] = None if len(t.value_slots) == 1 else at
     if _ALPHA_TYPES.keys().isdisjoint(map(id, types)):
-        return
+        return per_node
     for i in compress(range(len(types)), map(_ALPHA_TYPES.__contains__, map(id, types))):
         vals = values[i]
         if type(vals) is dict or leaf[i]:
             continue
-        slots = types[i].value_slots
-        extra[i] = {"alpha": vals if len(slots) == 1 else vals[_alpha_at(types[i])]}  # a number (c10::Scalar)
+        at = _ALPHA_TYPES[id(types[i])]  # a number (c10::Scalar): the value itself when it is the one slot
+        extra[i] = per_node[i] = {"alpha": vals if at is None else vals[at]}
+    return per_node
 
 
 def _has_regions(records) -> bool:
@@ -289,7 +293,7 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
             if key not in keys:
                 keys.append(key)
         saved[i] = tuple(keys)
-    _extras(records, leaf, extra)
+    per_node = _extras(records, leaf, extra)
     index = dict(zip(ids, range(n)))
     regions, recompute = {}, {}
     if _has_regions(records):  # NOTE [recorded checkpoint regions]
@@ -302,7 +306,7 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
         dts = records.outs[r][2] if r not in leaves else ()
         root_bytes.append(numel_bytes(shape, dts[0] if dts else node_dtype(records.node_attrs(r))))
     module = Lazy(lambda: [leaves[i][2] if leaf[i] else m.get(nid) for m in (modules(),) for i, nid in enumerate(ids)])
-    return Program(
+    prog = Program(
         ids=ids,
         index=index,
         name=name,
@@ -327,6 +331,8 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
         extra=extra,
         leaf_info=leaf_info,
     )
+    prog.__dict__["_extras"] = per_node  # what replay._node_extras would make from ``extra``
+    return prog
 
 
 class _RegionView:
