@@ -15,10 +15,9 @@ checkpoint regions (``regions.py``) read the nodes the general reader read and t
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from itertools import compress, islice
-from operator import attrgetter, itemgetter, sub
+from operator import attrgetter, itemgetter
 
 from gradscope.memory.dtypes import numel_bytes
 from gradscope.memory.engine import Program, node_dtype, slot_keys
@@ -191,39 +190,6 @@ def _extras(records, leaf: list, extra: dict) -> list:
     return per_node
 
 
-def _edges(off: list, kids: list, kid_out: list) -> tuple[list, list]:
-    """Per node, its edges ``(target, output)`` grouped per target in order of first use (as the
-    DiGraph's ``pred`` lists them) and their input positions: slices of the edge columns at C speed, then
-    the nodes that need more (no edge, a None edge, a target twice) one by one."""
-    ends = islice(off, 1, None)
-    pairs = list(zip(kids, kid_out))
-    edges: list = list(map(pairs.__getitem__, map(slice, off, ends)))
-    deg = list(map(sub, islice(off, 1, None), off))
-    needs: list = list(map(list, map(range, deg)))
-    fix = set(compress(range(len(deg)), map(_ZERO.__eq__, deg)))  # the original gives them ()
-    if -1 in kids:  # a None in next_functions
-        p = kids.index(-1)
-        while True:
-            fix.add(bisect_right(off, p) - 1)
-            try:
-                p = kids.index(-1, p + 1)
-            except ValueError:
-                break
-    for i in compress(range(len(deg)), map(_ONE.__lt__, deg)):  # a target twice: grouped
-        if i not in fix and len(set(kids[off[i] : off[i + 1]])) != deg[i]:
-            fix.add(i)
-    for i in fix:
-        start, end = off[i], off[i + 1]
-        if end - start < 2:  # no edge, or its one edge is None
-            edges[i] = needs[i] = ()
-        else:
-            edges[i], needs[i] = _grouped(kids, kid_out, start, end)
-    return edges, needs
-
-
-_ZERO, _ONE = 0, 1
-
-
 def _has_regions(records) -> bool:
     for i in records.special:
         rec = records.saved[i]
@@ -278,11 +244,28 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
             grad = params.get(lname, {}).get("grad")
         has_grad[i] = bool(grad)
         leaf_info[i] = (kind, lname)
+    edges: list = [()] * n
+    needs: list = [()] * n
     saved: list = [()] * n
     storages: dict = {}
     shapes: dict = {}
     extra: dict = {}  # what the replay reads of ``attrs`` (alpha, the reentrant checkpoint's region)
-    edges, needs = _edges(off, kids, kid_out)
+    for i, start, end in zip(range(n), off, islice(off, 1, None)):  # the edges
+        d = end - start
+        if not d:
+            continue
+        if d == 1:  # one edge (most nodes), two distinct ones, or the general grouping
+            u = kids[start]
+            if u >= 0:
+                edges[i], needs[i] = [(u, kid_out[start])], [0]
+        elif d == 2 and kids[start] != kids[start + 1] and kids[start] >= 0 and kids[start + 1] >= 0:
+            edges[i], needs[i] = [(kids[start], kid_out[start]), (kids[start + 1], kid_out[start + 1])], [0, 1]
+        else:
+            ks = kids[start:end]
+            if min(ks) >= 0 and len(set(ks)) == d:  # distinct targets: nothing to group
+                edges[i], needs[i] = list(zip(ks, kid_out[start:end])), list(range(d))
+            else:
+                edges[i], needs[i] = _grouped(kids, kid_out, start, end)
     for i in compress(range(n), rsaved):  # the saved storages of each op
         if leaf[i]:
             continue
