@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from itertools import compress, islice
-from operator import attrgetter, itemgetter
 
 from gradscope.memory.dtypes import numel_bytes
 from gradscope.memory.engine import Program, node_dtype, slot_keys
@@ -143,50 +142,30 @@ def _grads(o, dts) -> tuple[list, list]:
     return hit
 
 
-_NAME = attrgetter("name")
 _NEGATIVE = (0).__gt__
-_FIRST = itemgetter(0)
-_SECOND = itemgetter(1)
-
-
-_SEEN_TYPES: dict = {}  # id -> the node types (walk.saved.NodeType, one per node class) already looked at
-_ALPHA_TYPES: dict = {}  # id of a node type with an alpha slot -> its position (None: the only value slot)
-
-
-def _alpha_at(t) -> int:
-    """The position of node type ``t``'s alpha slot among its value slots, -1 when it has none (memo)."""
-    slots = t.value_slots
-    at = _ALPHA_AT.get(slots)
-    if at is None:
-        at = _ALPHA_AT[slots] = next((j for j, (slot, _) in enumerate(slots) if slot == "alpha"), -1)
-    return at
 
 
 def _extras(records, leaf: list, extra: dict) -> list:
-    """Fill ``extra`` with what the replay reads of the ops' values: the dict of each op the general
-    reader read (``records.special``), ``{"alpha": a}`` of each fast-path op whose type has an alpha slot;
-    returns the same per node (None for the others: ``replay._node_extras``)."""
+    """Fill ``extra`` with what the replay reads of the ops' values (the dict of an op the general reader
+    read, ``{"alpha": a}`` of a fast-path op with an alpha slot); returns the same per node (None for the
+    others: ``replay._node_extras``)."""
     types, values = records.types, records.values
     per_node: list = [None] * len(types)
-    for i in records.special:
-        vals = values[i]
-        if type(vals) is dict and vals and not leaf[i]:  # the contract's dict already
-            extra[i] = per_node[i] = vals
-    if not _SEEN_TYPES.keys() >= set(map(id, types)):  # a node type not met before
-        for t in types:
-            if id(t) not in _SEEN_TYPES:
-                _SEEN_TYPES[id(t)] = t  # kept: its id stays its own
-                at = _alpha_at(t)
-                if at >= 0:
-                    _ALPHA_TYPES[id(t)] = None if len(t.value_slots) == 1 else at
-    if _ALPHA_TYPES.keys().isdisjoint(map(id, types)):
-        return per_node
-    for i in compress(range(len(types)), map(_ALPHA_TYPES.__contains__, map(id, types))):
-        vals = values[i]
-        if type(vals) is dict or leaf[i]:
+    alpha_at = _ALPHA_AT
+    for i, t in enumerate(types):
+        if leaf[i]:
             continue
-        at = _ALPHA_TYPES[id(types[i])]  # a number (c10::Scalar): the value itself when it is the one slot
-        extra[i] = per_node[i] = {"alpha": vals if at is None else vals[at]}
+        vals = values[i]
+        if type(vals) is dict:
+            if vals:
+                extra[i] = per_node[i] = vals
+            continue
+        slots = t.value_slots
+        at = alpha_at.get(slots)
+        if at is None:
+            at = alpha_at[slots] = next((j for j, (slot, _) in enumerate(slots) if slot == "alpha"), -1)
+        if at >= 0:
+            extra[i] = per_node[i] = {"alpha": vals if len(slots) == 1 else vals[at]}
     return per_node
 
 
@@ -211,28 +190,27 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
     rsaved = records.saved
     gattrs = records.graph
     params = gattrs.get("params", {})
-    name = list(map(_NAME, types))  # a leaf's type is AccumulateGrad's
+    name = [t.name for t in types]  # a leaf's type is AccumulateGrad's
     seq: list = seqs.tolist()
     leaf = [False] * n
     for i in leaves:
         leaf[i] = True
         seq[i] = _UINT64_MAX
     opaque = Lazy(lambda: [bool(t.opaque) and not leaf[i] for i, t in enumerate(types)])
-    outs = records.outs  # interned (device, output shapes, output dtypes): one computation per distinct entry
-    hits: dict = {}
-    for eid, ent in dict(zip(map(id, outs), outs)).items():
-        o, dts = ent[1], ent[2]
-        hits[eid] = None if len(dts) < len(o) else _grads(o, dts)  # None: a default dtype, per node
-    pairs: list = list(map(hits.__getitem__, map(id, outs)))
-    if None in pairs:
-        for i, hit in enumerate(pairs):
-            if hit is None:  # the default dtype from the node's saved tensors: not shared
-                o, dts = outs[i][1], outs[i][2]
+    gshapes: list = [None] * n
+    gbytes: list = [None] * n
+    by_entry: dict = {}
+    for i, ent in enumerate(records.outs):
+        hit = by_entry.get(id(ent))
+        if hit is None:
+            o, dts = ent[1], ent[2]
+            if len(dts) < len(o):
                 os_ = [None if sh is None else list(sh) for sh in o]
                 dflt = node_dtype({"saved": records.saved_dicts(i)})
-                pairs[i] = os_, [numel_bytes(sh, dts[k] if k < len(dts) else dflt) for k, sh in enumerate(os_)]
-    gshapes: list = list(map(_FIRST, pairs))
-    gbytes: list = list(map(_SECOND, pairs))
+                hit = os_, [numel_bytes(sh, dts[k] if k < len(dts) else dflt) for k, sh in enumerate(os_)]
+            else:
+                hit = by_entry[id(ent)] = _grads(o, dts)
+        gshapes[i], gbytes[i] = hit
     has_grad: dict = {}
     leaf_info: dict = {}
     for i, lf in leaves.items():
