@@ -103,8 +103,8 @@ def test_a_deferred_field_can_be_changed_like_any_other():
 
 
 def test_engine_order_with_a_node_the_roots_do_not_reach():
-    """Dependencies are counted over every edge when the roots reach every node (what inspect() records);
-    a node they do not reach must not hold back the node it points to (the engine never sees it)."""
+    """The engine counts dependencies from the roots: a node they do not reach must not hold back the node
+    it sends a gradient to (the engine never sees it)."""
     from gradscope.memory.engine import engine_order
 
     torch.manual_seed(0)

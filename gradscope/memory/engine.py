@@ -13,10 +13,7 @@ AccumulateGrads) come out in the heap's order: :func:`engine_steps` reproduces l
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
-from itertools import chain
-from operator import itemgetter
 
 __all__ = ["Program", "compile_graph", "engine_order", "engine_steps", "UINT64_MAX", "DTYPE_BYTES", "numel_bytes"]
 
@@ -245,19 +242,8 @@ def _order(prog: Program) -> list[int]:
     The queue is ``std::priority_queue<NodeTask, vector, CompareNodeTaskTime>`` as libstdc++ implements it
     (``push_heap`` / ``pop_heap`` step by step, so that ties break exactly as in torch), inlined: the ready
     set is mostly one or two nodes, and a method call per push and pop cost more than the rest.
-
-    Dependencies are first counted over every edge at C speed (``Counter``); that is the engine's count
-    from the roots when every node is reachable from them (what ``inspect()`` records), which the order
-    then shows (it holds every node); otherwise they are counted from the roots and the order made again.
     """
-    counts = Counter(map(_first, chain.from_iterable(prog.edges)))
-    order = _heap_order(prog, list(map(counts.__getitem__, range(len(prog.edges)))))  # a list: faster to index
-    if len(order) != len(prog.edges):  # a node the roots do not reach: count as the engine does
-        order = _heap_order(prog, dependencies(prog))
-    return order
-
-
-_first = itemgetter(0)
+    return _heap_order(prog, dependencies(prog))
 
 
 def _heap_order(prog: Program, deps) -> list[int]:

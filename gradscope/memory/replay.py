@@ -17,8 +17,7 @@ shared saved storages free exactly when torch frees them); ``gradients.outputs``
 
 from __future__ import annotations
 
-from collections import Counter
-from itertools import chain, repeat
+from itertools import repeat
 
 from gradscope.memory.engine import Program, engine_order, numel_bytes
 from gradscope.memory.gradients import OUTPUT_KINDS, PASS_OPS, VIEW_OPS, Memory, outputs
@@ -92,8 +91,18 @@ def simulate(
     recompute = prog.recompute if recompute is None else recompute
     mem = Memory()
     mem.snap_at = snapshot_at
-    refs0 = mem.st_refs = _holders(prog, drop)  # a holder outside the graph (external) is one more
-    mem.st_bytes = dict(zip(refs0, map(sizes.get, refs0, repeat(0))))
+    refs0, bytes0 = mem.st_refs, mem.st_bytes
+    external = prog.external
+    for keys in prog.saved:  # a holder outside the graph (external) is one more: never freed by backward
+        for key in keys:
+            if key in drop or key[0] == "r":
+                continue
+            n = refs0.get(key)
+            if n is None:
+                refs0[key] = 2 if key in external else 1
+                bytes0[key] = sizes.get(key, 0)
+            else:
+                refs0[key] = n + 1
     buffers: list = [None] * len(prog.edges)  # per node, its InputBuffer {input nr: tensor} (None: empty)
     out = Trace()
     gbytes = prog.grad_bytes
@@ -304,19 +313,6 @@ def _recompute(prog: Program, mem: Memory, v: int, fresh: list, sizes: dict, dro
 def _by_node(workspace, leaf: list) -> dict:
     """``{node index: bytes}`` of a ``workspace(node index)`` callable, over the op nodes."""
     return {v: w for v, lf in enumerate(leaf) if not lf and (w := workspace(v))}
-
-
-def _holders(prog: Program, drop) -> dict:
-    """Storage key -> its holders when backward starts: the nodes saving it, one more when it is held
-    outside the graph (never freed by backward); offloaded keys and recomputed copies are not there
-    (in first-use order: a snapshot's rows keep it)."""
-    refs = Counter(chain.from_iterable(prog.saved))  # each node lists a key once
-    if drop or prog.recompute or prog.regions:
-        refs = Counter({k: n for k, n in refs.items() if k not in drop and k[0] != "r"})
-    for key in prog.external:
-        if key in refs:
-            refs[key] += 1
-    return dict(refs)
 
 
 def _node_extras(prog: Program) -> list:
