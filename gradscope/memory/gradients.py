@@ -208,35 +208,37 @@ def outputs(
 
 def _from_one(mem: Memory, g0: int, kind: int, name: str, edges: list, positions: list, gbytes: list, alpha) -> list:
     """:func:`outputs` of a formula with one incoming gradient ``g0`` and unscaled sizes."""
-    st = mem.impl_storage[g0]
-    if kind & 7:  # views of the incoming gradient (``Memory.view``, inlined)
-        refs, storage, views_of, new_id = mem.impl_refs, mem.impl_storage, mem.impl_view, mem.ids.__next__
-        tag = "expand" if kind & 2 else "view"
-        if kind & 6:  # pieces of it, or an expand of it: whatever the sizes
-            outs: list = [new_id() for _ in edges]
-            sizes = None
-        else:
-            in_bytes = mem.st_bytes.get(st, -1)
-            sizes = [gbytes[u][k] if k < len(gbytes[u]) else 0 for u, k in edges]
-            outs = [new_id() if nbytes == in_bytes else None for nbytes in sizes]
+    refs, storage, views_of, st_refs = mem.impl_refs, mem.impl_storage, mem.impl_view, mem.st_refs
+    st = storage[g0]
+    views = kind & 7  # views of the incoming gradient (``Memory.view``, inlined), or the gradient itself
+    tag = "expand" if kind & 2 else "view"
+    new_id = mem.ids.__next__
+    if kind & 6:  # pieces of it, or an expand of it: whatever the sizes
+        n = len(edges)
+        st_refs[st] += n
+        outs = [new_id() for _ in range(n)]
         for i in outs:
-            if i is not None:
-                refs[i] = 1
-                storage[i] = st
-                views_of[i] = tag
-        mem.st_refs[st] += len(outs) - outs.count(None)
-        if sizes is not None and None in outs:  # a size that differs: a new tensor there
-            outs = [mem.alloc(nbytes) if i is None else i for nbytes, i in zip(sizes, outs)]
+            refs[i] = 1
+            storage[i] = st
+            views_of[i] = tag
         return outs
-    in_bytes = mem.st_bytes.get(st, -1)  # passes the gradient itself
+    in_bytes = mem.st_bytes.get(st, -1)
     outs = []
     for j, (u, k) in enumerate(edges):
         gb = gbytes[u]
         nbytes = gb[k] if k < len(gb) else 0
         if nbytes == in_bytes:
+            if views:
+                i = new_id()
+                st_refs[st] += 1
+                refs[i] = 1
+                storage[i] = st
+                views_of[i] = tag
+                outs.append(i)
+                continue
             pos = positions[j] if j < len(positions) else j
             if not (pos > 0 and (name in _PASS_ONLY_FIRST or alpha != 1)):
-                mem.impl_refs[g0] += 1
+                refs[g0] += 1
                 outs.append(g0)
                 continue
         outs.append(mem.alloc(nbytes))
