@@ -249,16 +249,20 @@ def simulate(
                     level -= freed
                     saved_freed += freed
         if pending:  # into the InputBuffers, summed with a gradient already there
-            mem.level, mem.high, mem.cur = level, high, v
+            synced = False
             for u, k, g in pending:
                 slot = buffers[u]
-                old = None if slot is None else slot.get(k)
+                if slot is None:
+                    buffers[u] = {k: g}
+                    continue
+                old = slot.get(k)
                 if old is None:
-                    if slot is None:
-                        buffers[u] = {k: g}
-                    else:
-                        slot[k] = g
-                elif sole(old):
+                    slot[k] = g
+                    continue
+                if not synced:
+                    mem.level, mem.high, mem.cur = level, high, v
+                    synced = True
+                if sole(old):
                     unref(g)
                 elif sole(g):
                     unref(old)
@@ -268,7 +272,8 @@ def simulate(
                     unref(old)
                     unref(g)
                     slot[k] = new
-            level, high = mem.level, mem.high
+            if synced:
+                level, high = mem.level, mem.high
         if track_done:
             done.add(v)
         levels_append(level)
