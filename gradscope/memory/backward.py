@@ -51,7 +51,7 @@ from gradscope.memory.calibrate import BUILDERS
 from gradscope.memory.compact import Lazy, compile_records
 from gradscope.memory.engine import Program, compile_graph
 from gradscope.memory.optimizer import step_budget
-from gradscope.memory.reentrant import modelled_region
+from gradscope.memory.reentrant import modelled_region, node_effect
 from gradscope.memory.replay import Trace, simulate
 from gradscope.memory.workspace import node_workspace
 
@@ -347,7 +347,8 @@ def _unmodelled_regions(prog: Program) -> list:
         if name != _REENTRANT:
             continue
         extra = (prog.extra.get(v) if prog.extra is not None else prog.attrs[v].get("attrs")) or {}
-        if modelled_region(extra) is None:
+        rec = modelled_region(extra)
+        if rec is None or node_effect(prog, v, rec, simulate) is None:  # a traced one may fail on meta
             out.append(prog.ids[v])
     return out
 

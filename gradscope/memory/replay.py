@@ -68,6 +68,7 @@ def simulate(
     drop: frozenset = frozenset(),
     recompute: dict | None = None,
     snapshot_at: int | None = None,
+    held_seeds: bool = False,
 ) -> Trace:
     """Replay backward over ``prog`` (see NOTE [what one node does to memory]).
 
@@ -82,6 +83,8 @@ def simulate(
             region (default ``prog.recompute``); keys shared by a region are created once.
         snapshot_at: a node index: ``trace.snapshot`` is then ``{storage key: bytes}`` of what is alive at
             that node's highest point, and ``trace.origin`` the node that made each gradient storage.
+        held_seeds: the roots' gradients exist already and are held outside (a reentrant checkpoint's
+            nested backward: the outer node's incoming gradients): not counted, never freed or stolen.
     """
     has_grad = prog.has_grad if has_grad is None else has_grad
     sizes = prog.storages if storage_bytes is None else storage_bytes
@@ -109,6 +112,9 @@ def simulate(
         impl = mem.alloc(nbytes)  # torch.autograd.backward's ones_like(root), held until it returns
         seeds.append(mem.ref(impl))
         buffers.setdefault(r, {})[0] = impl
+        if held_seeds:
+            mem.st_refs[mem.impl_storage[impl]] += 1
+            mem.level -= nbytes
     created_regions: set = set()
     done: set = set()
     leaf = prog.leaf

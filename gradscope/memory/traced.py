@@ -1,0 +1,83 @@
+"""A traced reentrant checkpoint region's recompute and nested backward, from its rebuilt meta graph.
+
+NOTE [traced reentrant regions]
+When the forward ran under ``gradscope.trace()``, a reentrant region's node carries the recording of its
+calls (``tracing/regions.py``); ``walk/recompute.py`` replays them on ``meta`` and walks the graph they
+make, the one ``CheckpointFunction.backward`` will build. From it, as for the layers of
+``memory/reentrant.py`` (same :class:`~gradscope.memory.reentrant.NestedEffect`, same engine rules):
+
+- the recompute's forward: after each call, the storages of the values its function still holds (the
+  forward's own Python lifetimes, recorded by the trace) plus the storages the new graph saved so far (a
+  saved storage counts from the call that made the node saving it), the inputs', parameters' and outside
+  tensors' storages left out (they exist already), the RNG state copy of ``fork_rng`` on top. Not seen:
+  temporaries that one call (``F.scaled_dot_product_attention``'s math path, ``F.layer_norm``) makes and
+  frees inside itself;
+- the nested backward: ``replay.simulate`` over the compiled graph, its seeds being the outer node's
+  incoming gradients (allocated already, held by the outer engine: never stolen, never freed here), each
+  parameter's AccumulateGrad with ``.grad`` set or not as the parameter had it when inspected;
+- the region's outputs die when the node returns.
+"""
+
+from __future__ import annotations
+
+from gradscope.memory.compact import compile_records
+from gradscope.walk.recompute import rebuild
+
+__all__ = ["traced_effect", "usable"]
+
+
+def usable(recompute: dict) -> bool:
+    """Whether the node's ``region_recompute`` holds a recording the replay can use."""
+    rec = recompute.get("traced")
+    return bool(rec) and rec.get("reason") is None and bool(rec.get("calls"))
+
+
+def traced_effect(recompute: dict, simulate):
+    """The :class:`~gradscope.memory.reentrant.NestedEffect` of a traced region, or None (and the reason in
+    ``recompute["traced"]["replay"]``) when its recording cannot be replayed on meta."""
+    from gradscope.memory.reentrant import NestedEffect
+
+    rec = recompute["traced"]
+    built = rebuild(rec)
+    if isinstance(built, str):
+        rec["replay"] = built
+        return None
+    prog = compile_records(built.records, built.ids, dict)
+    for i, (kind, name) in prog.leaves().items():
+        if kind == "param":
+            prog.has_grad[i] = bool(built.has_grad.get(name))
+    tr = simulate(prog, held_seeds=True)
+    first = _saved_from(prog, built.seq_ranges)
+    sizes = {**prog.storages, **built.outputs}
+
+    def level(live: dict, i: int) -> int:
+        keys = set(live) | {k for k, c in first.items() if c <= i}
+        return sum(live.get(k) or sizes.get(k, 0) for k in keys - built.pre)
+
+    high = max((level(after, i) for i, (after, _) in enumerate(built.steps)), default=0)
+    kept = sum(sizes.get(k, 0) for k in (set(first) | set(built.outputs)) - built.pre)
+    out_bytes = sum(n for k, n in built.outputs.items() if k not in built.pre)
+    rng = int(recompute.get("rng_bytes") or 0)
+    return NestedEffect(
+        forward_peak=rng + max(high, kept),
+        peak=kept + tr.peak,
+        end=kept + tr.end - out_bytes,
+        input_grad=built.input_grad,
+        grads_kept=tr.grads_kept - built.input_grad,
+        names=tuple(prog.name[v] for v in tr.order),
+    )
+
+
+def _saved_from(prog, ranges: list) -> dict:
+    """Saved storage key -> the first call whose nodes save it."""
+    starts = [(r.start, r.stop, c) for c, r in enumerate(ranges) if r.stop > r.start]
+    out: dict = {}
+    for v, keys in enumerate(prog.saved):
+        if not keys or prog.leaf[v]:
+            continue
+        s = prog.seq[v]
+        call = next((c for a, b, c in starts if a <= s < b), len(ranges))
+        for k in keys:
+            if call < out.get(k, len(ranges) + 1):
+                out[k] = call
+    return out
