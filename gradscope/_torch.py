@@ -52,6 +52,9 @@ __all__ = [
     "func_key",
     "resolve_func",
     "no_torch_function",
+    "sdp_choice",
+    "SDPA_KEY",
+    "cpu_flash_attention",
 ]
 
 # -- sequence numbers (forward creation order) -----------------------------------------------------
@@ -181,6 +184,33 @@ def resolve_func(key) -> Any:
     for part in [*key[1].split(".")[1:], *key[2].split(".")]:
         obj = getattr(obj, part)
     return obj
+
+
+#: ``F.scaled_dot_product_attention`` as :func:`func_key` names it.
+SDPA_KEY = ("m", "torch._C._nn", "scaled_dot_product_attention")
+
+
+def sdp_choice(args, kwargs) -> int | None:
+    """``torch._fused_sdp_choice(...)`` for an ``F.scaled_dot_product_attention`` call: the kernel it picks
+    from the arguments' metadata (0 math, 1 flash: on CPU ``_scaled_dot_product_flash_attention_for_cpu``,
+    whose single backward node saves the output and logsumexp); ``meta`` always answers math. None when
+    torch refuses the arguments. Reads metadata only."""
+    try:
+        return int(torch._fused_sdp_choice(*args, **kwargs))
+    except (RuntimeError, TypeError, ValueError):
+        return None
+
+
+def cpu_flash_attention(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    """What ``F.scaled_dot_product_attention`` runs on CPU when :func:`sdp_choice` is flash, for ``meta``
+    tensors: a boolean mask turned into an additive one (``convert_boolean_attn_mask``), then
+    ``aten._scaled_dot_product_flash_attention_for_cpu``'s output (it takes grouped-query heads as they are)."""
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.where(attn_mask.logical_not(), float("-inf"), 0.0).to(query.dtype)
+    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    return op(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
 
 
 #: ``torch._C.DisableTorchFunction()``: a context in which no TorchFunctionMode (a ``gradscope.trace()``

@@ -199,7 +199,8 @@ def node_effect(prog, v: int, recompute: dict, simulate) -> NestedEffect | None:
     if not recompute.get("layers"):  # a traced region (NOTE [traced reentrant regions])
         from gradscope.memory.traced import traced_effect
 
-        cache[v] = traced_effect(recompute, simulate)
+        fields = traced_effect(recompute, simulate)
+        cache[v] = None if fields is None else NestedEffect(**fields)
         return cache[v]
     tensors = [e for e in prog.attrs[v].get("saved") or () if e.get("shape") is not None and not e.get("scalar")]
     eff = None

@@ -32,11 +32,9 @@ def usable(recompute: dict) -> bool:
     return bool(rec) and rec.get("reason") is None and bool(rec.get("calls"))
 
 
-def traced_effect(recompute: dict, simulate):
-    """The :class:`~gradscope.memory.reentrant.NestedEffect` of a traced region, or None (and the reason in
-    ``recompute["traced"]["replay"]``) when its recording cannot be replayed on meta."""
-    from gradscope.memory.reentrant import NestedEffect
-
+def traced_effect(recompute: dict, simulate) -> dict | None:
+    """The fields of the :class:`~gradscope.memory.reentrant.NestedEffect` of a traced region, or None (and
+    the reason in ``recompute["traced"]["replay"]``) when its recording cannot be replayed on meta."""
     rec = recompute["traced"]
     built = rebuild(rec)
     if isinstance(built, str):
@@ -58,14 +56,14 @@ def traced_effect(recompute: dict, simulate):
     kept = sum(sizes.get(k, 0) for k in (set(first) | set(built.outputs)) - built.pre)
     out_bytes = sum(n for k, n in built.outputs.items() if k not in built.pre)
     rng = int(recompute.get("rng_bytes") or 0)
-    return NestedEffect(
-        forward_peak=rng + max(high, kept),
-        peak=kept + tr.peak,
-        end=kept + tr.end - out_bytes,
-        input_grad=built.input_grad,
-        grads_kept=tr.grads_kept - built.input_grad,
-        names=tuple(prog.name[v] for v in tr.order),
-    )
+    return {
+        "forward_peak": rng + max(high, kept),
+        "peak": kept + tr.peak,
+        "end": kept + tr.end - out_bytes,
+        "input_grad": built.input_grad,
+        "grads_kept": tr.grads_kept - built.input_grad,
+        "names": tuple(prog.name[v] for v in tr.order),
+    }
 
 
 def _saved_from(prog, ranges: list) -> dict:

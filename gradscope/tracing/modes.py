@@ -170,8 +170,14 @@ class CutMode(TorchFunctionMode):
                 if isinstance(out, _Tensor):
                     if not out.requires_grad:
                         self._plain_cut(func, args, kwargs or {}, out, seq)
-                elif isinstance(out, (tuple, list)) and _requires_grad(out) is False:
-                    self._plain_cut(func, args, kwargs or {}, out, seq)
+                    elif end == seq and not _grad_enabled():  # no node: a view under no_grad (in a region?)
+                        self._regions.call(func, args, kwargs, out, seq)
+                elif isinstance(out, (tuple, list)):
+                    rg = _requires_grad(out)
+                    if rg is False:
+                        self._plain_cut(func, args, kwargs or {}, out, seq)
+                    elif rg and end == seq and not _grad_enabled():
+                        self._regions.call(func, args, kwargs, out, seq)
             elif cat == _GETTER:
                 if seq == self._regions.region_seq and isinstance(out, _Tensor):  # x.T inside a region
                     self._regions.call(func, args, kwargs, out, seq)

@@ -35,7 +35,7 @@ import weakref
 
 import torch
 
-from gradscope._torch import func_key, impl_key, peek_sequence_nr, sequence_nr
+from gradscope._torch import SDPA_KEY, func_key, impl_key, peek_sequence_nr, sdp_choice, sequence_nr
 from gradscope.tracing.probes import checkpoint_region
 
 __all__ = ["RegionRecorder", "REENTRANT"]
@@ -92,14 +92,17 @@ class _Region:
             if not isinstance(o, _Tensor):
                 metas.append(None)
                 continue
-            if o.requires_grad:
+            if o.requires_grad and (o._base is None or torch.is_grad_enabled()):  # else a view under no_grad
                 raise _Unrecordable("an op inside it made a tensor that requires grad")
             metas.append([list(o.shape), str(o.dtype).removeprefix("torch.")])
             if any(o is a for a in inputs):
                 continue  # in place, or an op that returned its input: the same value
             cb = _death(self, (i, j))
             self.values[id(o)] = (weakref.ref(o, cb), [i, j])
-        self.calls.append([list(key), enc, kw, metas, not isinstance(out, (tuple, list))])
+        call = [list(key), enc, kw, metas, not isinstance(out, (tuple, list))]
+        if key == SDPA_KEY:  # the kernel CPU picked: meta always takes the math path
+            call.append({"sdp": sdp_choice(args, kwargs)})
+        self.calls.append(call)
 
     def _enc(self, v, refs: dict, depth: int):
         if isinstance(v, _PLAIN):
@@ -184,6 +187,8 @@ class RegionRecorder:
                 region.record(func, args, kwargs or {}, out, self.refs)
             except _Unrecordable as exc:
                 region.reason = str(exc)
+            except Exception as exc:  # noqa: BLE001 - NOTE [never change the program]; never half a call
+                region.reason = f"gradscope could not record a call ({type(exc).__name__})"
         if region.reason is not None:
             region.close()
 

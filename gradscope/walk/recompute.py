@@ -21,7 +21,14 @@ from dataclasses import dataclass
 
 import torch
 
-from gradscope._torch import no_torch_function, peek_sequence_nr, resolve_func, storage_key_and_bytes
+from gradscope._torch import (
+    SDPA_KEY,
+    cpu_flash_attention,
+    no_torch_function,
+    peek_sequence_nr,
+    resolve_func,
+    storage_key_and_bytes,
+)
 from gradscope.walk.build import build
 from gradscope.walk.records import Records, node_id
 from gradscope.walk.saved import StorageIds
@@ -126,8 +133,10 @@ def _rebuild(rec: dict) -> Rebuilt:
     ranges: list = []
     births: dict = {}  # storage pointer -> (bytes, the storage), of the storages the calls made
     with no_torch_function(), torch.enable_grad():
-        for i, (fkey, args, kwargs, outs, single) in enumerate(rec["calls"]):
+        for i, (fkey, args, kwargs, outs, single, *hint) in enumerate(rec["calls"]):
             func = resolve_func(tuple(fkey))
+            if hint and "sdp" in hint[0]:
+                func = _sdpa(hint[0]["sdp"])
             a = [r.dec(x) for x in args]
             kw = {k: r.dec(x) for k, x in kwargs.items()}
             if not any(map(_has_tensor, args)) and not any(map(_has_tensor, kwargs.values())):
@@ -189,6 +198,14 @@ def _rebuild(rec: dict) -> Rebuilt:
         input_grad=input_grad,
         has_grad={name: had for _key, name, _m, had in rec["params"]},
     )
+
+
+def _sdpa(choice):
+    if choice == 1:
+        return cpu_flash_attention
+    if choice == 0:
+        return resolve_func(SDPA_KEY)  # math, what meta runs
+    raise _Fail(f"its attention ran a kernel (sdp choice {choice}) the meta replay does not model")
 
 
 def _live(values: dict) -> set:
