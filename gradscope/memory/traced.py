@@ -41,6 +41,7 @@ def traced_effect(recompute: dict, simulate) -> dict | None:
         rec["replay"] = built
         return None
     prog = compile_records(built.records, built.ids, dict)
+    _cpu_names(prog, rec["calls"], built.seq_ranges)
     for i, (kind, name) in prog.leaves().items():
         if kind == "param":
             prog.has_grad[i] = bool(built.has_grad.get(name))
@@ -64,6 +65,33 @@ def traced_effect(recompute: dict, simulate) -> dict | None:
         "grads_kept": tr.grads_kept - built.input_grad,
         "names": tuple(prog.name[v] for v in tr.order),
     }
+
+
+#: Calls whose view of a non-contiguous tensor is, on CPU, ``_reshape_alias`` (``ReshapeAliasBackward0``);
+#: a meta tensor counts as a tensor subclass there (``isTensorSubclassLike``) and gets ``view``
+#: (``ViewBackward0``), as a contiguous one does on CPU: same memory, same order.
+_RESHAPES = frozenset({"reshape", "reshape_as", "flatten"})
+
+
+def _contiguous(shape, stride) -> bool:
+    expect = 1
+    for n, s in reversed(list(zip(shape, stride))):
+        if n != 1 and s != expect:
+            return False
+        expect *= n
+    return True
+
+
+def _cpu_names(prog, calls: list, ranges: list) -> None:
+    """Name the nodes as the CPU recompute will (the order and the bytes do not change)."""
+    for c, call in enumerate(calls):
+        arg = call[1][0] if call[1] else None
+        if not (isinstance(arg, list) and arg[0] == "T") or _contiguous(arg[3], arg[4]):
+            continue
+        if call[0][-1].rsplit(".", 1)[-1] in _RESHAPES and ranges[c].stop > ranges[c].start:
+            for v, s in enumerate(prog.seq):
+                if s in ranges[c] and prog.name[v] == "ViewBackward0" and not prog.leaf[v]:
+                    prog.name[v] = "ReshapeAliasBackward0"
 
 
 def _saved_from(prog, ranges: list) -> dict:

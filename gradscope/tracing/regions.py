@@ -92,11 +92,11 @@ class _Region:
             if not isinstance(o, _Tensor):
                 metas.append(None)
                 continue
-            if o.requires_grad and (o._base is None or torch.is_grad_enabled()):  # else a view under no_grad
-                raise _Unrecordable("an op inside it made a tensor that requires grad")
             metas.append([list(o.shape), str(o.dtype).removeprefix("torch.")])
             if any(o is a for a in inputs):
                 continue  # in place, or an op that returned its input: the same value
+            if o.requires_grad and (o._base is None or torch.is_grad_enabled()):  # else a view under no_grad
+                raise _Unrecordable("an op inside it made a tensor that requires grad")
             cb = _death(self, (i, j))
             self.values[id(o)] = (weakref.ref(o, cb), [i, j])
         call = [list(key), enc, kw, metas, not isinstance(out, (tuple, list))]
