@@ -141,6 +141,7 @@ def test_untraced_the_same_regions_stay_lower_bounds():
                     inspect=lambda loss, m: gradscope.inspect(loss, model=m), predict=lambda r, _: r.backward_memory())
     bm = truth.prediction
     assert len(bm.unmodelled) == 2 and truth.peak > bm.peak and "lower bounds" in str(bm)
+    assert bm.unmodelled_why == {} and "gradscope.trace()" in str(bm)
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
@@ -196,9 +197,9 @@ def test_what_cannot_be_replayed_stays_a_lower_bound(kind):
     }[kind]
     report = _traced_report(fn, x, lin)
     bm = report.backward_memory()
-    assert len(bm.unmodelled) == 1 and "lower bound" in str(bm)
+    assert len(bm.unmodelled) == 1 and "lower bound" in str(bm) and why in str(bm)   # said, with the cause
     traced = report.graph.nodes[bm.unmodelled[0]]["attrs"]["region_recompute"]["traced"]
-    assert why in (traced["reason"] or traced.get("replay") or "")
+    assert why in (traced["reason"] or traced.get("replay") or "") and why in bm.unmodelled_why[bm.unmodelled[0]]
 
 
 def test_the_recorded_path_of_data_dependent_code_is_replayed():

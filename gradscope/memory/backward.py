@@ -89,7 +89,8 @@ class BackwardMemory:
         workspace: kernel workspace per node id (only nodes that have some).
         unmodelled: reentrant checkpoint nodes whose recompute and nested backward are not replayed (the
             region has its own ``forward``: NOTE [reentrant checkpoint backward]); when not empty, ``peak``
-            and ``absolute_peak`` are lower bounds.
+            and ``absolute_peak`` are lower bounds. ``unmodelled_why``: for the traced ones, why the
+            recording could not be used (memory/traced.py NOTE [traced reentrant regions]).
     """
 
     order: list
@@ -107,6 +108,7 @@ class BackwardMemory:
     locations: dict = field(default_factory=dict)
     parts: dict = field(default_factory=dict)
     unmodelled: list = field(default_factory=list)
+    unmodelled_why: dict = field(default_factory=dict)  # node id -> why a traced region was not replayed
     # the rows, or a function computing them on first use
     _contributors: list[tuple[str, str, int]] | Callable[[], list[tuple[str, str, int]]] | None = field(
         default=None, repr=False, compare=False
@@ -333,7 +335,8 @@ def replay(
         names=list(map(prog.name.__getitem__, tr.order)),
         locations=locs,
         parts=parts,
-        unmodelled=_unmodelled_regions(prog),
+        unmodelled=(unmodelled := _unmodelled_regions(prog)),
+        unmodelled_why=_why(prog, unmodelled),
     )
 
 
@@ -350,6 +353,18 @@ def _unmodelled_regions(prog: Program) -> list:
         rec = modelled_region(extra)
         if rec is None or node_effect(prog, v, rec, simulate) is None:  # a traced one may fail on meta
             out.append(prog.ids[v])
+    return out
+
+
+def _why(prog: Program, nodes: list) -> dict:
+    out = {}
+    for nid in nodes:
+        v = prog.index[nid]
+        extra = (prog.extra.get(v) if prog.extra is not None else prog.attrs[v].get("attrs")) or {}
+        traced = (extra.get("region_recompute") or {}).get("traced") or {}
+        why = traced.get("reason") or traced.get("replay")
+        if why:
+            out[nid] = why
     return out
 
 
