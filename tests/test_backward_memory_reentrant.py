@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 import gradscope
 from gradscope.memory.backward import program
-from gradscope.memory.reentrant import node_effect
+from gradscope.memory.reentrant import modelled_region, node_effect
 from gradscope.memory.replay import simulate
 from tests._memmodels import MODELS
 from tests._memtruth import measure
@@ -35,8 +35,8 @@ def _nested_names(report, bm) -> list:
     out = []
     for nid in bm.order:
         v = prog.index[nid]
-        rec = (prog.attrs[v].get("attrs") or {}).get("region_recompute")
-        if rec and rec["layers"]:
+        rec = modelled_region(prog.attrs[v].get("attrs") or {})       # known layers, or traced
+        if rec is not None:
             out.extend(node_effect(prog, v, rec, simulate).names)
     return out
 

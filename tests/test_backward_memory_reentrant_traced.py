@@ -17,10 +17,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import gradscope
-from gradscope.memory.backward import program
-from gradscope.memory.reentrant import modelled_region, node_effect
-from gradscope.memory.replay import simulate
 from tests._memtruth import measure
+from tests.test_backward_memory_reentrant import _nested_names
 
 
 class _Residual(nn.Module):
@@ -99,17 +97,6 @@ def _traced_truth(model, inputs, loss_fn):
     del loss
     return measure(forward, before=inputs, inspect=lambda loss, m: gradscope.inspect(loss, model=m, trace=forward.tr),
                    predict=lambda r, _: r.backward_memory())
-
-
-def _nested_names(report, bm) -> list:
-    prog = program(report)
-    out = []
-    for nid in bm.order:
-        v = prog.index[nid]
-        rec = modelled_region(prog.attrs[v].get("attrs") or {})
-        if rec is not None:
-            out.extend(node_effect(prog, v, rec, simulate).names)
-    return out
 
 
 def _check(truth):

@@ -28,8 +28,8 @@ __all__ = ["traced_effect", "usable"]
 
 def usable(recompute: dict) -> bool:
     """Whether the node's ``region_recompute`` holds a recording the replay can use."""
-    rec = recompute.get("traced")
-    return bool(rec) and rec.get("reason") is None and bool(rec.get("calls"))
+    rec = recompute.get("traced") or {}
+    return rec.get("reason") is None and bool(rec.get("calls"))
 
 
 def traced_effect(recompute: dict, simulate) -> dict | None:

@@ -86,7 +86,7 @@ class _Region:
         kw = {str(k): self._enc(v, refs, 0) for k, v in kwargs.items()}
         outs = out if isinstance(out, (tuple, list)) else (out,)
         i = len(self.calls)
-        metas = []
+        metas: list = []
         inputs = [a for a in (*args, *kwargs.values()) if isinstance(a, _Tensor)]
         for j, o in enumerate(outs):
             if not isinstance(o, _Tensor):
@@ -205,7 +205,7 @@ class RegionRecorder:
         for d in ops:
             region = self.done.get(d.get("seq")) if d.get("name") == REENTRANT else None
             rec = (d.get("attrs") or {}).get("region_recompute") if region is not None else None
-            if rec is not None:
+            if rec is not None and region is not None:
                 rec["traced"] = _plain(region, d, pnames, params)
 
 
