@@ -184,11 +184,11 @@ class CutMode(TorchFunctionMode):
             elif cat == _INPLACE:
                 if args and isinstance(args[0], _Tensor):
                     self._inplace(func, args[0])
-                if not _grad_enabled():  # NOTE [recording a reentrant region]
+                if seq != self._regions.no_region_seq and not _grad_enabled():  # in a reentrant region?
                     self._regions.call(func, args, kwargs, out, seq)
             elif args and isinstance(args[0], _Tensor):
                 self._special(cat, func, args[0], out)
-                if cat != _TO_PYTHON and not _grad_enabled():
+                if cat != _TO_PYTHON and seq != self._regions.no_region_seq and not _grad_enabled():
                     self._regions.call(func, args, kwargs, out, seq)
         except Exception:  # noqa: BLE001 - NOTE [never change the program]
             self.rec.drop_event()
@@ -196,8 +196,9 @@ class CutMode(TorchFunctionMode):
 
     # -- the rare paths ---------------------------------------------------------------------------
     def _plain_cut(self, func, args, kwargs, out, seq) -> None:
-        if not _grad_enabled():  # NOTE [recording a reentrant region]
-            self._regions.call(func, args, kwargs, out, seq)
+        regions = self._regions
+        if seq != regions.no_region_seq and not _grad_enabled():  # NOTE [recording a reentrant region]
+            regions.call(func, args, kwargs, out, seq)
         inputs = _grad_inputs(args, kwargs)
         if (self._ckpt_seen or inputs) and isinstance(out, _Tensor) and _op_name(func) in SAVES_OUTPUT:
             self._note_made(func, out)

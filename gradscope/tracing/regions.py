@@ -51,8 +51,17 @@ class _Unrecordable(Exception):
     pass
 
 
-def _meta(t) -> list:
-    return [list(t.shape), list(t.stride()), str(t.dtype).removeprefix("torch."), bool(t.requires_grad)]
+def _meta(t) -> tuple:
+    return (tuple(t.shape), t.stride(), str(t.dtype).removeprefix("torch."), bool(t.requires_grad))
+
+
+def _lists(v):
+    """The recording as JSON-ready data: tuples (kept while recording: the collector skips them) as lists."""
+    if isinstance(v, (tuple, list)):
+        return [_lists(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _lists(x) for k, x in v.items()}
+    return v
 
 
 class _Region:
@@ -64,26 +73,29 @@ class _Region:
         self.inputs = {id(a): i for i, a in enumerate(args) if isinstance(a, _Tensor)}
         self.input_meta = {i: _meta(a) for i, a in enumerate(args) if isinstance(a, _Tensor)}
         self.calls: list = []
-        self.values: dict = {}  # id(tensor) -> (weak reference, [call, output])
+        self.values: dict = {}  # id(tensor) -> (weak reference, (call, output))
+        self.where: dict = {}  # id(weak reference) -> (call, output)
         self.deaths: dict = {}  # (call, output) -> calls made when it died inside the region
         self.params: dict = {}  # parameter key -> placeholder metadata
         self.reason: str | None = None
 
-    def died(self, where: tuple) -> None:
-        if peek_sequence_nr() == self.seq0:
+    def died(self, ref) -> None:
+        where = self.where.pop(id(ref), None)
+        if where is not None and peek_sequence_nr() == self.seq0:
             self.deaths[where] = len(self.calls)
 
     def close(self) -> None:
         self.inputs.clear()
         self.values.clear()  # no callback fires after this
+        self.where.clear()
 
     # -- one call ---------------------------------------------------------------------------------
     def record(self, func, args, kwargs, out, refs: dict) -> None:
         key = func_key(func)
         if key is None:
             raise _Unrecordable(f"it calls {getattr(func, '__name__', func)!r}, which gradscope cannot name")
-        enc = [self._enc(a, refs, 0) for a in args]
-        kw = {str(k): self._enc(v, refs, 0) for k, v in kwargs.items()}
+        enc = tuple([self._enc(a, refs, 0) for a in args])
+        kw = tuple([(str(k), self._enc(v, refs, 0)) for k, v in kwargs.items()])
         outs = out if isinstance(out, (tuple, list)) else (out,)
         i = len(self.calls)
         metas: list = []
@@ -92,16 +104,17 @@ class _Region:
             if not isinstance(o, _Tensor):
                 metas.append(None)
                 continue
-            metas.append([list(o.shape), str(o.dtype).removeprefix("torch.")])
+            metas.append((tuple(o.shape), str(o.dtype).removeprefix("torch.")))
             if any(o is a for a in inputs):
                 continue  # in place, or an op that returned its input: the same value
             if o.requires_grad and (o._base is None or torch.is_grad_enabled()):  # else a view under no_grad
                 raise _Unrecordable("an op inside it made a tensor that requires grad")
-            cb = _death(self, (i, j))
-            self.values[id(o)] = (weakref.ref(o, cb), [i, j])
-        call = [list(key), enc, kw, metas, not isinstance(out, (tuple, list))]
+            ref = weakref.ref(o, self.died)
+            self.where[id(ref)] = (i, j)
+            self.values[id(o)] = (ref, (i, j))
+        call: tuple = (key, enc, kw, tuple(metas), not isinstance(out, (tuple, list)))
         if key == SDPA_KEY:  # the kernel CPU picked: meta always takes the math path
-            call.append({"sdp": sdp_choice(args, kwargs)})
+            call = (*call, (("sdp", sdp_choice(args, kwargs)),))
         self.calls.append(call)
 
     def _enc(self, v, refs: dict, depth: int):
@@ -113,42 +126,35 @@ class _Region:
             name = str(v).removeprefix("torch.")
             if getattr(torch, name, None) != v:
                 raise _Unrecordable(f"it passes {v!r}")
-            return ["torch", name]
+            return ("torch", name)
         if isinstance(v, torch.device):
-            return ["device"]
+            return ("device",)
         if isinstance(v, slice):
-            return ["slice", *(self._enc(x, refs, depth + 1) for x in (v.start, v.stop, v.step))]
+            return ("slice", *(self._enc(x, refs, depth + 1) for x in (v.start, v.stop, v.step)))
         if v is Ellipsis:
-            return ["..."]
+            return ("...",)
         if isinstance(v, (tuple, list)) and depth < 4:
-            return ["list" if isinstance(v, list) else "tuple", [self._enc(x, refs, depth + 1) for x in v]]
+            return ("list" if isinstance(v, list) else "tuple", tuple([self._enc(x, refs, depth + 1) for x in v]))
         raise _Unrecordable(f"it passes a {type(v).__name__} to a torch function")
 
-    def _tensor(self, t, refs: dict) -> list:
+    def _tensor(self, t, refs: dict) -> tuple:
         if type(t) not in (_Tensor, torch.nn.Parameter) or t.layout != torch.strided:
             raise _Unrecordable(f"it uses a {type(t).__name__} ({t.layout})")
         k = id(t)
         index = self.inputs.get(k)
         if index is not None:
-            return ["T", "i", index, *_meta(t)]
+            return ("T", "i", index, *_meta(t))
         entry = self.values.get(k)
         if entry is not None and entry[0]() is t:
-            return ["T", "c", entry[1], *_meta(t)]
+            return ("T", "c", entry[1], *_meta(t))
         if t.requires_grad:
             if t.grad_fn is not None:
                 raise _Unrecordable("it uses a tensor from outside the region that requires grad")
             if k not in refs:  # the trace's parameter key: no reference to the parameter, not a weak one
                 refs[k] = impl_key(t)
             self.params[k] = _meta(t)
-            return ["T", "p", k, *_meta(t)]
-        return ["T", "o", None, *_meta(t)]
-
-
-def _death(region: _Region, where: tuple):
-    def cb(_ref) -> None:
-        region.died(where)
-
-    return cb
+            return ("T", "p", k, *_meta(t))
+        return ("T", "o", None, *_meta(t))
 
 
 class RegionRecorder:
@@ -224,18 +230,24 @@ def _plain(region: _Region, node: dict, pnames: dict, params: dict) -> dict:
         if name is None:
             reason = reason or "it uses a tensor that requires grad and is no parameter of the model"
             break
-        plist.append([key, name, meta, bool((params.get(name) or {}).get("grad"))])
+        plist.append([key, name, _lists(meta), bool((params.get(name) or {}).get("grad"))])
     outputs = _outputs(region, node.get("out_shapes") or [], node.get("out_dtypes") or [])
     if outputs is None:
         reason = reason or "its outputs are not among the tensors it made"
     return {
         "reason": reason,
-        "calls": region.calls if reason is None else [],
-        "inputs": [[i, m] for i, m in region.input_meta.items()],
+        "calls": [_call(c) for c in region.calls] if reason is None else [],
+        "inputs": [[i, _lists(m)] for i, m in region.input_meta.items()],
         "params": plist if reason is None else [],
         "deaths": [[i, j, n] for (i, j), n in region.deaths.items()],
         "outputs": outputs or [],
     }
+
+
+def _call(call: tuple) -> list:
+    key, args, kwargs, metas, single, *hint = call
+    out = [list(key), _lists(args), {k: _lists(v) for k, v in kwargs}, _lists(metas), single]
+    return out + [dict(hint[0])] if hint else out
 
 
 def _outputs(region: _Region, shapes: list, dtypes: list) -> list | None:
@@ -249,7 +261,7 @@ def _outputs(region: _Region, shapes: list, dtypes: list) -> list | None:
     out = []
     for k, shape in enumerate(shapes):
         dtype = dtypes[k] if k < len(dtypes) else None
-        hits = [a for a in alive if a[2][0] == list(shape or ()) and (dtype is None or a[2][1] == dtype)]
+        hits = [a for a in alive if list(a[2][0]) == list(shape or ()) and (dtype is None or a[2][1] == dtype)]
         if len(hits) != 1:
             hits = hits[-1:] if len(shapes) == 1 and hits else []  # one output: the last such tensor made
         if not hits:
