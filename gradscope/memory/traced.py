@@ -20,6 +20,8 @@ make, the one ``CheckpointFunction.backward`` will build. From it, as for the la
 
 from __future__ import annotations
 
+import json
+
 from gradscope.memory.compact import compile_records
 from gradscope.walk.recompute import rebuild
 
@@ -35,6 +37,40 @@ def usable(recompute: dict) -> bool:
 def traced_effect(recompute: dict, simulate) -> dict | None:
     """The fields of the :class:`~gradscope.memory.reentrant.NestedEffect` of a traced region, or None (and
     the reason in ``recompute["traced"]["replay"]``) when its recording cannot be replayed on meta."""
+    rec = recompute["traced"]
+    key = _digest(recompute)
+    hit = _MEMO.get(key)  # a repeated block: the same calls on the same shapes, its parameters aside
+    if hit is None:
+        if len(_MEMO) >= 256:
+            _MEMO.clear()
+        hit = _MEMO[key] = (_effect(recompute, simulate), rec.get("replay"))
+    if hit[1] is not None:
+        rec["replay"] = hit[1]
+    return hit[0]
+
+
+_MEMO: dict = {}
+
+
+def _digest(recompute: dict) -> str:
+    """The recording as a string, each parameter named by its position (blocks alike share the result)."""
+    rec = recompute["traced"]
+    pos = {p[0]: i for i, p in enumerate(rec["params"])}
+
+    def norm(v):
+        if isinstance(v, list):
+            if len(v) > 2 and v[0] == "T" and v[1] == "p":
+                return ["T", "p", pos.get(v[2]), *v[3:]]
+            return [norm(x) for x in v]
+        if isinstance(v, dict):
+            return {k: norm(x) for k, x in v.items()}
+        return v
+
+    parts = [norm(rec["calls"]), rec["inputs"], rec["deaths"], rec["outputs"], [p[2:] for p in rec["params"]]]
+    return json.dumps([*parts, recompute.get("rng_bytes")], sort_keys=True)
+
+
+def _effect(recompute: dict, simulate) -> dict | None:
     rec = recompute["traced"]
     built = rebuild(rec)
     if isinstance(built, str):
