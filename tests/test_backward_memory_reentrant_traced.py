@@ -77,10 +77,17 @@ def _loss(m, x):
     return m(x).pow(2).mean()
 
 
+def _shared():
+    model = _Stack(_Residual)
+    model.blocks[1] = model.blocks[0]  # one block run twice: the second nested backward adds to its .grads
+    return model
+
+
 CASES = {
     "residual": lambda: (_Stack(_Residual), torch.randn(16, 64, requires_grad=True), _loss),
     "block": lambda: (_Stack(_Block, d=32), torch.randn(2, 8, 32, requires_grad=True), _loss),
     "dropout_rng": lambda: (_Stack(_Dropped, d=48), torch.randn(8, 48, requires_grad=True), _loss),
+    "shared": lambda: (_shared(), torch.randn(16, 64, requires_grad=True), _loss),
     "dropout_no_rng": lambda: (_Stack(_Dropped, d=48, preserve=False), torch.randn(8, 48, requires_grad=True), _loss),
 }
 

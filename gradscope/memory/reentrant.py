@@ -191,16 +191,26 @@ def modelled_region(extra_attrs: dict) -> dict | None:
     return rec if rec and (rec.get("layers") or usable(rec)) else None
 
 
-def node_effect(prog, v: int, recompute: dict, simulate) -> NestedEffect | None:
-    """:func:`nested_effect` of the reentrant checkpoint node ``v`` of ``prog`` (cached on the program)."""
-    cache = prog.__dict__.setdefault("_nested", {})
-    if v in cache:
-        return cache[v]
-    if not recompute.get("layers"):  # a traced region (NOTE [traced reentrant regions])
-        from gradscope.memory.traced import traced_effect
+def node_effect(prog, v: int, recompute: dict, simulate, given: set | None = None) -> NestedEffect | None:
+    """:func:`nested_effect` of the reentrant checkpoint node ``v`` of ``prog`` (cached on the program).
 
-        fields = traced_effect(recompute, simulate)
-        cache[v] = None if fields is None else NestedEffect(**fields)
+    ``given``: names of the parameters whose ``.grad`` this backward has set before ``v`` runs (a traced
+    region's AccumulateGrad then adds in place; the set gets the region's parameters)."""
+    cache = prog.__dict__.setdefault("_nested", {})
+    if not recompute.get("layers"):  # a traced region (NOTE [traced reentrant regions])
+        from gradscope.memory.traced import region_params, traced_effect
+
+        names = region_params(recompute)
+        key = (v, frozenset(names & given) if given else frozenset())
+        if key not in cache:
+            fields = traced_effect(recompute, simulate, key[1])
+            cache[key] = None if fields is None else NestedEffect(**fields)
+            if not key[1]:
+                cache[v] = cache[key]
+        if given is not None and cache[key] is not None:
+            given.update(names)
+        return cache[key]
+    if v in cache:
         return cache[v]
     tensors = [e for e in prog.attrs[v].get("saved") or () if e.get("shape") is not None and not e.get("scalar")]
     eff = None

@@ -139,11 +139,13 @@ def simulate(
     get_extra = op_extra.get if op_extra is not None else (lambda v: attrs[v].get("attrs"))
     track_done = bool(recompute)
 
+    given: set = set()  # parameters whose .grad a traced reentrant region's nested backward set
+
     def _nested(v: int, extra_attrs: dict):
         from gradscope.memory.reentrant import modelled_region, node_effect
 
         rec = modelled_region(extra_attrs)
-        return None if rec is None else node_effect(prog, v, rec, simulate)
+        return None if rec is None else node_effect(prog, v, rec, simulate, given)
 
     def _recompute(v: int) -> None:
         for key, nbytes in recompute[v]:

@@ -34,16 +34,22 @@ def usable(recompute: dict) -> bool:
     return rec.get("reason") is None and bool(rec.get("calls"))
 
 
-def traced_effect(recompute: dict, simulate) -> dict | None:
+def region_params(recompute: dict) -> set:
+    """Names of the parameters that require grad among those a traced region uses."""
+    return {p[1] for p in (recompute.get("traced") or {}).get("params") or () if p[2][3]}
+
+
+def traced_effect(recompute: dict, simulate, given: frozenset = frozenset()) -> dict | None:
     """The fields of the :class:`~gradscope.memory.reentrant.NestedEffect` of a traced region, or None (and
-    the reason in ``recompute["traced"]["replay"]``) when its recording cannot be replayed on meta."""
+    the reason in ``recompute["traced"]["replay"]``) when its recording cannot be replayed on meta. The
+    parameters named in ``given`` have a ``.grad`` by then (set earlier in the same backward)."""
     rec = recompute["traced"]
-    key = _digest(recompute)
+    key = _digest(recompute, given)
     hit = _MEMO.get(key)  # a repeated block: the same calls on the same shapes, its parameters aside
     if hit is None:
         if len(_MEMO) >= 256:
             _MEMO.clear()
-        hit = _MEMO[key] = (_effect(recompute, simulate), rec.get("replay"))
+        hit = _MEMO[key] = (_effect(recompute, simulate, given), rec.get("replay"))
     if hit[1] is not None:
         rec["replay"] = hit[1]
     return hit[0]
@@ -52,7 +58,7 @@ def traced_effect(recompute: dict, simulate) -> dict | None:
 _MEMO: dict = {}
 
 
-def _digest(recompute: dict) -> str:
+def _digest(recompute: dict, given: frozenset) -> str:
     """The recording as a string, each parameter named by its position (blocks alike share the result)."""
     rec = recompute["traced"]
     pos = {p[0]: i for i, p in enumerate(rec["params"])}
@@ -66,16 +72,18 @@ def _digest(recompute: dict) -> str:
             return {k: norm(x) for k, x in v.items()}
         return v
 
-    parts = [norm(rec["calls"]), rec["inputs"], rec["deaths"], rec["outputs"], [p[2:] for p in rec["params"]]]
+    params = [[p[2], p[3] or p[1] in given] for p in rec["params"]]
+    parts = [norm(rec["calls"]), rec["inputs"], rec["deaths"], rec["outputs"], params]
     return json.dumps([*parts, recompute.get("rng_bytes")], sort_keys=True)
 
 
-def _effect(recompute: dict, simulate) -> dict | None:
+def _effect(recompute: dict, simulate, given: frozenset) -> dict | None:
     rec = recompute["traced"]
     built = rebuild(rec)
     if isinstance(built, str):
         rec["replay"] = built
         return None
+    built.has_grad.update(dict.fromkeys(given, True))
     prog = compile_records(built.records, built.ids, dict)
     _cpu_names(prog, rec["calls"], built.seq_ranges)
     for i, (kind, name) in prog.leaves().items():
