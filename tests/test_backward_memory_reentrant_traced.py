@@ -83,11 +83,23 @@ def _shared():
     return model
 
 
+class _SharedOutside(nn.Module):
+    """``lin`` inside the region and after it: the outer AccumulateGrad sets its .grad first."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.mlp = nn.Linear(64, 64), _Residual()
+
+    def forward(self, x):
+        return self.lin(checkpoint(lambda h: h + self.lin(self.mlp(h)), x, use_reentrant=True))
+
+
 CASES = {
     "residual": lambda: (_Stack(_Residual), torch.randn(16, 64, requires_grad=True), _loss),
     "block": lambda: (_Stack(_Block, d=32), torch.randn(2, 8, 32, requires_grad=True), _loss),
     "dropout_rng": lambda: (_Stack(_Dropped, d=48), torch.randn(8, 48, requires_grad=True), _loss),
     "shared": lambda: (_shared(), torch.randn(16, 64, requires_grad=True), _loss),
+    "shared_outside": lambda: (_SharedOutside(), torch.randn(16, 64, requires_grad=True), _loss),
     "dropout_no_rng": lambda: (_Stack(_Dropped, d=48, preserve=False), torch.randn(8, 48, requires_grad=True), _loss),
 }
 

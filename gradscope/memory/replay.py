@@ -140,6 +140,7 @@ def simulate(
     track_done = bool(recompute)
 
     given: set = set()  # parameters whose .grad a traced reentrant region's nested backward set
+    shared = _shared_leaves(prog)  # leaf index -> name, for the parameters such regions use too
 
     def _nested(v: int, extra_attrs: dict):
         from gradscope.memory.reentrant import modelled_region, node_effect
@@ -170,6 +171,10 @@ def simulate(
         if leaf[v]:
             g = inputs.get(0)
             if g is not None:
+                if shared is not None and v in shared:  # a parameter a traced reentrant region uses too
+                    if shared[v] in given:
+                        has_grad = {**has_grad, v: True}
+                    given.add(shared[v])
                 if has_grad.get(v):
                     unref(g)  # .grad += new_grad, in place
                 elif impl_refs.get(g) == 1 and impl_view.get(g) != "expand":
@@ -262,3 +267,22 @@ def simulate(
         top = max(out.inner)
         out.peak, out.peak_at = max(top, 0), out.order[out.inner.index(top)]  # the first node at the top
     return out
+
+
+def _shared_leaves(prog: Program) -> dict | None:
+    """Leaf index -> name of the parameters that the graph and a traced reentrant region both use (their
+    ``.grad`` is set by whichever backward reaches them first), or None (cached on the program)."""
+    got = prog.__dict__.get("_shared_leaves", 0)
+    if got != 0:
+        return got
+    from gradscope.memory.traced import region_params
+
+    names: set = set()
+    if "CheckpointFunctionBackward" in prog.name:
+        for v, name in enumerate(prog.name):
+            if name == "CheckpointFunctionBackward":
+                extra = (prog.extra.get(v) if prog.extra is not None else prog.attrs[v].get("attrs")) or {}
+                names |= region_params(extra.get("region_recompute") or {})
+    found = {i: n for i, (kind, n) in prog.leaves().items() if kind == "param" and n in names} if names else {}
+    prog.__dict__["_shared_leaves"] = found or None
+    return found or None
