@@ -7,7 +7,10 @@ that only forwards each call: the cost of the mechanism itself, which any tracer
 Target: at most 1.3x on the GPT-2-small-like and ResNet-18-like models (CPU, real data); the exit status
 is 1 when a target is missed. The tiny GPT
 and the MLP are the worst case: so little compute per op that the fixed cost of the hooks and the mode
-(a few microseconds per module call and per torch function call) shows on its own.
+(a few microseconds per module call and per torch function call) shows on its own. The reentrant row
+is the tiny GPT with each block under ``checkpoint(..., use_reentrant=True)``: inside such a region the
+trace also records every call for ``backward_memory()`` (tracing/regions.py), a stack walk and the
+call's arguments as plain data per op.
 
 Run: ``.venv/bin/python bench/trace_bench.py [--repeat N] [--threads T]``.
 """
@@ -24,6 +27,7 @@ import torch
 from torch.nn import functional as F
 from torch.nn.modules import module as nn_module
 from torch.overrides import TorchFunctionMode
+from torch.utils.checkpoint import checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -53,11 +57,29 @@ def _mlp():
     return model, lambda: model(x).pow(2).mean()
 
 
+class _Reentrant(torch.nn.Module):
+    """A block run as ``checkpoint(block, x, use_reentrant=True)``: its ops are recorded for backward_memory()."""
+
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+
+    def forward(self, x):
+        return checkpoint(self.block, x, use_reentrant=True)
+
+
+def _gpt_reentrant():
+    model, forward = _gpt(n_layer=2, d=64, heads=4, vocab=512, ctx=16)
+    model.blocks = torch.nn.Sequential(*(_Reentrant(b) for b in model.blocks))
+    return model, forward
+
+
 CASES = {
     "gpt2_small_like": _gpt,
     "resnet18_like": _resnet,
     "gpt tiny (2 layers, d=64, ctx 16)": lambda: _gpt(n_layer=2, d=64, heads=4, vocab=512, ctx=16),
     "mlp (4 x Linear(256), batch 32)": _mlp,
+    "gpt tiny, reentrant checkpoint/block": _gpt_reentrant,
 }
 
 

@@ -49,6 +49,12 @@ __all__ = [
     "cancel_next_backward",
     "profiler_enabled",
     "PROFILER_ALLOCATION",
+    "func_key",
+    "resolve_func",
+    "no_torch_function",
+    "sdp_choice",
+    "SDPA_KEY",
+    "cpu_flash_attention",
 ]
 
 # -- sequence numbers (forward creation order) -----------------------------------------------------
@@ -138,6 +144,79 @@ TENSOR_DATA: Any = torch._C.TensorBase.__dict__["data"]
 #: The code object of ``torch.autograd.Function.apply``: a frame running it means we are inside a custom
 #: Function's forward (grad disabled by autograd, not by the user). TORCH-FACTS section 4.
 FUNCTION_APPLY_CODE = torch.autograd.function.Function.apply.__func__.__code__  # type: ignore[attr-defined]
+
+# -- torch functions by name (a traced reentrant region's calls, replayed on ``meta``) -----------------
+_TENSOR_BASE: Any = torch._C.TensorBase
+
+
+def func_key(func: Any) -> tuple | None:
+    """A plain-data name for a function a ``TorchFunctionMode`` received, that :func:`resolve_func` turns
+    back into it: ``("g", attr)`` a ``torch._C.TensorBase`` property getter (``x.T``), ``("d", name)`` a
+    ``TensorBase`` method, ``("m", module, qualname)`` anything reachable from a torch module. None when
+    the name does not lead back to the same function (a lambda, a bound method, a user function)."""
+    name = getattr(func, "__name__", None)
+    owner = getattr(func, "__self__", None)
+    if name == "__get__" and type(owner).__name__ == "getset_descriptor":
+        attr = getattr(owner, "__name__", None)
+        return ("g", attr) if attr and _TENSOR_BASE.__dict__.get(attr) is owner else None
+    if getattr(func, "__objclass__", None) is _TENSOR_BASE and isinstance(name, str):
+        return ("d", name) if _TENSOR_BASE.__dict__.get(name) is func else None
+    module, qual = getattr(func, "__module__", None), getattr(func, "__qualname__", None)
+    if isinstance(module, str) and isinstance(qual, str) and module.split(".")[0] == "torch":
+        if qual.startswith("_VariableFunctionsClass."):  # torch.add and the other ``torch.*`` ops
+            qual = qual.split(".", 1)[1]
+        key = ("m", module, qual)
+        try:
+            return key if resolve_func(key) is func else None
+        except (AttributeError, TypeError):
+            return None
+    return None
+
+
+def resolve_func(key) -> Any:
+    """The function :func:`func_key` named (raises AttributeError for a name torch no longer has)."""
+    kind = key[0]
+    if kind == "g":
+        return _TENSOR_BASE.__dict__[key[1]].__get__
+    if kind == "d":
+        return _TENSOR_BASE.__dict__[key[1]]
+    obj: Any = torch
+    for part in [*key[1].split(".")[1:], *key[2].split(".")]:
+        obj = getattr(obj, part)
+    return obj
+
+
+#: ``F.scaled_dot_product_attention`` as :func:`func_key` names it.
+SDPA_KEY = ("m", "torch._C._nn", "scaled_dot_product_attention")
+
+
+def sdp_choice(args, kwargs) -> int | None:
+    """``torch._fused_sdp_choice(...)`` for an ``F.scaled_dot_product_attention`` call: the kernel it picks
+    from the arguments' metadata (0 math, 1 flash: on CPU ``_scaled_dot_product_flash_attention_for_cpu``,
+    whose single backward node saves the output and logsumexp); ``meta`` always answers math. None when
+    torch refuses the arguments. Reads metadata only."""
+    try:
+        return int(torch._fused_sdp_choice(*args, **kwargs))
+    except (RuntimeError, TypeError, ValueError):
+        return None
+
+
+def cpu_flash_attention(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    """What ``F.scaled_dot_product_attention`` runs on CPU when :func:`sdp_choice` is flash, for ``meta``
+    tensors: a boolean mask turned into an additive one (``convert_boolean_attn_mask``), then
+    ``aten._scaled_dot_product_flash_attention_for_cpu``'s output (it takes grouped-query heads as they are)."""
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.where(attn_mask.logical_not(), float("-inf"), 0.0).to(query.dtype)
+    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    return op(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
+
+
+#: ``torch._C.DisableTorchFunction()``: a context in which no TorchFunctionMode (a ``gradscope.trace()``
+#: the user has open, say) sees the calls gradscope itself makes.
+no_torch_function: Callable[[], Any] = torch._C.DisableTorchFunction
+
 
 # -- module hooks ----------------------------------------------------------------------------------
 #: Global forward (pre-)hooks on every ``nn.Module`` call, from ``torch.nn.modules.module`` (documented

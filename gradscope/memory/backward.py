@@ -52,7 +52,7 @@ from gradscope.memory.calibrate import BUILDERS
 from gradscope.memory.compact import Lazy, compile_records
 from gradscope.memory.engine import Program, compile_graph
 from gradscope.memory.optimizer import step_budget
-from gradscope.memory.reentrant import modelled_region
+from gradscope.memory.reentrant import modelled_region, node_effect
 from gradscope.memory.replay import Trace, simulate
 from gradscope.memory.workspace import node_workspace
 
@@ -90,7 +90,8 @@ class BackwardMemory:
         workspace: kernel workspace per node id (only nodes that have some).
         unmodelled: reentrant checkpoint nodes whose recompute and nested backward are not replayed (the
             region has its own ``forward``: NOTE [reentrant checkpoint backward]); when not empty, ``peak``
-            and ``absolute_peak`` are lower bounds.
+            and ``absolute_peak`` are lower bounds. ``unmodelled_why``: for the traced ones, why the
+            recording could not be used (memory/traced.py NOTE [traced reentrant regions]).
     """
 
     order: list
@@ -108,6 +109,7 @@ class BackwardMemory:
     locations: dict = field(default_factory=dict)
     parts: dict = field(default_factory=dict)
     unmodelled: list = field(default_factory=list)
+    unmodelled_why: dict = field(default_factory=dict)  # node id -> why a traced region was not replayed
     # the rows, or a function computing them on first use
     _contributors: list[tuple[str, str, int]] | Callable[[], list[tuple[str, str, int]]] | None = field(
         default=None, repr=False, compare=False
@@ -199,7 +201,7 @@ class BackwardMemory:
 # peak_node, end, locations, the optimizer step, which reads the optimizer's current state); the fields
 # below are filled from the compiled graph on first access, with the same values (a report's records do
 # not change; tests/test_backward_memory_compact.py checks them against a direct computation).
-_DEFERRED = frozenset({"base", "absolute_peak", "parts", "workspace", "names", "unmodelled"})
+_DEFERRED = frozenset({"base", "absolute_peak", "parts", "workspace", "names", "unmodelled", "unmodelled_why"})
 
 _NO_OVERRIDES = Overrides()
 
@@ -347,7 +349,8 @@ def replay(
             "parts": parts,
             "workspace": {ids[v]: w for v, w in ws.items()},
             "names": list(map(prog.name.__getitem__, tr.order)),
-            "unmodelled": _unmodelled_regions(prog),
+            "unmodelled": (unmodelled := _unmodelled_regions(prog)),
+            "unmodelled_why": _why(prog, unmodelled),
         }
 
     try:
@@ -380,8 +383,21 @@ def _unmodelled_regions(prog: Program) -> list:
         if name != _REENTRANT:
             continue
         extra = (prog.extra.get(v) if prog.extra is not None else prog.attrs[v].get("attrs")) or {}
-        if modelled_region(extra) is None:
+        rec = modelled_region(extra)
+        if rec is None or node_effect(prog, v, rec, simulate) is None:  # a traced one may fail on meta
             out.append(prog.ids[v])
+    return out
+
+
+def _why(prog: Program, nodes: list) -> dict:
+    out = {}
+    for nid in nodes:
+        v = prog.index[nid]
+        extra = (prog.extra.get(v) if prog.extra is not None else prog.attrs[v].get("attrs")) or {}
+        traced = (extra.get("region_recompute") or {}).get("traced") or {}
+        why = traced.get("reason") or traced.get("replay")
+        if why:
+            out[nid] = why
     return out
 
 

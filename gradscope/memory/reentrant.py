@@ -183,14 +183,33 @@ def nested_effect(layers, in_shape, in_dtype: str, input_grad: bool, rng_bytes: 
 
 def modelled_region(extra_attrs: dict) -> dict | None:
     """The ``region_recompute`` record of a reentrant checkpoint node's ``attrs`` when its layers are known
-    (NOTE [reentrant layers]), else None: a region this module can replay."""
+    (NOTE [reentrant layers]) or its forward was traced (``memory/traced.py``), else None: a region this
+    module can replay (a traced one may still fail on meta: :func:`node_effect` is then None)."""
+    from gradscope.memory.traced import usable
+
     rec = extra_attrs.get("region_recompute")
-    return rec if rec and rec.get("layers") else None
+    return rec if rec and (rec.get("layers") or usable(rec)) else None
 
 
-def node_effect(prog, v: int, recompute: dict, simulate) -> NestedEffect | None:
-    """:func:`nested_effect` of the reentrant checkpoint node ``v`` of ``prog`` (cached on the program)."""
+def node_effect(prog, v: int, recompute: dict, simulate, given: set | None = None) -> NestedEffect | None:
+    """:func:`nested_effect` of the reentrant checkpoint node ``v`` of ``prog`` (cached on the program).
+
+    ``given``: names of the parameters whose ``.grad`` this backward has set before ``v`` runs (a traced
+    region's AccumulateGrad then adds in place; the set gets the region's parameters)."""
     cache = prog.__dict__.setdefault("_nested", {})
+    if not recompute.get("layers"):  # a traced region (NOTE [traced reentrant regions])
+        from gradscope.memory.traced import region_params, traced_effect
+
+        names = region_params(recompute)
+        key = (v, frozenset(names & given) if given else frozenset())
+        if key not in cache:
+            fields = traced_effect(recompute, simulate, key[1])
+            cache[key] = None if fields is None else NestedEffect(**fields)
+            if not key[1]:
+                cache[v] = cache[key]
+        if given is not None and cache[key] is not None:
+            given.update(names)
+        return cache[key]
     if v in cache:
         return cache[v]
     tensors = [e for e in prog.attrs[v].get("saved") or () if e.get("shape") is not None and not e.get("scalar")]

@@ -70,6 +70,7 @@ def simulate(
     drop: frozenset = frozenset(),
     recompute: dict | None = None,
     snapshot_at: int | None = None,
+    held_seeds: bool = False,
 ) -> Trace:
     """Replay backward over ``prog`` (see NOTE [what one node does to memory]).
 
@@ -85,6 +86,8 @@ def simulate(
             region (default ``prog.recompute``); keys shared by a region are created once.
         snapshot_at: a node index: ``trace.snapshot`` is then ``{storage key: bytes}`` of what is alive at
             that node's highest point, and ``trace.origin`` the node that made each gradient storage.
+        held_seeds: the roots' gradients exist already and are held outside (a reentrant checkpoint's
+            nested backward: the outer node's incoming gradients): not counted, never freed or stolen.
     """
     has_grad = prog.has_grad if has_grad is None else has_grad
     sizes = prog.storages if storage_bytes is None else storage_bytes
@@ -113,6 +116,9 @@ def simulate(
         if buffers[r] is None:
             buffers[r] = {}
         buffers[r][0] = impl
+        if held_seeds:
+            mem.st_refs[mem.impl_storage[impl]] += 1
+            mem.level -= nbytes
     created_regions: set = set()
     done: set = set()
     leaf, edges, saved, needs, names = prog.leaf, prog.edges, prog.saved, prog.needs, prog.name
@@ -133,6 +139,8 @@ def simulate(
     wsd = workspace if workspace is None or type(workspace) is dict else _by_node(workspace, leaf)
     track_done = bool(recompute)
 
+    given: set = set()  # parameters whose .grad a traced reentrant region's nested backward set
+    shared = _shared_leaves(prog)  # leaf index -> name, for the parameters such regions use too
     order = out.order = engine_order(prog)
     level = high = mem.level  # kept in locals; written to ``mem`` around every call that reads or changes it
     grads_kept = saved_freed = 0
@@ -147,6 +155,10 @@ def simulate(
             level, high = mem.level, mem.high
         if leaf[v]:
             g = inputs.get(0)
+            if g is not None and shared is not None and v in shared:  # a parameter a traced region uses too
+                if shared[v] in given:
+                    has_grad = {**has_grad, v: True}
+                given.add(shared[v])
             if g is None:
                 pass
             elif not has_grad.get(v) and impl_refs.get(g) == 1 and impl_view.get(g) != "expand":
@@ -167,7 +179,7 @@ def simulate(
         es = edges[v]
         nested = None
         if extra_attrs is not None and "region_recompute" in extra_attrs:
-            nested = _nested(prog, v, extra_attrs)
+            nested = _nested(prog, v, extra_attrs, given)
             if nested is not None:  # NOTE [reentrant checkpoint backward]
                 high = max(high, level + nested.forward_peak, level + nested.peak)
                 level += nested.end - nested.input_grad  # the input's grad is the output made below
@@ -291,12 +303,13 @@ def simulate(
     return out
 
 
-def _nested(prog: Program, v: int, extra_attrs: dict):
-    """The modelled recompute and nested backward of reentrant checkpoint node ``v``, or None."""
+def _nested(prog: Program, v: int, extra_attrs: dict, given: set):
+    """The modelled recompute and nested backward of reentrant checkpoint node ``v``, or None (``given``:
+    see :func:`~gradscope.memory.reentrant.node_effect`)."""
     from gradscope.memory.reentrant import modelled_region, node_effect
 
     rec = modelled_region(extra_attrs)
-    return None if rec is None else node_effect(prog, v, rec, simulate)
+    return None if rec is None else node_effect(prog, v, rec, simulate, given)
 
 
 def _recompute(prog: Program, mem: Memory, v: int, fresh: list, sizes: dict, drop, created: set, done: set) -> None:
@@ -336,3 +349,22 @@ def _node_extras(prog: Program) -> list:
             got = [None if lf else (attrs[v].get("attrs") or None) for v, lf in enumerate(prog.leaf)]
         prog.__dict__["_extras"] = got
     return got
+
+
+def _shared_leaves(prog: Program) -> dict | None:
+    """Leaf index -> name of the parameters that the graph and a traced reentrant region both use (their
+    ``.grad`` is set by whichever backward reaches them first), or None (cached on the program)."""
+    got = prog.__dict__.get("_shared_leaves", 0)
+    if got != 0:
+        return got
+    from gradscope.memory.traced import region_params
+
+    names: set = set()
+    if "CheckpointFunctionBackward" in prog.name:
+        for v, name in enumerate(prog.name):
+            if name == "CheckpointFunctionBackward":
+                extra = (prog.extra.get(v) if prog.extra is not None else prog.attrs[v].get("attrs")) or {}
+                names |= region_params(extra.get("region_recompute") or {})
+    found = {i: n for i, (kind, n) in prog.leaves().items() if kind == "param" and n in names} if names else {}
+    prog.__dict__["_shared_leaves"] = found or None
+    return found or None

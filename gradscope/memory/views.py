@@ -55,11 +55,13 @@ def text(bm, top: int = 5) -> str:
     if bm.unmodelled:
         n = len(bm.unmodelled)
         its = "their" if n > 1 else "its"
+        why = next(iter(bm.unmodelled_why.values()), None)
+        hint = f"Traced, but not replayed: {why}." if why else "gradscope.trace() around the forward models them."
         lines.append(
             f"  NOTE: {n} reentrant checkpoint region{'s' if n > 1 else ''} ({', '.join(bm.unmodelled[:4])}"
             f"{', ...' if n > 4 else ''}): backward re-runs {its} forward, which no graph shows before it runs; "
             f"{its} recompute and nested backward are not in these numbers, so the peaks are lower bounds. "
-            "checkpoint(..., use_reentrant=False) is replayed exactly."
+            f"{hint} checkpoint(..., use_reentrant=False) is replayed exactly."
         )
     lines.append("step budget:")
     width = max(len(k) for k, _ in budget_rows(bm))

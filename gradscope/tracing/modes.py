@@ -46,6 +46,7 @@ _peek_seq = peek_sequence_nr
 _ACCUMULATE = ACCUMULATE_GRAD
 _DATA = TENSOR_DATA
 _Tensor = torch.Tensor
+_grad_enabled = torch.is_grad_enabled
 
 # Categories (NOTE [cheap per-op path]); small ints compare fastest.
 _PLAIN, _GETTER, _DETACH, _DATA_GET, _TO_PYTHON, _INPLACE, _FUNCTIONAL = range(7)
@@ -146,6 +147,7 @@ class CutMode(TorchFunctionMode):
         self._views_written = False  # NOTE [in-place on a slice]
         self._lines = rec.node_lines  # NOTE [node lines]
         self._end = self._lines.end
+        self._regions = rec.regions  # NOTE [recording a reentrant region]
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         try:
@@ -167,22 +169,36 @@ class CutMode(TorchFunctionMode):
             if cat == _PLAIN or cat == _FUNCTIONAL:  # NOTE [cheap per-op path]
                 if isinstance(out, _Tensor):
                     if not out.requires_grad:
-                        self._plain_cut(func, args, kwargs or {}, out)
-                elif isinstance(out, (tuple, list)) and _requires_grad(out) is False:
-                    self._plain_cut(func, args, kwargs or {}, out)
+                        self._plain_cut(func, args, kwargs or {}, out, seq)
+                    elif end == seq and not _grad_enabled():  # no node: a view under no_grad (in a region?)
+                        self._regions.call(func, args, kwargs, out, seq)
+                elif isinstance(out, (tuple, list)):
+                    rg = _requires_grad(out)
+                    if rg is False:
+                        self._plain_cut(func, args, kwargs or {}, out, seq)
+                    elif rg and end == seq and not _grad_enabled():
+                        self._regions.call(func, args, kwargs, out, seq)
             elif cat == _GETTER:
-                pass
+                if seq == self._regions.region_seq and isinstance(out, _Tensor):  # x.T inside a region
+                    self._regions.call(func, args, kwargs, out, seq)
             elif cat == _INPLACE:
                 if args and isinstance(args[0], _Tensor):
                     self._inplace(func, args[0])
+                if seq != self._regions.no_region_seq and not _grad_enabled():  # in a reentrant region?
+                    self._regions.call(func, args, kwargs, out, seq)
             elif args and isinstance(args[0], _Tensor):
                 self._special(cat, func, args[0], out)
+                if cat != _TO_PYTHON and seq != self._regions.no_region_seq and not _grad_enabled():
+                    self._regions.call(func, args, kwargs, out, seq)
         except Exception:  # noqa: BLE001 - NOTE [never change the program]
             self.rec.drop_event()
         return out
 
     # -- the rare paths ---------------------------------------------------------------------------
-    def _plain_cut(self, func, args, kwargs, out) -> None:
+    def _plain_cut(self, func, args, kwargs, out, seq) -> None:
+        regions = self._regions
+        if seq != regions.no_region_seq and not _grad_enabled():  # NOTE [recording a reentrant region]
+            regions.call(func, args, kwargs, out, seq)
         inputs = _grad_inputs(args, kwargs)
         if (self._ckpt_seen or inputs) and isinstance(out, _Tensor) and _op_name(func) in SAVES_OUTPUT:
             self._note_made(func, out)

@@ -19,6 +19,7 @@ __all__ = [
     "user_frame",
     "apply_caller",
     "in_checkpoint",
+    "checkpoint_region",
     "in_optimizer",
     "inside_function",
     "versions",
@@ -146,6 +147,28 @@ def in_checkpoint() -> int | None:
         return sequence_nr(found.f_locals["ctx"])
     except (KeyError, AttributeError, RuntimeError):
         return -1
+
+
+def checkpoint_region(f: FrameType | None) -> tuple[FrameType | None, bool]:
+    """``(frame, nested)``: the outermost ``CheckpointFunction.forward`` frame above ``f`` (None: none), and
+    whether the call at ``f`` runs below another autograd Function inside it (a custom Function, a nested
+    reentrant checkpoint): not one of the region's own top-level calls. The caller must not keep the frame.
+    """
+    global _CKPT_FORWARD
+    if _CKPT_FORWARD is None:
+        from torch.utils.checkpoint import CheckpointFunction
+
+        _CKPT_FORWARD = CheckpointFunction.forward.__code__
+    found = None
+    applies = below = ckpts = 0
+    while f is not None:
+        code = f.f_code
+        if code is _CKPT_FORWARD:
+            found, below, ckpts = f, applies, ckpts + 1
+        elif code is _APPLY:
+            applies += 1
+        f = f.f_back
+    return found, found is not None and (ckpts > 1 or below > 0)
 
 
 # NOTE [in-place writes inside torch functions]

@@ -27,6 +27,7 @@ from gradscope.errors import InputTypeError, InputValueError
 from gradscope.graph import CALLED_MODULES, EVENTS, EVENTS_DROPPED
 from gradscope.tracing.lines import NodeLines
 from gradscope.tracing.modes import MAX_EVENTS, CutMode
+from gradscope.tracing.regions import RegionRecorder
 
 __all__ = ["Trace", "trace"]
 
@@ -105,6 +106,7 @@ class Trace:
         self.checkpoint_params: dict[int, set] = {}  # id -> region seqs: NOTE [parameters inside reentrant checkpoint]
         self._dropped = 0
         self.node_lines = NodeLines(_peek_seq())  # NOTE [node lines]: the user's line of every node
+        self.regions = RegionRecorder(self.leaf_refs)  # NOTE [recording a reentrant region]
 
     # -- recording ------------------------------------------------------------------------------
     def __enter__(self) -> Trace:
@@ -135,6 +137,7 @@ class Trace:
                 self._mode.__exit__(*exc)
         finally:
             self._mode = None
+            self.regions.close()
             self._stack.clear()
             self._remove()
             self._active = False
@@ -272,6 +275,7 @@ class Trace:
         self.node_lines.annotate(ops)
         pnames = self._param_names(model, names)
         graph.graph[EVENTS] = self._event_dicts(call_names, pnames)
+        self.regions.annotate(ops, pnames, graph.graph.get("params") or {})
         graph.graph["checkpoint_params"] = {
             pnames[p]: sorted(s) for p, s in self.checkpoint_params.items() if p in pnames
         }

@@ -115,13 +115,17 @@ def build_graph(roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Ten
 
 
 def build(
-    roots: list[torch.Tensor], names: dict[int, tuple[str, torch.Tensor]], buffers=(), fast: bool = True
+    roots: list[torch.Tensor],
+    names: dict[int, tuple[str, torch.Tensor]],
+    buffers=(),
+    fast: bool = True,
+    storages: StorageIds | None = None,
 ) -> Records:
     """Walk from ``roots`` into compact :class:`~gradscope.walk.records.Records` (NOTE [compact records]).
 
     ``records.digraph()`` is :func:`build_graph`'s DiGraph; ``buffers``: the model's buffers (for the
     memory budget: ``graph["buffers"]``); ``fast=False`` reads every node with the general saved-slot
-    reader (for tests).
+    reader (for tests); ``storages``: the walk's storage ids, to read after it (a fresh one by default).
     """
     root_info = []
     no_grad_roots = []
@@ -141,7 +145,7 @@ def build(
     gc_was_enabled = gc.isenabled()
     gc.disable()  # generational GC passes over the walk's allocations would dominate its time
     try:
-        storages = StorageIds()
+        storages = StorageIds() if storages is None else storages
         records, ids = walk([node for _, node, _ in root_info], names, storages, fast)
         roots_idx = [ids[node] for _, node, _ in root_info]
         records.roots = roots_idx
