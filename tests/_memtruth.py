@@ -19,6 +19,7 @@ from the end of the forward to the end of the step.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field
 
 import torch
@@ -110,22 +111,30 @@ def measure(forward, *, inspect=None, optimizer=None, retain_graph=False, before
             does not measure while a profiler runs.
     """
     truth = Truth()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        with record_function("gs::forward"):
-            loss, model = forward()
-        opt = optimizer(model) if callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer) \
-            else optimizer
-        truth.before = storage_bytes(model.parameters(), model.buffers(),
-                                     (p.grad for p in model.parameters()), _optimizer_tensors(opt), before)
-        if inspect is not None:
-            truth.report = inspect(loss, model)
-            if predict is not None:
-                truth.prediction = predict(truth.report, opt)
-        with record_function("gs::backward"):
-            loss.backward(retain_graph=retain_graph)
-        if opt is not None:
-            with record_function("gs::step"):
-                opt.step()
+    # earlier tests' garbage, collected inside the profiled run, would read as this step's frees
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            with record_function("gs::forward"):
+                loss, model = forward()
+            opt = optimizer(model) if callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer) \
+                else optimizer
+            truth.before = storage_bytes(model.parameters(), model.buffers(),
+                                         (p.grad for p in model.parameters()), _optimizer_tensors(opt), before)
+            if inspect is not None:
+                truth.report = inspect(loss, model)
+                if predict is not None:
+                    truth.prediction = predict(truth.report, opt)
+            with record_function("gs::backward"):
+                loss.backward(retain_graph=retain_graph)
+            if opt is not None:
+                with record_function("gs::step"):
+                    opt.step()
+    finally:
+        if enabled:
+            gc.enable()
     tokens = _tokens(prof.profiler.kineto_results.experimental_event_tree())
     run = 0
     fwd_end = None

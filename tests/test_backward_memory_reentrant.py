@@ -58,6 +58,8 @@ def test_nested_backward_matches_the_profiler(name, grad_set):
         assert abs(bm.inner[i] - truth.inner[i]) <= 4096, (i, bm.inner[i], truth.inner[i])
     assert max(abs(a - b) for a, b in zip(bm.levels, truth.levels)) <= 4096
     assert abs(bm.peak - truth.peak) <= 0.01 * truth.peak
+    rows = bm.contributors()  # the rows sum to the peak, the nested backward's part included
+    assert abs(sum(b for _, _, b in rows) - bm.peak) <= 4, (rows, bm.peak)
 
 
 class _Residual(nn.Module):

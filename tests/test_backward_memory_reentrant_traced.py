@@ -133,6 +133,10 @@ def _check(truth):
         if name == "CheckpointFunctionBackward":
             assert abs(bm.inner[i] - truth.inner[i]) <= 4096, (i, bm.inner[i], truth.inner[i])
     assert abs(bm.peak - truth.peak) <= 0.01 * truth.peak, (bm.peak, truth.peak)
+    rows = bm.contributors()  # the peak's rows explain it: the nested backward's top and earlier .grads too
+    assert any(kind == "reentrant recompute" for _, kind, _ in rows) == (bm.names[bm.order.index(bm.peak_node)]
+                                                                      == "CheckpointFunctionBackward")
+    assert abs(sum(b for _, _, b in rows) - bm.peak) <= 4, (rows, bm.peak)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

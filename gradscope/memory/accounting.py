@@ -113,6 +113,10 @@ def peak_by_module(prog: Program, snapshot: dict, origin: dict, sizes: dict, dro
             node, kind = origin.get(key), "gradients"
         elif key[0] == "w":
             node, kind = key[1], "workspace"
+        elif key[0] == "n":  # a reentrant checkpoint's recompute and nested backward, at their highest
+            node, kind = key[1], "reentrant recompute"
+        elif key[0] == "k":  # what an earlier reentrant checkpoint's nested backward left: .grads
+            node, kind = key[1], "gradients"
         elif key[0] == "r":
             region = prog.regions.get(key[1]) or ()
             node, kind = (min(region) if region else None), "recomputed activations"

@@ -135,8 +135,9 @@ class BackwardMemory:
 
     def contributors(self) -> list[tuple[str, str, int]]:
         """What backward made that is alive at its peak, by module: ``(module, kind, bytes)`` rows, largest
-        first (kind: ``gradients``, ``recomputed activations``, ``workspace``), then the saved tensors freed
-        before the peak as a negative row: the rows sum to ``peak``."""
+        first (kind: ``gradients``, ``recomputed activations``, ``workspace``, ``reentrant recompute``: a
+        reentrant checkpoint's recomputed activations and nested gradients at their highest), then the saved
+        tensors freed before the peak as a negative row: the rows sum to ``peak``."""
         if self._contributors is None:
             return []
         got = self._contributors

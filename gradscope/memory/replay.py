@@ -181,8 +181,13 @@ def simulate(
         if extra_attrs is not None and "region_recompute" in extra_attrs:
             nested = _nested(prog, v, extra_attrs, given)
             if nested is not None:  # NOTE [reentrant checkpoint backward]
-                high = max(high, level + nested.forward_peak, level + nested.peak)
+                top = max(nested.forward_peak, nested.peak)
+                if v == snapshot_at and level + top >= high:  # the peak is inside the nested backward
+                    mem.snap = {**st_bytes, ("n", v): top}
+                high = max(high, level + top)
                 level += nested.end - nested.input_grad  # the input's grad is the output made below
+                if origin is not None:  # a snapshot: what the nested backward left (its parameters' .grad)
+                    st_bytes[("k", v)] = nested.end - nested.input_grad
                 grads_kept += nested.grads_kept
         pending = None  # (target, output, tensor) put in the InputBuffers after the frees
         if unscaled and (not kind[v] or 0 not in inputs):  # outputs()'s first case: a new tensor per edge
