@@ -80,3 +80,29 @@ def test_freed_graph_is_one_line(target):
 def test_unknown_optimizer_name_is_a_usage_error(target):
     res = _run(f"{target}:step", "--optimizer", "lion")
     assert res.exit_code == 2 and "Traceback" not in res.output
+
+
+def test_first_measurement_prints_no_profiler_noise(tmp_path):
+    """The first run on a machine measures kernel workspace with torch.profiler, whose kineto prints
+    "USDT: ... profiler_start" to the process's stderr unless its log level is raised: the CLI raises it."""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "conv.py"
+    path.write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+
+        def step():
+            torch.manual_seed(0)
+            m = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())
+            return m(torch.randn(2, 3, 16, 16)).mean(), m
+    """))
+    env = {**os.environ, "GRADSCOPE_CACHE": str(tmp_path / "cache")}
+    env.pop("KINETO_LOG_LEVEL", None)
+    done = subprocess.run([sys.executable, "-m", "gradscope", "memory", f"{path}:step"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "kernel workspace" in done.stdout and any((tmp_path / "cache").iterdir())  # it did measure
+    assert "USDT" not in done.stderr and "profiler_start" not in done.stderr, done.stderr
