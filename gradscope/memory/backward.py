@@ -50,7 +50,7 @@ from gradscope.memory.accounting import grad_names, offloaded_keys, peak_by_modu
 from gradscope.memory.attribution import node_modules
 from gradscope.memory.calibrate import BUILDERS
 from gradscope.memory.compact import Lazy, compile_records
-from gradscope.memory.engine import Program, compile_graph
+from gradscope.memory.engine import Program, compile_graph, reentrant_nodes
 from gradscope.memory.optimizer import step_budget
 from gradscope.memory.reentrant import modelled_region, node_effect
 from gradscope.memory.replay import Trace, simulate
@@ -344,14 +344,15 @@ def replay(
         if step is not None:
             parts["optimizer state"] = step.state_before
         base = sum(parts.values())
+        unmodelled, why = _unmodelled_regions(prog)
         return {
             "base": base,
             "absolute_peak": base + max(high, 0),
             "parts": parts,
             "workspace": {ids[v]: w for v, w in ws.items()},
             "names": list(map(prog.name.__getitem__, tr.order)),
-            "unmodelled": (unmodelled := _unmodelled_regions(prog)),
-            "unmodelled_why": _why(prog, unmodelled),
+            "unmodelled": unmodelled,
+            "unmodelled_why": why,
         }
 
     try:
@@ -374,35 +375,20 @@ def replay(
     )
 
 
-def _unmodelled_regions(prog: Program) -> list:
-    """Node ids of the reentrant checkpoint regions the replay could not model (see BackwardMemory)."""
-    names = prog.name
-    if _REENTRANT not in names:
-        return []
-    out = []
-    for v, name in enumerate(names):
-        if name != _REENTRANT:
-            continue
-        extra = (prog.extra.get(v) if prog.extra is not None else prog.attrs[v].get("attrs")) or {}
+def _unmodelled_regions(prog: Program) -> tuple[list, dict]:
+    """Node ids of the reentrant checkpoint regions the replay could not model (see BackwardMemory), and
+    for the traced ones why their recording could not be used."""
+    out, why = [], {}
+    for v, extra in reentrant_nodes(prog):
         rec = modelled_region(extra)
         if rec is None or node_effect(prog, v, rec, simulate) is None:  # a traced one may fail on meta
-            out.append(prog.ids[v])
-    return out
-
-
-def _why(prog: Program, nodes: list) -> dict:
-    out = {}
-    for nid in nodes:
-        v = prog.index[nid]
-        extra = (prog.extra.get(v) if prog.extra is not None else prog.attrs[v].get("attrs")) or {}
-        traced = (extra.get("region_recompute") or {}).get("traced") or {}
-        why = traced.get("reason") or traced.get("replay")
-        if why:
-            out[nid] = why
-    return out
-
-
-_REENTRANT = "CheckpointFunctionBackward"
+            nid = prog.ids[v]
+            out.append(nid)
+            traced = (extra.get("region_recompute") or {}).get("traced") or {}
+            reason = traced.get("reason") or traced.get("replay")
+            if reason:
+                why[nid] = reason
+    return out, why
 
 
 def backward_memory(report, retain_graph: bool = False, optimizer=None) -> BackwardMemory:

@@ -148,7 +148,7 @@ _NEGATIVE = (0).__gt__
 def _extras(records, leaf: list, extra: dict) -> list:
     """Fill ``extra`` with what the replay reads of the ops' values (the dict of an op the general reader
     read, ``{"alpha": a}`` of a fast-path op with an alpha slot); returns the same per node (None for the
-    others: ``replay._node_extras``)."""
+    others: ``engine.node_extras``)."""
     types, values = records.types, records.values
     per_node: list = [None] * len(types)
     alpha_at = _ALPHA_AT
@@ -309,7 +309,7 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
         extra=extra,
         leaf_info=leaf_info,
     )
-    prog.__dict__["_extras"] = per_node  # what replay._node_extras would make from ``extra``
+    prog.__dict__["_extras"] = per_node  # what engine.node_extras would make from ``extra``
     return prog
 
 

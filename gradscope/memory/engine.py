@@ -15,7 +15,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Program", "compile_graph", "engine_order", "engine_steps", "UINT64_MAX", "DTYPE_BYTES", "numel_bytes"]
+__all__ = [
+    "Program",
+    "compile_graph",
+    "engine_order",
+    "engine_steps",
+    "node_extras",
+    "reentrant_nodes",
+    "REENTRANT",
+    "UINT64_MAX",
+    "DTYPE_BYTES",
+    "numel_bytes",
+]
 
 UINT64_MAX = (1 << 64) - 1
 
@@ -303,3 +314,32 @@ def _sift_up(a: list, key: list, hole: int, v: int) -> None:
         hole = parent
         parent = (hole - 1) // 2
     a[hole] = v
+
+
+REENTRANT = "CheckpointFunctionBackward"
+
+
+def node_extras(prog: Program) -> list:
+    """Per node, the ``attrs`` the replay reads (alpha, a reentrant checkpoint's region) or None; cached on
+    the program (``dataclasses.replace`` copies, as ``rewrite.py`` makes, start without it)."""
+    got = prog.__dict__.get("_extras")
+    if got is None:
+        n = len(prog.name)
+        if prog.extra is not None:
+            got = [None] * n
+            for v, d in prog.extra.items():
+                if d and not prog.leaf[v]:
+                    got[v] = d
+        else:
+            attrs = prog.attrs
+            got = [None if lf else (attrs[v].get("attrs") or None) for v, lf in enumerate(prog.leaf)]
+        prog.__dict__["_extras"] = got
+    return got
+
+
+def reentrant_nodes(prog: Program) -> list[tuple[int, dict]]:
+    """``(node index, its attrs)`` of each reentrant checkpoint node (``{}`` when it has none)."""
+    if REENTRANT not in prog.name:
+        return []
+    extras = node_extras(prog)
+    return [(v, extras[v] or {}) for v, name in enumerate(prog.name) if name == REENTRANT]

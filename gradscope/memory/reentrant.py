@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gradscope.memory.dtypes import numel_bytes
+from gradscope.memory.engine import node_extras
 
 __all__ = ["NestedEffect", "nested_effect", "node_effect", "modelled_region"]
 
@@ -239,8 +240,5 @@ _EFFECTS: dict = {}
 def ctx_state_bytes(prog) -> int:
     """Bytes of the CPU generator states that reentrant checkpoint nodes keep from the forward
     (``ctx.fwd_cpu_state``): alive before backward and not freed by it (the node outlives it)."""
-    if prog.extra is not None:
-        items = prog.extra.values()
-    else:
-        items = ((a.get("attrs") or {}) for i, a in enumerate(prog.attrs) if not prog.leaf[i])
-    return sum(int((a["region_recompute"] or {}).get("rng_bytes") or 0) for a in items if a and "region_recompute" in a)
+    return sum(int((a["region_recompute"] or {}).get("rng_bytes") or 0)
+               for a in node_extras(prog) if a and "region_recompute" in a)  # fmt: skip

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from itertools import repeat
 
-from gradscope.memory.engine import Program, engine_order, numel_bytes
+from gradscope.memory.engine import Program, engine_order, node_extras, numel_bytes, reentrant_nodes
 from gradscope.memory.gradients import OUTPUT_KINDS, PASS_OPS, VIEW_OPS, Memory, outputs
 
 __all__ = ["simulate", "Trace", "VIEW_OPS", "PASS_OPS"]
@@ -135,7 +135,7 @@ def simulate(
     release = not retain_graph
     kind = list(map(OUTPUT_KINDS.get, names, repeat(0)))  # 0: every output a new tensor
     unscaled = grad_scale is None
-    ext = _node_extras(prog)
+    ext = node_extras(prog)
     wsd = workspace if workspace is None or type(workspace) is dict else _by_node(workspace, leaf)
     track_done = bool(recompute)
 
@@ -338,24 +338,6 @@ def _by_node(workspace, leaf: list) -> dict:
     return {v: w for v, lf in enumerate(leaf) if not lf and (w := workspace(v))}
 
 
-def _node_extras(prog: Program) -> list:
-    """Per node, the ``attrs`` the replay reads (alpha, a reentrant checkpoint's region) or None; cached on
-    the program (``dataclasses.replace`` copies, as ``rewrite.py`` makes, start without it)."""
-    got = prog.__dict__.get("_extras")
-    if got is None:
-        n = len(prog.name)
-        if prog.extra is not None:
-            got = [None] * n
-            for v, d in prog.extra.items():
-                if d and not prog.leaf[v]:
-                    got[v] = d
-        else:
-            attrs = prog.attrs
-            got = [None if lf else (attrs[v].get("attrs") or None) for v, lf in enumerate(prog.leaf)]
-        prog.__dict__["_extras"] = got
-    return got
-
-
 def _shared_leaves(prog: Program) -> dict | None:
     """Leaf index -> name of the parameters that the graph and a traced reentrant region both use (their
     ``.grad`` is set by whichever backward reaches them first), or None (cached on the program)."""
@@ -365,11 +347,8 @@ def _shared_leaves(prog: Program) -> dict | None:
     from gradscope.memory.traced import region_params
 
     names: set = set()
-    if "CheckpointFunctionBackward" in prog.name:
-        for v, name in enumerate(prog.name):
-            if name == "CheckpointFunctionBackward":
-                extra = (prog.extra.get(v) if prog.extra is not None else prog.attrs[v].get("attrs")) or {}
-                names |= region_params(extra.get("region_recompute") or {})
+    for _, extra in reentrant_nodes(prog):
+        names |= region_params(extra.get("region_recompute") or {})
     found = {i: n for i, (kind, n) in prog.leaves().items() if kind == "param" and n in names} if names else {}
     prog.__dict__["_shared_leaves"] = found or None
     return found or None
