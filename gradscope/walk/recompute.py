@@ -32,6 +32,7 @@ from gradscope._torch import (
 from gradscope.walk.build import build
 from gradscope.walk.records import Records, node_id
 from gradscope.walk.saved import StorageIds
+from gradscope.walk.values import dtype_str
 
 __all__ = ["Rebuilt", "rebuild"]
 
@@ -152,7 +153,7 @@ def _rebuild(rec: dict) -> Rebuilt:
                     continue
                 if not isinstance(t, torch.Tensor) or not t.is_meta or list(t.shape) != m[0]:
                     raise _Fail(f"call {i} ({fkey[-1]}) gave another shape on meta")
-                if str(t.dtype).removeprefix("torch.") != m[1]:
+                if dtype_str(t.dtype) != m[1]:
                     raise _Fail(f"call {i} ({fkey[-1]}) gave another dtype on meta")
                 st = t.untyped_storage()
                 if st._cdata not in births:  # held to the end of the replay: no pointer is reused
