@@ -40,10 +40,9 @@ from __future__ import annotations
 import fnmatch
 import gc
 import weakref
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import compress
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.memory.accounting import grad_names, offloaded_keys, peak_by_module, step_base, storage_sizes
@@ -54,10 +53,8 @@ from gradscope.memory.engine import Program, compile_graph, reentrant_nodes
 from gradscope.memory.optimizer import step_budget
 from gradscope.memory.reentrant import modelled_region, node_effect
 from gradscope.memory.replay import Trace, simulate
+from gradscope.memory.result import BackwardMemory
 from gradscope.memory.workspace import node_workspace
-
-if TYPE_CHECKING:
-    from gradscope.memory.optimizer import StepBudget
 
 __all__ = ["BackwardMemory", "Overrides", "replay", "backward_memory", "module_nodes", "batch_scale", "program"]
 
@@ -70,139 +67,6 @@ class Overrides:
     scale: object = None
     has_grad: dict | None = None
 
-
-@dataclass
-class BackwardMemory:
-    """The replay's result. Levels are bytes relative to the moment backward starts.
-
-    Attributes:
-        order: node ids in the order autograd's engine will run them.
-        levels: bytes allocated by backward and not yet freed after each node of ``order``.
-        peak: the highest level during backward, workspace included.
-        peak_node: the node id where the peak happens.
-        end: the level after backward.
-        base: bytes alive when backward starts (see :func:`replay`).
-        absolute_peak: ``base`` plus the highest level up to the end of backward, or of
-            ``optimizer.step()`` when an optimizer was given.
-        step: the optimizer step's budget, or None.
-        modules: module name per node of ``order`` (None when unknown).
-        inner: the highest level inside each node (workspace included).
-        workspace: kernel workspace per node id (only nodes that have some).
-        unmodelled: reentrant checkpoint nodes whose recompute and nested backward are not replayed (the
-            region has its own ``forward``: NOTE [reentrant checkpoint backward]); when not empty, ``peak``
-            and ``absolute_peak`` are lower bounds. ``unmodelled_why``: for the traced ones, why the
-            recording could not be used (memory/traced.py NOTE [traced reentrant regions]).
-    """
-
-    order: list
-    levels: list
-    peak: int
-    peak_node: str | None
-    end: int
-    base: int
-    absolute_peak: int
-    step: StepBudget | None = None
-    modules: Sequence = field(default_factory=list)  # a list (computed on first use)
-    inner: list = field(default_factory=list)
-    workspace: dict = field(default_factory=dict)
-    names: list = field(default_factory=list)
-    locations: dict = field(default_factory=dict)
-    parts: dict = field(default_factory=dict)
-    unmodelled: list = field(default_factory=list)
-    unmodelled_why: dict = field(default_factory=dict)  # node id -> why a traced region was not replayed
-    # the rows, or a function computing them on first use
-    _contributors: list[tuple[str, str, int]] | Callable[[], list[tuple[str, str, int]]] | None = field(
-        default=None, repr=False, compare=False
-    )
-    _report: Callable[[], Any] | None = field(default=None, repr=False, compare=False)  # weakref to the report
-
-    @classmethod
-    def _deferred(cls, make: Callable[[], dict], **fields) -> BackwardMemory:
-        """An instance with ``fields`` set and the fields ``make()`` returns filled on first access (NOTE
-        [deferred fields])."""
-        self = object.__new__(cls)
-        self.__dict__.update(fields)
-        self.__dict__["_make"] = make
-        return self
-
-    def __getattr__(self, name: str):
-        make = self.__dict__.get("_make")  # only called for an attribute not set: a deferred field
-        if make is None or name not in _DEFERRED:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        self.__dict__["_make"] = None
-        self.__dict__.update(make())
-        return self.__dict__[name]
-
-    def contributors(self) -> list[tuple[str, str, int]]:
-        """What backward made that is alive at its peak, by module: ``(module, kind, bytes)`` rows, largest
-        first (kind: ``gradients``, ``recomputed activations``, ``workspace``, ``reentrant recompute``: a
-        reentrant checkpoint's recomputed activations and nested gradients at their highest), then the saved
-        tensors freed before the peak as a negative row: the rows sum to ``peak``."""
-        if self._contributors is None:
-            return []
-        got = self._contributors
-        if callable(got):
-            got = self._contributors = got()
-        return got
-
-    @property
-    def peak_module(self) -> str | None:
-        """The module of the peak node (None when unknown)."""
-        if self.peak_node is None:
-            return None
-        return self.modules[self.order.index(self.peak_node)]
-
-    @property
-    def peak_location(self) -> str | None:
-        """``file.py:line`` of the forward call that created the peak node, when traced."""
-        return self.locations.get(self.peak_node)
-
-    def table(self) -> list[tuple[str, int]]:
-        """The step budget as ``(what, bytes)`` rows (see :func:`gradscope.memory.views.budget_rows`)."""
-        from gradscope.memory.views import budget_rows
-
-        return budget_rows(self)
-
-    def to_svg(self, path=None, **kwargs) -> str:
-        """The memory-over-backward curve as SVG (module bands, the peak marked); writes ``path`` when given."""
-        from gradscope.memory.views import curve_svg
-
-        return curve_svg(self, path, **kwargs)
-
-    def render(self, path, **kwargs):
-        """``report.render(path)`` with the peak node marked (label ``memory peak: ...``, class
-        ``gs-memory-peak`` in SVG and HTML); needs the report this replay came from to be alive."""
-        report = self._report() if self._report is not None else None
-        if report is None:
-            raise InputValueError("render() needs the report backward_memory() was called on; keep it.")
-        from gradscope._format import human_bytes
-
-        node = report.graph.nodes.get(self.peak_node) if self.peak_node is not None else None
-        if node is not None:
-            node["memory_peak"] = f"memory peak: +{human_bytes(self.peak)}"
-        try:
-            return report.render(path, **kwargs)
-        finally:
-            if node is not None:
-                node.pop("memory_peak", None)
-
-    def __str__(self) -> str:
-        from gradscope.memory.views import text
-
-        return text(self)
-
-    def _repr_html_(self) -> str:
-        from gradscope.memory.views import repr_html
-
-        return repr_html(self)
-
-
-# NOTE [deferred fields]
-# ``backward_memory()`` computes at call time what the replay itself gives (order, levels, inner, peak,
-# peak_node, end, locations, the optimizer step, which reads the optimizer's current state); the fields
-# below are filled from the compiled graph on first access, with the same values (a report's records do
-# not change; tests/test_backward_memory_compact.py checks them against a direct computation).
-_DEFERRED = frozenset({"base", "absolute_peak", "parts", "workspace", "names", "unmodelled", "unmodelled_why"})
 
 _NO_OVERRIDES = Overrides()
 

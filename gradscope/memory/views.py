@@ -1,4 +1,4 @@
-"""Views of a :class:`~gradscope.memory.backward.BackwardMemory`: text, the step budget table, the SVG curve."""
+"""Views of a :class:`~gradscope.memory.result.BackwardMemory`: text, the step budget table, the SVG curve."""
 
 from __future__ import annotations
 
