@@ -30,7 +30,7 @@ from gradscope._torch import (
     storage_key_and_bytes,
 )
 from gradscope.walk.build import build
-from gradscope.walk.records import Records, node_id
+from gradscope.walk.records import Records, node_ids
 from gradscope.walk.saved import StorageIds
 from gradscope.walk.values import dtype_str
 
@@ -191,7 +191,7 @@ def _rebuild(rec: dict) -> Rebuilt:
     steps = [tuple({key(p): sizes.get(p, 0) for p in live} for live in step) for step in steps]
     return Rebuilt(
         records=records,
-        ids=[node_id(i) for i in range(len(records))],
+        ids=node_ids(len(records)),
         steps=steps,
         seq_ranges=ranges,
         pre=pre,

@@ -34,7 +34,7 @@ import networkx as nx
 
 from gradscope.walk.values import plain_value
 
-__all__ = ["Records", "CompactGraph", "node_id"]
+__all__ = ["Records", "CompactGraph", "node_id", "node_ids"]
 
 _IDS: list[str] = []  # "n0", "n1", ...: the same strings in every walk
 _MAX_CACHED_IDS = 1 << 18
@@ -48,6 +48,14 @@ def node_id(i: int) -> str:
         _IDS.extend(f"n{k}" for k in range(len(_IDS), min(max(2 * i, 1024), _MAX_CACHED_IDS)))
         return _IDS[i]
     return f"n{i}"
+
+
+def node_ids(n: int) -> list[str]:
+    """``["n0", ..., f"n{n - 1}"]``: one slice of the cached strings."""
+    if 0 < n <= _MAX_CACHED_IDS:
+        node_id(n - 1)  # the cache then holds the first n ids
+        return _IDS[:n]
+    return [node_id(i) for i in range(n)]
 
 
 def _index(nid) -> int | None:
@@ -221,7 +229,7 @@ class Records:
 
     def _build(self) -> nx.DiGraph:
         n = len(self.types)
-        ids = [node_id(i) for i in range(n)]
+        ids = node_ids(n)
         g = nx.DiGraph()
         g.graph = self.graph
         # NOTE [building the DiGraph]: nodes and edges are inserted through networkx's own dicts (the
@@ -285,10 +293,7 @@ class _Nodes:
         r = self._r
         n = len(r)
         if data is False:
-            if 0 < n <= _MAX_CACHED_IDS:
-                node_id(n - 1)  # the cache then holds the first n ids: one slice
-                return _IDS[:n]
-            return [node_id(i) for i in range(n)]
+            return node_ids(n)
         if data is True:
             return [(node_id(i), r.node_attrs(i)) for i in range(n)]
         if data == "kind" and not r._dicts:
