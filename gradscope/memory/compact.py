@@ -133,13 +133,18 @@ def _grads(o, dts) -> tuple[list, list]:
     try:
         hit = _GRADS.get((o, dts))
     except TypeError:  # an unhashable shape: computed each time
-        return [None if sh is None else list(sh) for sh in o], [numel_bytes(sh, dts[k]) for k, sh in enumerate(o)]
+        return _sizes(o, dts)
     if hit is None:
         if len(_GRADS) >= 4096:
             _GRADS.clear()
-        os_ = [None if sh is None else list(sh) for sh in o]
-        hit = _GRADS[(o, dts)] = os_, [numel_bytes(sh, dts[k]) for k, sh in enumerate(os_)]
+        hit = _GRADS[(o, dts)] = _sizes(o, dts)
     return hit
+
+
+def _sizes(o, dts, default: str | None = None) -> tuple[list, list]:
+    """Shapes as lists and bytes per output (``default``: the dtype of outputs ``dts`` does not name)."""
+    shapes = [None if sh is None else list(sh) for sh in o]
+    return shapes, [numel_bytes(sh, dts[k] if k < len(dts) else default) for k, sh in enumerate(shapes)]
 
 
 _NEGATIVE = (0).__gt__
@@ -205,9 +210,7 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
         if hit is None:
             o, dts = ent[1], ent[2]
             if len(dts) < len(o):
-                os_ = [None if sh is None else list(sh) for sh in o]
-                dflt = node_dtype({"saved": records.saved_dicts(i)})
-                hit = os_, [numel_bytes(sh, dts[k] if k < len(dts) else dflt) for k, sh in enumerate(os_)]
+                hit = _sizes(o, dts, node_dtype({"saved": records.saved_dicts(i)}))
             else:
                 hit = by_entry[id(ent)] = _grads(o, dts)
         gshapes[i], gbytes[i] = hit
