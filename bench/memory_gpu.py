@@ -36,7 +36,7 @@ def run(name: str) -> tuple:
     torch.manual_seed(0)
     with torch.device("cuda"):
         model, inputs, loss_fn = MODELS[name]()
-    from gradscope.memory.backward import Overrides, replay
+    from gradscope.memory.replay.backward import Overrides, replay
 
     loss = loss_fn(model, *inputs)
     report = gradscope.inspect(loss, model=model)

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import gradscope  # noqa: E402
 from gradscope._format import human_bytes  # noqa: E402
-from gradscope.memory.plan import span_names  # noqa: E402
+from gradscope.memory.planning.plan import span_names  # noqa: E402
 from tests import _plan_models as pm  # noqa: E402
 from tests._steptruth import measure_step  # noqa: E402
 

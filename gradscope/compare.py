@@ -142,7 +142,7 @@ class Diff:
         """
         from dataclasses import replace
 
-        from gradscope.views.svgchart import bar_chart
+        from gradscope.svgchart import bar_chart
 
         rows = []
         for name, (a, b) in list(self.modules.items())[:top]:

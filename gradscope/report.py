@@ -79,27 +79,27 @@ class Report:
     def backward_memory(self, retain_graph: bool = False, optimizer=None):
         """Replay ``backward()`` (and ``optimizer.step()``) over the graph: what it will allocate and free,
         node by node, before it runs (see :func:`gradscope.memory.backward.backward_memory`)."""
-        from gradscope.memory.backward import backward_memory
+        from gradscope.memory.replay.backward import backward_memory
 
         return backward_memory(self, retain_graph=retain_graph, optimizer=optimizer)
 
     def what_if(self, checkpoint=None, offload=None, batch: float = 1.0, optimizer=None, **kwargs):
         """The step's predicted memory with modules checkpointed / offloaded or the batch scaled by ``batch``
         (see :func:`gradscope.memory.whatif.what_if`; needs ``inspect(..., trace=tr)``)."""
-        from gradscope.memory.whatif import what_if
+        from gradscope.memory.planning.whatif import what_if
 
         return what_if(self, checkpoint, offload, batch, optimizer, **kwargs)
 
     def plan(self, budget, optimizer=None, **kwargs):
         """The cheapest modules to checkpoint (and offload) so that the step fits ``budget`` (see
         :func:`gradscope.memory.plan.plan`)."""
-        from gradscope.memory.plan import plan
+        from gradscope.memory.planning.plan import plan
 
         return plan(self, budget, optimizer, **kwargs)
 
     def max_batch(self, budget, optimizer=None, **kwargs):
         """The largest batch whose predicted step fits ``budget`` (see :func:`gradscope.memory.plan.max_batch`)."""
-        from gradscope.memory.plan import max_batch
+        from gradscope.memory.planning.plan import max_batch
 
         return max_batch(self, budget, optimizer, **kwargs)
 

@@ -22,8 +22,13 @@ PKG = ROOT / "gradscope"
 #: Modules outside gradscope/walk/ allowed to import the walk: inspect() runs it; trace()'s torch-function
 #: mode keeps the nodes it touched until the tensor dies (the deep-graph release, TORCH-FACTS section 11);
 #: watch()'s cross-step checks walk the live graph of each step with the walk's node classifier.
-#: backward_memory()'s model of a traced reentrant checkpoint walks the meta graph it rebuilt (memory/traced.py).
-WALK_USERS = {"gradscope.inspection", "gradscope.tracing.modes", "gradscope.watching.walks", "gradscope.memory.traced"}
+#: backward_memory()'s model of a traced reentrant checkpoint walks the meta graph it rebuilt (memory/replay/traced.py).
+WALK_USERS = {
+    "gradscope.inspection",
+    "gradscope.tracing.modes",
+    "gradscope.watching.walks",
+    "gradscope.memory.replay.traced",
+}
 
 
 def _modules() -> dict[str, Path]:

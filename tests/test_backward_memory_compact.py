@@ -1,5 +1,5 @@
 """The replay compiled from inspect()'s compact records equals the one compiled from the DiGraph, and builds
-neither the DiGraph nor the node dicts it does not need (memory/compact.py NOTE [compiling from the
+neither the DiGraph nor the node dicts it does not need (memory/replay/compile.py NOTE [compiling from the
 compact records]). The numbers themselves are checked against torch.profiler in test_backward_memory.py."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import gradscope
-from gradscope.memory.backward import program
-from gradscope.memory.engine import compile_graph
+from gradscope.memory.replay.backward import program
+from gradscope.memory.replay.engine import compile_graph
 from tests._memmodels import MODELS
 
 FIELDS = ("ids", "name", "seq", "leaf", "grad_bytes", "grad_shapes", "saved", "storages", "shapes", "external",
@@ -63,8 +63,8 @@ def test_deferred_fields_equal_a_direct_computation(name):
     """backward_memory() fills base, absolute_peak, parts, workspace, names and unmodelled on first access
     (backward.py NOTE [deferred fields]): the values are those computed from the graph directly, whichever
     field is read first, and the same as on a report whose DiGraph was built."""
-    from gradscope.memory.accounting import step_base
-    from gradscope.memory.workspace import node_workspace
+    from gradscope.memory.kernels.workspace import node_workspace
+    from gradscope.memory.replay.accounting import step_base
 
     torch.manual_seed(0)
     model, inputs, loss_fn = MODELS[name]()
@@ -105,7 +105,7 @@ def test_a_deferred_field_can_be_changed_like_any_other():
 def test_engine_order_with_a_node_the_roots_do_not_reach():
     """The engine counts dependencies from the roots: a node they do not reach must not hold back the node
     it sends a gradient to (the engine never sees it)."""
-    from gradscope.memory.engine import engine_order
+    from gradscope.memory.replay.engine import engine_order
 
     torch.manual_seed(0)
     model, inputs, loss_fn = MODELS["glu_split"]()
@@ -125,7 +125,7 @@ def test_engine_order_with_a_node_the_roots_do_not_reach():
 
 
 def test_numel_bytes_converts_each_dimension():
-    from gradscope.memory.dtypes import numel_bytes
+    from gradscope.memory.replay.dtypes import numel_bytes
 
     assert numel_bytes(torch.Size([2, 3]), "float16") == 12
     assert numel_bytes([2.0, 3], "float32") == numel_bytes(["2", 3], None) == 24      # as int() reads them

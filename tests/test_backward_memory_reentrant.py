@@ -1,5 +1,5 @@
 """Reentrant checkpoint (``use_reentrant=True``): the nested backward, modelled from the region's layers,
-against torch.profiler (TORCH-FACTS 4 and 14; memory/reentrant.py NOTE [reentrant checkpoint backward]).
+against torch.profiler (TORCH-FACTS 4 and 14; memory/replay/reentrant.py NOTE [reentrant checkpoint backward]).
 
 Which variant is modelled: a region whose function is an ``nn.Sequential`` (nested ones too) of
 ``Linear``/``ReLU``/``GELU``/``SiLU``/``Tanh``/``Sigmoid``/``Identity`` with torch's own forward. A region
@@ -16,9 +16,9 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 import gradscope
-from gradscope.memory.backward import program
-from gradscope.memory.reentrant import modelled_region, node_effect
-from gradscope.memory.replay import simulate
+from gradscope.memory.replay.backward import program
+from gradscope.memory.replay.reentrant import modelled_region, node_effect
+from gradscope.memory.replay.simulate import simulate
 from tests._memmodels import MODELS
 from tests._memtruth import measure
 
@@ -85,7 +85,7 @@ class _ResidualInside(nn.Module):
 
 def test_custom_forward_region_is_modelled_when_traced():
     # untraced, the region's ops are not known before backward (the next test); traced, its recorded calls
-    # are replayed on meta (memory/traced.py; more cases in test_backward_memory_reentrant_traced.py)
+    # are replayed on meta (memory/replay/traced.py; more cases in test_backward_memory_reentrant_traced.py)
     torch.manual_seed(0)
     model, x = _ResidualInside(), torch.randn(16, 64, requires_grad=True)
     loss_fn = lambda m, x: m(x).pow(2).mean()  # noqa: E731

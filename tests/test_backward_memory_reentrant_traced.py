@@ -1,5 +1,5 @@
 """Reentrant checkpoint regions with their own ``forward``, modelled when the forward ran under
-``gradscope.trace()`` (memory/traced.py NOTE [traced reentrant regions]): the recorded calls are replayed on
+``gradscope.trace()`` (memory/replay/traced.py NOTE [traced reentrant regions]): the recorded calls are replayed on
 meta and the nested backward replayed over that graph. Ground truth: torch.profiler (tests/_memtruth.py),
 with ``.grad`` empty and already set; the same regions untraced stay listed as unmodelled lower bounds.
 """

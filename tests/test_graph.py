@@ -9,8 +9,8 @@ from torch import nn
 
 import gradscope
 from gradscope.graph import NO_GRAD_ROOTS, PARAMS, ROOTS, forward_order, held_bytes, node_modules, storage_uses
-from gradscope.memory.attribution import NO_MODULE
-from gradscope.memory.attribution import node_modules as memory_modules
+from gradscope.graph.attribution import NO_MODULE
+from gradscope.graph.attribution import node_modules as memory_modules
 from gradscope.views.collapse import build_view
 
 

@@ -170,7 +170,7 @@ def test_fill_is_shaded_by_the_activations_a_node_holds(report):
     """Fill = bytes the node's saved activations hold (each storage once, parameters saved by reference
     left out): b's addmm saves h (owned by the sigmoid that saved it first) and b.weight.t() (a
     parameter), so it holds nothing of its own and stays white."""
-    from gradscope.memory.attribution import node_bytes
+    from gradscope.graph.attribution import node_bytes
 
     src = report.to_dot().source
     own = node_bytes(report.graph)

@@ -18,7 +18,7 @@ import torch
 
 import gradscope
 from gradscope.errors import InputTypeError, InputValueError
-from gradscope.memory.attribution import storage_uses
+from gradscope.graph.attribution import storage_uses
 from tests._plan_models import CASES, gpt_tiny, mlp
 from tests._steptruth import apply_changes, measure_step
 

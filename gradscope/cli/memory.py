@@ -93,7 +93,7 @@ def memory_cmd(target, opt_name, budget, svg, use_trace, want_plan=False):
     limit = None
     try:
         if budget is not None:
-            from gradscope.memory.plan import parse_budget
+            from gradscope.memory.planning.plan import parse_budget
 
             limit = parse_budget(budget)
         with contextlib.redirect_stdout(sys.stderr):  # the target's prints must not mix with our output

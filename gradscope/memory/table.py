@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from gradscope._format import human_bytes, one_line
 from gradscope.errors import InputValueError
-from gradscope.memory.attribution import NO_MODULE, module_bytes, node_bytes, node_modules, seq_order, storage_uses
+from gradscope.graph.attribution import NO_MODULE, module_bytes, node_bytes, node_modules, seq_order, storage_uses
 
 __all__ = [
     "memory",
@@ -228,7 +228,7 @@ class MemoryTable(list):
             >>> from IPython.display import SVG                 # doctest: +SKIP
             >>> SVG(report.memory().to_svg())                   # doctest: +SKIP
         """
-        from gradscope.views.svgchart import bar_chart
+        from gradscope.svgchart import bar_chart
 
         return bar_chart(self[:top], title=f"saved-tensor memory by {self.by}", width=width)
 

@@ -3,7 +3,7 @@
 NOTE [recording a reentrant region]
 ``checkpoint(fn, x, use_reentrant=True)`` runs ``fn`` under ``no_grad`` in the forward; its backward runs it
 again under ``enable_grad`` and backpropagates through that second graph, which does not exist before
-backward (``memory/reentrant.py`` NOTE [reentrant checkpoint backward]). What the mode sees of the first
+backward (``memory/replay/reentrant.py`` NOTE [reentrant checkpoint backward]). What the mode sees of the first
 run is enough to rebuild the second one on ``meta`` tensors without running any user code
 (``walk/recompute.py``): every top-level torch-function call of the region (the mode is off inside a
 call, so ``F.layer_norm``'s own ops are not seen), as ``[function name, args, kwargs, outputs]``, where a

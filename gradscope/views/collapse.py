@@ -184,7 +184,7 @@ def build_view(
     if chains:
         _chains(graph, order, module_of, owner, groups, roots | protected, chains)
     _absorb_leaves(graph, owner, groups)
-    from gradscope.memory.attribution import node_bytes
+    from gradscope.graph.attribution import node_bytes
 
     own = node_bytes(graph)
     for g in groups.values():

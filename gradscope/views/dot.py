@@ -15,7 +15,7 @@ import graphviz
 import networkx as nx
 
 from gradscope._format import human_bytes, shape_str
-from gradscope.memory.attribution import node_bytes
+from gradscope.graph.attribution import node_bytes
 from gradscope.views.clusters import calls, emit_clusters, unused_and_cuts
 from gradscope.views.collapse import View, depth, finding_nodes, truncate
 from gradscope.views.style import COLORS, esc

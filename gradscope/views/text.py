@@ -6,7 +6,7 @@ import textwrap
 
 from gradscope._format import human_bytes, one_line, shape_str
 from gradscope.graph import HELD, PARAMS, ROOT_SHAPES, ROOTS
-from gradscope.memory.attribution import node_bytes, storage_uses
+from gradscope.graph.attribution import node_bytes, storage_uses
 
 __all__ = ["summary", "top_nodes"]
 
@@ -112,7 +112,7 @@ def summary(report, top: int = 5) -> str:
         if by_ref:
             lines.append(f"  (plus {human_bytes(by_ref)} of parameters saved by reference: no extra memory)")
     if any(m for n, m in g.nodes(data="module") if kind_of[n] == "op"):
-        from gradscope.memory.attribution import module_bytes
+        from gradscope.graph.attribution import module_bytes
 
         mods = [(m, n) for m, n in module_bytes(g, params=False).items() if n > 0][:top]
         if mods:

@@ -175,7 +175,7 @@ def build(
 
 def _input_storages(leaves: dict, ids: dict, storages: StorageIds) -> dict:
     """``{node id: storage id}`` of the input leaves (tensors that require grad, not parameters) whose
-    storage an op saved too: the step's budget counts such a storage once (``memory/accounting.py``)."""
+    storage an op saved too: the step's budget counts such a storage once (``memory/replay/accounting.py``)."""
     inputs = [i for i, leaf in leaves.items() if leaf[0] == "input"]
     if not inputs:
         return {}

@@ -3,7 +3,7 @@
 Each cell's colour is the module's gradient L2 norm on that checked step (log10 scale by default, from dark
 blue for the smallest to yellow for the largest); cells flagged vanishing or exploding get a red outline,
 a module with no gradient on a step is left grey, and every cell carries a ``<title>`` tooltip with the
-exact value. Same style as :mod:`gradscope.views.svgchart`.
+exact value. Same style as :mod:`gradscope.svgchart`.
 """
 
 from __future__ import annotations

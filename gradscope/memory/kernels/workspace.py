@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 
-from gradscope.memory.engine import numel_bytes
+from gradscope.memory.replay.engine import numel_bytes
 
 __all__ = ["node_workspace", "LIMIT", "cache_path"]
 
@@ -69,7 +69,7 @@ def _slot(d: dict, name: str):
 
 def _spec(prog, v: int):
     """``(op, tensors: {slot: (shape, dtype)}, attrs)`` for an op in BUILDERS, else None."""
-    from gradscope.memory.calibrate import BUILDERS
+    from gradscope.memory.kernels.calibrate import BUILDERS
 
     name = prog.name[v]
     if name not in BUILDERS:
@@ -157,7 +157,7 @@ def node_workspace(prog, v: int, grad_scale=None) -> int:
         if os.environ.get("GRADSCOPE_WORKSPACE", "1") == "0":
             return 0
         from gradscope._torch import profiler_enabled
-        from gradscope.memory.calibrate import measure_workspace
+        from gradscope.memory.kernels.calibrate import measure_workspace
 
         if profiler_enabled():
             return 0  # a profiler is running: measure another time (nothing cached)

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gradscope.memory.engine import engine_order, numel_bytes
-from gradscope.memory.select import region_inputs
+from gradscope.memory.planning.select import region_inputs
+from gradscope.memory.replay.engine import engine_order, numel_bytes
 
 __all__ = ["with_checkpoints"]
 

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING
 
 from gradscope._format import human_bytes, shape_str
 from gradscope.errors import InputTypeError, InputValueError
-from gradscope.memory.attribution import seq_order, storage_uses
-from gradscope.memory.select import Scaler, all_regions, module_regions, require_modules, resolve
+from gradscope.graph.attribution import seq_order, storage_uses
+from gradscope.memory.planning.select import Scaler, all_regions, module_regions, require_modules, resolve
 
 if TYPE_CHECKING:
-    from gradscope.memory.backward import BackwardMemory
+    from gradscope.memory.replay.backward import BackwardMemory
 
 __all__ = ["WhatIf", "what_if", "step_device", "change_overrides", "replay_change", "in_forward_order"]
 
@@ -79,7 +79,7 @@ class WhatIf:
 
     def change(self) -> str:
         parts = []
-        from gradscope.memory.plancode import span_names
+        from gradscope.memory.planning.plancode import span_names
 
         if self.checkpoint:
             parts.append("checkpoint " + span_names(self.checkpoint))
@@ -117,7 +117,7 @@ class WhatIf:
 
     def to_svg(self, path=None, **kwargs) -> str:
         """Before/after backward curves in one SVG (see :func:`gradscope.memory.planview.curves_svg`)."""
-        from gradscope.memory.planview import curves_svg
+        from gradscope.memory.planning.planview import curves_svg
 
         return curves_svg([("before", self.baseline), (self.change(), self.memory)], path, **kwargs)
 
@@ -127,9 +127,9 @@ def context(report) -> dict:
     changed): forward order, module calls, FLOPs per node, the engine order's ranks, scalers."""
     c = getattr(report, "_gs_whatif", None)
     if c is None or c["graph"] is not report.graph:
-        from gradscope.memory.backward import program
-        from gradscope.memory.cost import forward_flops
-        from gradscope.memory.engine import engine_order
+        from gradscope.memory.planning.cost import forward_flops
+        from gradscope.memory.replay.backward import program
+        from gradscope.memory.replay.engine import engine_order
 
         graph = report.graph
         order = seq_order(graph)
@@ -199,7 +199,7 @@ def _scale(scaler: Scaler, graph, k: float):
 def change_overrides(report, checkpoint=(), offload=(), batch: float = 1.0, scaler: Scaler | None = None):
     """``(Overrides, notes, checkpoint regions, offloaded node ids)`` for checkpointed / offloaded module
     names (already resolved)."""
-    from gradscope.memory.backward import Overrides
+    from gradscope.memory.replay.backward import Overrides
 
     graph = report.graph
     ctx = context(report)
@@ -240,8 +240,8 @@ class _Rewritten:
 
 def replay_change(report, ov, regions, off=frozenset(), optimizer=None):
     """The replay of the step with ``change_overrides``' result applied."""
-    from gradscope.memory.backward import program, replay
-    from gradscope.memory.rewrite import with_checkpoints, with_offload
+    from gradscope.memory.planning.rewrite import with_checkpoints, with_offload
+    from gradscope.memory.replay.backward import program, replay
 
     if regions or off:
         ctx = context(report)
@@ -253,7 +253,7 @@ def replay_change(report, ov, regions, off=frozenset(), optimizer=None):
 def _loss_buffer(graph, k: float) -> int:
     """Bytes the loss's storage grows by with the batch scaled by ``k``: a scalar loss that views a bigger
     buffer (MSE's mean over the elementwise losses) keeps a buffer of the batch's size."""
-    from gradscope.memory.engine import numel_bytes
+    from gradscope.memory.replay.engine import numel_bytes
 
     if k == 1:
         return 0
@@ -318,7 +318,7 @@ def what_if(
         InputValueError: the report was not traced, a pattern matches no module, a module is in both lists.
         InputTypeError: an argument of the wrong type.
     """
-    from gradscope.memory.backward import replay
+    from gradscope.memory.replay.backward import replay
 
     graph = report.graph
     names = require_modules(graph, "what_if")

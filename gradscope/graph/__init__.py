@@ -364,7 +364,7 @@ def node_modules(graph: nx.DiGraph, order: list[str] | None = None) -> dict[str,
 # -- storages --------------------------------------------------------------------------------------
 @dataclass(slots=True)
 class StorageUse:
-    """One saved storage, counted once (see NOTE [one storage, one owner] in gradscope/memory/attribution.py)."""
+    """One saved storage, counted once (see NOTE [one storage, one owner] in gradscope/graph/attribution.py)."""
 
     key: tuple
     nbytes: int

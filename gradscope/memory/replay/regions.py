@@ -14,7 +14,7 @@ node of the region (the frame lives as long as any of its holders).
 
 from __future__ import annotations
 
-from gradscope.memory.dtypes import numel_bytes
+from gradscope.memory.replay.dtypes import numel_bytes
 
 __all__ = ["recorded_regions"]
 

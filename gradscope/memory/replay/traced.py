@@ -4,7 +4,7 @@ NOTE [traced reentrant regions]
 When the forward ran under ``gradscope.trace()``, a reentrant region's node carries the recording of its
 calls (``tracing/regions.py``); ``walk/recompute.py`` replays them on ``meta`` and walks the graph they
 make, the one ``CheckpointFunction.backward`` will build. From it, as for the layers of
-``memory/reentrant.py`` (same :class:`~gradscope.memory.reentrant.NestedEffect`, same engine rules):
+``memory/replay/reentrant.py`` (same :class:`~gradscope.memory.reentrant.NestedEffect`, same engine rules):
 
 - the recompute's forward: after each call, the storages of the values its function still holds (the
   forward's own Python lifetimes, recorded by the trace) plus the storages the new graph saved so far (a
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 
-from gradscope.memory.compact import compile_records
+from gradscope.memory.replay.compile import compile_records
 from gradscope.walk.recompute import rebuild
 
 __all__ = ["traced_effect", "usable"]

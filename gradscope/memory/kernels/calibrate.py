@@ -213,6 +213,6 @@ _FLOATS = {"float32", "float64", "bfloat16", "float16"}  # gradscope dtype strin
 
 
 def _nbytes_of(spec) -> int:
-    from gradscope.memory.engine import numel_bytes
+    from gradscope.memory.replay.engine import numel_bytes
 
     return numel_bytes(spec[0], spec[1])

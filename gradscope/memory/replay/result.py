@@ -1,6 +1,6 @@
 """The answer of ``report.backward_memory()``: :class:`BackwardMemory`, its deferred fields and its views.
 
-``memory/backward.py`` makes it (the replay driver); ``memory/views.py`` draws it.
+``memory/replay/backward.py`` makes it (the replay driver); ``memory/replay/views.py`` draws it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from gradscope.errors import InputValueError
 
 if TYPE_CHECKING:
-    from gradscope.memory.optimizer import StepBudget
+    from gradscope.memory.replay.optimizer import StepBudget
 
 __all__ = ["BackwardMemory"]
 
@@ -37,7 +37,7 @@ class BackwardMemory:
         unmodelled: reentrant checkpoint nodes whose recompute and nested backward are not replayed (the
             region has its own ``forward``: NOTE [reentrant checkpoint backward]); when not empty, ``peak``
             and ``absolute_peak`` are lower bounds. ``unmodelled_why``: for the traced ones, why the
-            recording could not be used (memory/traced.py NOTE [traced reentrant regions]).
+            recording could not be used (memory/replay/traced.py NOTE [traced reentrant regions]).
     """
 
     order: list
@@ -105,13 +105,13 @@ class BackwardMemory:
 
     def table(self) -> list[tuple[str, int]]:
         """The step budget as ``(what, bytes)`` rows (see :func:`gradscope.memory.views.budget_rows`)."""
-        from gradscope.memory.views import budget_rows
+        from gradscope.memory.replay.views import budget_rows
 
         return budget_rows(self)
 
     def to_svg(self, path=None, **kwargs) -> str:
         """The memory-over-backward curve as SVG (module bands, the peak marked); writes ``path`` when given."""
-        from gradscope.memory.views import curve_svg
+        from gradscope.memory.replay.views import curve_svg
 
         return curve_svg(self, path, **kwargs)
 
@@ -133,12 +133,12 @@ class BackwardMemory:
                 node.pop("memory_peak", None)
 
     def __str__(self) -> str:
-        from gradscope.memory.views import text
+        from gradscope.memory.replay.views import text
 
         return text(self)
 
     def _repr_html_(self) -> str:
-        from gradscope.memory.views import repr_html
+        from gradscope.memory.replay.views import repr_html
 
         return repr_html(self)
 

@@ -7,7 +7,7 @@ Internal API (for what-if planning, issue 13)
 -------------------------------------------
 ::
 
-    from gradscope.memory.backward import replay, Overrides
+    from gradscope.memory.replay.backward import replay, Overrides
 
     res = replay(report, Overrides(...), optimizer=None, retain_graph=False)
     res.order, res.levels, res.peak, res.peak_node, res.end   # as BackwardMemory (node ids, bytes)
@@ -40,32 +40,29 @@ from __future__ import annotations
 import fnmatch
 import gc
 import weakref
-from dataclasses import dataclass
 from itertools import compress
 from typing import Any
 
 from gradscope.errors import InputTypeError, InputValueError
-from gradscope.memory.accounting import grad_names, offloaded_keys, peak_by_module, step_base, storage_sizes
-from gradscope.memory.attribution import node_modules
-from gradscope.memory.calibrate import BUILDERS
-from gradscope.memory.compact import Lazy, compile_records
-from gradscope.memory.engine import Program, compile_graph, reentrant_nodes
-from gradscope.memory.optimizer import step_budget
-from gradscope.memory.reentrant import modelled_region, node_effect
-from gradscope.memory.replay import Trace, simulate
-from gradscope.memory.result import BackwardMemory
-from gradscope.memory.workspace import node_workspace
+from gradscope.graph.attribution import node_modules
+from gradscope.memory.kernels.calibrate import BUILDERS
+from gradscope.memory.kernels.workspace import node_workspace
+from gradscope.memory.replay.accounting import (
+    Overrides,
+    grad_names,
+    offloaded_keys,
+    peak_by_module,
+    step_base,
+    storage_sizes,
+)
+from gradscope.memory.replay.compile import Lazy, compile_records
+from gradscope.memory.replay.engine import Program, compile_graph, reentrant_nodes
+from gradscope.memory.replay.optimizer import step_budget
+from gradscope.memory.replay.reentrant import modelled_region, node_effect
+from gradscope.memory.replay.result import BackwardMemory
+from gradscope.memory.replay.simulate import Trace, simulate
 
 __all__ = ["BackwardMemory", "Overrides", "replay", "backward_memory", "module_nodes", "batch_scale", "program"]
-
-
-@dataclass
-class Overrides:
-    """Changes to the step that the replay applies (see the module docstring)."""
-
-    offload: frozenset = frozenset()
-    scale: object = None
-    has_grad: dict | None = None
 
 
 _NO_OVERRIDES = Overrides()

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 from gradscope._format import human_bytes
 from gradscope.errors import InputValueError
-from gradscope.memory.plancode import parse_budget
-from gradscope.memory.whatif import what_if
+from gradscope.memory.planning.plancode import parse_budget
+from gradscope.memory.planning.whatif import what_if
 
 __all__ = ["MaxBatch", "max_batch"]
 

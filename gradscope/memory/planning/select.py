@@ -1,7 +1,7 @@
 """Which modules a what-if names, which op nodes each module call made, and which tensors scale with the batch.
 
-Pure functions over ``report.graph``, shared by :mod:`gradscope.memory.whatif` and
-:mod:`gradscope.memory.plan`.
+Pure functions over ``report.graph``, shared by :mod:`gradscope.memory.planning.whatif` and
+:mod:`gradscope.memory.planning.plan`.
 
 NOTE [module calls from sequence numbers]
 ``trace()`` writes the innermost module of every op node (``module``). A module wrapped in ``checkpoint``
@@ -28,8 +28,8 @@ from fnmatch import fnmatchcase
 from math import prod
 
 from gradscope.errors import InputTypeError, InputValueError
-from gradscope.memory.attribution import seq_order
-from gradscope.memory.cost import FORWARD_VIEWS
+from gradscope.graph.attribution import seq_order
+from gradscope.memory.planning.cost import FORWARD_VIEWS
 
 __all__ = ["require_modules", "resolve", "all_regions", "module_regions", "region_inputs", "infer_batch", "Scaler"]
 

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 from gradscope._format import human_bytes
 from gradscope.errors import InputValueError
-from gradscope.memory.attribution import storage_uses
-from gradscope.memory.maxbatch import MaxBatch, max_batch
-from gradscope.memory.plancode import parse_budget, plan_code, span_names
-from gradscope.memory.select import module_regions, region_inputs, require_modules
-from gradscope.memory.whatif import WhatIf, context, in_forward_order, step_device, what_if
+from gradscope.graph.attribution import storage_uses
+from gradscope.memory.planning.maxbatch import MaxBatch, max_batch
+from gradscope.memory.planning.plancode import parse_budget, plan_code, span_names
+from gradscope.memory.planning.select import module_regions, region_inputs, require_modules
+from gradscope.memory.planning.whatif import WhatIf, context, in_forward_order, step_device, what_if
 
 __all__ = ["Plan", "MaxBatch", "plan", "max_batch", "parse_budget", "plan_code", "span_names"]
 
@@ -102,7 +102,7 @@ class Plan:
     def render(self, report, path, **kwargs):
         """``report.render(path)`` with the planned modules' op nodes marked (``plan: checkpoint`` /
         ``plan: offload`` in the label, class ``gs-planned``); the marks are removed afterwards."""
-        from gradscope.memory.select import module_regions
+        from gradscope.memory.planning.select import module_regions
 
         graph = report.graph
         marked = [
@@ -121,7 +121,7 @@ class Plan:
 
     def to_svg(self, path=None, **kwargs) -> str:
         """Before/after backward curves and the budget line in one SVG."""
-        from gradscope.memory.planview import curves_svg
+        from gradscope.memory.planning.planview import curves_svg
 
         res = self.result
         assert res is not None  # plan() always sets the result
@@ -131,7 +131,7 @@ class Plan:
 
 def _candidates(report, names: list[str]) -> list[tuple[float, str, int, int]]:
     """``(FLOPs per byte, module, estimated bytes bought, FLOPs)`` of every module worth checkpointing."""
-    from gradscope.memory.holders import external_storages
+    from gradscope.memory.replay.holders import external_storages
 
     graph = report.graph
     ctx = context(report)
@@ -191,7 +191,7 @@ def plan(
     device = step_device(graph)
     can_offload = device != "cpu" and offload is not False
 
-    from gradscope.memory.backward import replay
+    from gradscope.memory.replay.backward import replay
 
     unchanged = replay(report, None, optimizer=optimizer)
 
@@ -286,7 +286,7 @@ def _greedy(cands, peak_of, base: WhatIf, target: int, can_offload: bool, bound=
 
 def _floor(report, base: WhatIf) -> int:
     """Bytes no plan removes: parameters, buffers, every gradient, optimizer state and step temporaries."""
-    from gradscope.memory.engine import numel_bytes
+    from gradscope.memory.replay.engine import numel_bytes
 
     parts = base.memory.parts
     params = report.graph.graph.get("params", {})

@@ -6,7 +6,7 @@ import html
 from pathlib import Path
 
 from gradscope._format import human_bytes
-from gradscope.memory.attribution import NO_MODULE
+from gradscope.graph.attribution import NO_MODULE
 
 __all__ = ["text", "budget_rows", "curve_svg", "repr_html", "BAND_COLOURS"]
 

@@ -1,18 +1,24 @@
 """What a replayed step is made of, in bytes: storage sizes (batch-scaled), the saved storages an offload
 moves away, the state that exists before backward (parameters, buffers, inputs, gradients), and the
-peak split by module. :func:`gradscope.memory.backward.replay` assembles these around the simulation."""
+peak split by module. :func:`gradscope.memory.replay.backward.replay` assembles these around the simulation."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from gradscope.memory.engine import Program, numel_bytes
-from gradscope.memory.reentrant import ctx_state_bytes
+from gradscope.memory.replay.engine import Program, numel_bytes
+from gradscope.memory.replay.reentrant import ctx_state_bytes
 
-if TYPE_CHECKING:
-    from gradscope.memory.backward import Overrides
+__all__ = ["Overrides", "storage_sizes", "offloaded_keys", "grad_names", "step_base", "peak_by_module"]
 
-__all__ = ["storage_sizes", "offloaded_keys", "grad_names", "step_base", "peak_by_module"]
+
+@dataclass
+class Overrides:
+    """Changes to the step that the replay applies (``replay.backward`` explains each field)."""
+
+    offload: frozenset = frozenset()
+    scale: object = None
+    has_grad: dict | None = None
 
 
 def storage_sizes(prog: Program, scale):

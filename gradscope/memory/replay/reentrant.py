@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gradscope.memory.dtypes import numel_bytes
-from gradscope.memory.engine import node_extras
+from gradscope.memory.replay.dtypes import numel_bytes
+from gradscope.memory.replay.engine import node_extras
 
 __all__ = ["NestedEffect", "nested_effect", "node_effect", "modelled_region"]
 
@@ -142,7 +142,7 @@ def nested_effect(layers, in_shape, in_dtype: str, input_grad: bool, rng_bytes: 
     """The recompute and nested backward of a region made of ``layers`` (``walk.checkpoint.region_layers``)
     on an input of ``in_shape``, replayed by ``simulate`` (``replay.simulate``, passed in: it calls us);
     None when a layer or shape is outside what is modelled."""
-    from gradscope.memory.engine import Program
+    from gradscope.memory.replay.engine import Program
 
     built = _build(layers, in_shape, in_dtype, input_grad, rng_bytes) if layers and in_shape else None
     if built is None:
@@ -184,9 +184,9 @@ def nested_effect(layers, in_shape, in_dtype: str, input_grad: bool, rng_bytes: 
 
 def modelled_region(extra_attrs: dict) -> dict | None:
     """The ``region_recompute`` record of a reentrant checkpoint node's ``attrs`` when its layers are known
-    (NOTE [reentrant layers]) or its forward was traced (``memory/traced.py``), else None: a region this
+    (NOTE [reentrant layers]) or its forward was traced (``memory/replay/traced.py``), else None: a region this
     module can replay (a traced one may still fail on meta: :func:`node_effect` is then None)."""
-    from gradscope.memory.traced import usable
+    from gradscope.memory.replay.traced import usable
 
     rec = extra_attrs.get("region_recompute")
     return rec if rec and (rec.get("layers") or usable(rec)) else None
@@ -199,7 +199,7 @@ def node_effect(prog, v: int, recompute: dict, simulate, given: set | None = Non
     region's AccumulateGrad then adds in place; the set gets the region's parameters)."""
     cache = prog.__dict__.setdefault("_nested", {})
     if not recompute.get("layers"):  # a traced region (NOTE [traced reentrant regions])
-        from gradscope.memory.traced import region_params, traced_effect
+        from gradscope.memory.replay.traced import region_params, traced_effect
 
         names = region_params(recompute)
         key = (v, frozenset(names & given) if given else frozenset())

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from itertools import repeat
 
-from gradscope.memory.engine import Program, engine_order, node_extras, numel_bytes, reentrant_nodes
-from gradscope.memory.gradients import OUTPUT_KINDS, PASS_OPS, VIEW_OPS, Memory, outputs
+from gradscope.memory.replay.engine import Program, engine_order, node_extras, numel_bytes, reentrant_nodes
+from gradscope.memory.replay.gradients import OUTPUT_KINDS, PASS_OPS, VIEW_OPS, Memory, outputs
 
 __all__ = ["simulate", "Trace", "VIEW_OPS", "PASS_OPS"]
 
@@ -311,7 +311,7 @@ def simulate(
 def _nested(prog: Program, v: int, extra_attrs: dict, given: set):
     """The modelled recompute and nested backward of reentrant checkpoint node ``v``, or None (``given``:
     see :func:`~gradscope.memory.reentrant.node_effect`)."""
-    from gradscope.memory.reentrant import modelled_region, node_effect
+    from gradscope.memory.replay.reentrant import modelled_region, node_effect
 
     rec = modelled_region(extra_attrs)
     return None if rec is None else node_effect(prog, v, rec, simulate, given)
@@ -344,7 +344,7 @@ def _shared_leaves(prog: Program) -> dict | None:
     got = prog.__dict__.get("_shared_leaves", 0)
     if got != 0:
         return got
-    from gradscope.memory.traced import region_params
+    from gradscope.memory.replay.traced import region_params
 
     names: set = set()
     for _, extra in reentrant_nodes(prog):

@@ -31,7 +31,7 @@ __all__ = [
 UINT64_MAX = (1 << 64) - 1
 
 from gradscope.graph import HELD  # noqa: E402
-from gradscope.memory.dtypes import DTYPE_BYTES, numel_bytes  # noqa: E402 - re-exported
+from gradscope.memory.replay.dtypes import DTYPE_BYTES, numel_bytes  # noqa: E402 - re-exported
 
 
 @dataclass
@@ -105,9 +105,9 @@ def _edge_list(pred_v: dict, index: dict) -> tuple[list, list]:
 
 def compile_graph(graph) -> Program:
     """Flatten ``report.graph`` for the replay (see :class:`Program`)."""
-    from gradscope.memory.attribution import node_modules
-    from gradscope.memory.holders import external_storages
-    from gradscope.memory.regions import recorded_regions
+    from gradscope.graph.attribution import node_modules
+    from gradscope.memory.replay.holders import external_storages
+    from gradscope.memory.replay.regions import recorded_regions
 
     ids = list(graph.nodes)
     index = {n: i for i, n in enumerate(ids)}

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from gradscope._torch import storage_key
-from gradscope.memory.engine import numel_bytes
+from gradscope.memory.replay.engine import numel_bytes
 
 __all__ = ["StepBudget", "step_budget"]
 

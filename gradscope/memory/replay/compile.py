@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from itertools import compress, islice
 
-from gradscope.memory.dtypes import numel_bytes
-from gradscope.memory.engine import Program, node_dtype, slot_keys
-from gradscope.memory.holders import external_storages
+from gradscope.memory.replay.dtypes import numel_bytes
+from gradscope.memory.replay.engine import Program, node_dtype, slot_keys
+from gradscope.memory.replay.holders import external_storages
 
 __all__ = ["compile_records", "Lazy", "NodeAttrs"]
 
@@ -278,7 +278,7 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
     index = dict(zip(ids, range(n)))
     regions, recompute = {}, {}
     if _has_regions(records):  # NOTE [recorded checkpoint regions]
-        from gradscope.memory.regions import recorded_regions
+        from gradscope.memory.replay.regions import recorded_regions
 
         regions, recompute = recorded_regions(_RegionView(records, ids, index), index, saved, storages, shapes)
     roots = [index[r] for r in gattrs.get("roots", ()) if r in index]
