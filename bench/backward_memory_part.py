@@ -22,7 +22,7 @@ import gradscope  # noqa: E402
 from gradscope._format import human_bytes  # noqa: E402
 from tests._memmodels import MODELS  # noqa: E402
 from tests._memtruth import measure, storage_bytes  # noqa: E402
-from tests.test_backward_memory import PEAK_MISSES  # noqa: E402
+from tests.memory.test_backward_memory import PEAK_MISSES  # noqa: E402
 
 warnings.filterwarnings("ignore")
 COST_TARGET = 1.0  # the target: the replay costs at most one inspect()

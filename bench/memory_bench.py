@@ -5,7 +5,7 @@ backward peak and absolute step peak (AdamW) against torch.profiler's memory eve
 same for torch's ``MemTracker`` under ``FakeTensorMode`` (its peak over the whole step against the
 profiler's; failures marked), and the replay's cost as a ratio to ``inspect()`` (target: at most 1x, the
 workspace cache warm). Targets: backward peak within 1% and absolute peak within 2% on every model not
-listed as a known miss in tests/test_backward_memory.py; replay cost at most 1x inspect.
+listed as a known miss in tests/memory/test_backward_memory.py; replay cost at most 1x inspect.
 
 Part 2, saved bytes by gradscope vs torch's saved_tensors_hooks, and what ``report.memory()`` costs.
 

@@ -242,13 +242,13 @@ def queue_engine_callback(fn: Callable[[], None]) -> None:
 
 #: ``torch._foreach_norm(tensors, ord, dtype=)``: one fused norm per tensor (what
 #: ``torch.nn.utils.clip_grad_norm_`` uses). Not covered by TORCH-FACTS; watch() calls it once per device
-#: on each step's gradients, and tests/test_watch_flow.py checks its norms against ``vector_norm``.
+#: on each step's gradients, and tests/watch/test_watch_flow.py checks its norms against ``vector_norm``.
 foreach_norm: Callable[..., Any] = torch._foreach_norm
 
 #: ``torch._foreach_mul(tensors, scalar)`` (new tensors) and ``torch._foreach_sub_(tensors, others)`` (in
 #: place): fused elementwise ops over a list, what the foreach optimizers use; watch() copies the weights
 #: and takes the update with them around ``optimizer.step()``. Not covered by TORCH-FACTS;
-#: tests/test_watch_flow.py checks the update/weight ratios they give against a plain computation.
+#: tests/watch/test_watch_flow.py checks the update/weight ratios they give against a plain computation.
 foreach_mul: Callable[..., Any] = torch._foreach_mul
 foreach_sub_: Callable[..., Any] = torch._foreach_sub_
 
@@ -287,7 +287,7 @@ def set_anomaly(state: tuple[bool, bool]) -> None:
 # ``torch.autograd._engine_run_backward(t_outputs, ...)``: the function ``backward()`` and
 # ``torch.autograd.grad`` look up in ``torch.autograd`` to run the engine, its first argument the roots.
 # Wrapped for one call only, then unwrapped before the engine runs (watch()'s armed backward). Not
-# covered by TORCH-FACTS; tests/test_watch_nan.py checks the wrap, the hand-over and the unwrap.
+# covered by TORCH-FACTS; tests/watch/test_watch_nan.py checks the wrap, the hand-over and the unwrap.
 _waiting: list = []  # callbacks for the next backward's roots
 _installed: list = []  # [(wrapper, the function it replaced)] while wrapped
 

@@ -64,7 +64,7 @@ def lstm(steps: int = 200):
     return model.head(h).sum(), model
 
 
-# -- the gallery (tests/test_render_gallery.py, bench/render_bench.py, docs/gallery/make_gallery.py) -------
+# -- the gallery (tests/views/test_render_gallery.py, bench/render_bench.py, docs/gallery/make_gallery.py) -------
 # Each builder takes `planted` (plant one in-place hazard in a mid-depth module: exp(out) then mul_ on
 # the saved result, so backward() raises) and returns (loss, model). Random weights, small shapes.
 

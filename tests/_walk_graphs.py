@@ -1,6 +1,6 @@
 """Graphs that exercise every branch of the walk: each builder returns ``(root, params)``.
 
-``params`` is a name -> tensor mapping for ``inspect(root, params=...)``. Shared by tests/test_compact.py.
+``params`` is a name -> tensor mapping for ``inspect(root, params=...)``. Shared by tests/walk/test_compact.py.
 """
 
 from __future__ import annotations

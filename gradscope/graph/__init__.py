@@ -242,7 +242,7 @@ def forward_order(graph: nx.DiGraph) -> list[str]:
 # (at most 2 apart) and linked to it by an edge takes the mm's module: F.linear on a 3-d input reshapes
 # before and after its addmm, inside the Linear.
 # This mimics the trace's sequence-range attribution (TORCH-FACTS section 5) without hooks;
-# tests/test_graph.py checks it against trace() on real models.
+# tests/walk/test_graph.py checks it against trace() on real models.
 
 
 def is_traced(graph: nx.DiGraph) -> bool:

@@ -2,7 +2,7 @@
 
 NOTE [meta graphs]
 A forward on meta tensors builds the same autograd graph as on CPU for ordinary ops, so
-``backward_memory()`` predicts the same bytes (tests/test_backward_memory.py checks it). Fused kernels are
+``backward_memory()`` predicts the same bytes (tests/memory/test_backward_memory.py checks it). Fused kernels are
 chosen by device, though: ``F.scaled_dot_product_attention`` on CPU runs the flash kernel
 (``ScaledDotProductFlashAttentionForCpuBackward0``, which saves q, k, v, the output and a log-sum-exp),
 while on meta it falls back to the math path that saves the whole attention matrix, so a meta prediction

@@ -13,7 +13,7 @@ while the walk holds the slot's tensor (TORCH-FACTS section 14):
   this very TensorImpl (saved inputs), and anything else in C++ (an AccumulateGrad's variable).
 - ``sys.getrefcount(t)``: Python references to the wrapper beyond the walk's own (a user variable, a
   list, a ``ctx`` attribute, a module attribute). Each call site passes the count minus its own
-  references (``_FAST_REFS`` / ``_KEY_REFS``, checked by tests/test_backward_memory.py: one off either
+  references (``_FAST_REFS`` / ``_KEY_REFS``, checked by tests/memory/test_backward_memory.py: one off either
   way fails it). The walk's fast path (``loop.py``) does what :func:`note_impl` does inline, in the same
   order of reads; :func:`note_base` is the shared part for a view's base.
 

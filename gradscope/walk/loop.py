@@ -9,7 +9,7 @@ tensors (no hook, never written in place, a dense storage) is read inline into t
 NOTE [compact records] (``records.py``): no dict per node, slot or edge, shapes interned. A node that
 leaves the fast path in any slot (hooks, freed or stale slots, lists of tensors, custom Functions,
 checkpoint holders, nested tensors) is re-read whole by the general code in ``saved.py``, which registers
-storages in the same order, so ids and results are those of the general code (tests/test_compact.py
+storages in the same order, so ids and results are those of the general code (tests/walk/test_compact.py
 checks both readers against each other on every test graph). The walk also records what the checks
 and the report would otherwise recompute by scanning every node: the nodes that are not plain (the only
 ones that can hold a stale, freed or opaque slot or be an opaque region), the node of each named

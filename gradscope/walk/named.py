@@ -16,7 +16,7 @@ the keys, tensors from the dicts now, and equal ids mean the same sharing. Nothi
 ``requires_grad``, ``.grad``, shapes and storages are read on every call. No tensor is referenced at all,
 not even weakly (a weak reference would make ``torch.utils.swap_tensors`` refuse it, which
 ``module.to()`` uses under ``torch.__future__.set_swap_module_params_on_conversion``), and no module is kept
-alive (tests/test_named.py checks all of this against torch).
+alive (tests/walk/test_named.py checks all of this against torch).
 """
 
 from __future__ import annotations

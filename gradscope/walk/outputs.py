@@ -8,8 +8,8 @@ the single output's shape, dtype and device, so the fast path of ``loop.py`` tak
   require grad): the output has the input's shape, dtype and device.
 Only a slot read whole by the fast path at version 0 is used (an in-place ``set_``/``resize_`` would
 bump it; a hooked slot never gets there); everything else reads ``_input_metadata``. The general
-reader always reads it, so tests/test_compact.py (fast vs general on every test graph) and
-tests/test_walk_outputs.py check each type against torch.
+reader always reads it, so tests/walk/test_compact.py (fast vs general on every test graph) and
+tests/walk/test_walk_outputs.py check each type against torch.
 """
 
 from __future__ import annotations

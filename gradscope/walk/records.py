@@ -234,7 +234,7 @@ class Records:
         g.graph = self.graph
         # NOTE [building the DiGraph]: nodes and edges are inserted through networkx's own dicts (the
         # documented data structure of DiGraph: _node, _succ/_adj, _pred, one attr dict shared by succ and
-        # pred) because add_node/add_edge cost more than the whole walk. tests/test_inspect_graph.py
+        # pred) because add_node/add_edge cost more than the whole walk. tests/walk/test_inspect_graph.py
         # checks that the result behaves as a normal DiGraph.
         attrs = self.node_attrs
         g._node.update((ids[i], attrs(i)) for i in range(n))

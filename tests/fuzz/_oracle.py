@@ -249,7 +249,7 @@ def check_program(prog: Program, seed: int = 0, traced: bool = False, watched: b
     hidden = any(d["name"] == "CopySlices" for _, d in report.graph.nodes(data=True))
     # An in-place write inside a reentrant checkpoint body breaks only the graph backward() rebuilds:
     # untraced it cannot be seen, traced it is found when the tensor's maker saves its output (NOTE
-    # [in-place inside reentrant checkpoint], exact cases in tests/test_exact16.py). Here: never a false one.
+    # [in-place inside reentrant checkpoint], exact cases in tests/checks/test_exact16.py). Here: never a false one.
     rebuilt = any((d.get("function") or "").endswith("CheckpointFunction")
                   for _, d in report.graph.nodes(data=True))
     undercount = hidden or side

@@ -143,7 +143,7 @@ NO_GRAD_VIEW_OF_MODIFIED_BASE = Program((("view_t", 1, 0, "no_grad"), ("detach_m
 def test_program_whose_root_torch_refuses_to_read():
     # Found by the slow profile (a harness case): a no_grad view whose base is later modified in place
     # cannot even have its grad_fn read. The executor leaves such roots out; inspect() raises
-    # InputValueError on one (tests/test_hostile.py).
+    # InputValueError on one (tests/walk/test_hostile.py).
     check_program(NO_GRAD_VIEW_OF_MODIFIED_BASE)
 
 

@@ -4,7 +4,7 @@ NOTE [compiling from the compact records]
 ``inspect()`` returns a report whose graph is still in the compact columns of ``walk/records.py``
 (NOTE [compact records]); building the ``networkx.DiGraph`` and a dict per node costs more than the
 replay itself. :func:`compile_records` reads the columns instead and gives the same :class:`Program` as
-``engine.compile_graph(report.graph)``, field by field (``tests/test_backward_memory_compact.py`` checks
+``engine.compile_graph(report.graph)``, field by field (``tests/memory/test_backward_memory_compact.py`` checks
 it on every model): edges grouped per target in order of first use (as the DiGraph's ``pred`` lists
 them), the saved storage keys of each node, gradient sizes from the output shapes. What the numbers do
 not need is made on first use: ``Program.attrs`` builds a node's dict when it is read, ``Program.module``

@@ -147,5 +147,5 @@ class BackwardMemory:
 # ``backward_memory()`` computes at call time what the replay itself gives (order, levels, inner, peak,
 # peak_node, end, locations, the optimizer step, which reads the optimizer's current state); the fields
 # below are filled from the compiled graph on first access, with the same values (a report's records do
-# not change; tests/test_backward_memory_compact.py checks them against a direct computation).
+# not change; tests/memory/test_backward_memory_compact.py checks them against a direct computation).
 _DEFERRED = frozenset({"base", "absolute_peak", "parts", "workspace", "names", "unmodelled", "unmodelled_why"})

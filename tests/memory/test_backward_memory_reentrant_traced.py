@@ -18,7 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 import gradscope
 from tests._memtruth import measure
-from tests.test_backward_memory_reentrant import _nested_names
+from tests.memory.test_backward_memory_reentrant import _nested_names
 
 
 class _Residual(nn.Module):

@@ -19,7 +19,7 @@ from gradscope.report import load
 from gradscope.views.dot import COLORS
 from tests._render_models import planted, tied
 
-GOLDEN = pathlib.Path(__file__).parent / "golden"
+GOLDEN = pathlib.Path(__file__).parents[1] / "golden"
 HAS_DOT = shutil.which("dot") is not None
 needs_dot = pytest.mark.skipif(not HAS_DOT, reason="Graphviz 'dot' is not installed")
 SVG = "{http://www.w3.org/2000/svg}"

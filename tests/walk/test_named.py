@@ -17,8 +17,7 @@ from torch import nn
 import gradscope
 from gradscope.walk import named
 from gradscope.walk.named import model_buffers, names_and_buffers, param_names
-
-from .conftest import grads_none
+from tests.conftest import grads_none
 
 
 def _truth(model) -> list:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from ._sweep import measure
-from ._sweep_models import HF_CASES, TORCH_CASES, have_transformers
+from tests._sweep import measure
+from tests._sweep_models import HF_CASES, TORCH_CASES, have_transformers
 
 
 def _check(build):

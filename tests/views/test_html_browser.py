@@ -376,7 +376,7 @@ def test_notebook_pane_is_sized_to_the_drawing_and_reads_left_aligned(browser, t
 
 
 def test_hostile_names_do_not_break_the_viewer(browser, tmp_path):
-    from tests.test_render_html import HOSTILE
+    from tests.views.test_render_html import HOSTILE
 
     params = {name: torch.nn.Parameter(torch.randn(3)) for name in HOSTILE}
     report = gradscope.inspect(sum((p * (i + 2)).sum() for i, p in enumerate(params.values())), params=params)

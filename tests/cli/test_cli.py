@@ -20,8 +20,7 @@ import gradscope
 from gradscope import demo
 from gradscope.cli.commands import main
 from gradscope.cli.target import load
-
-from .conftest import grads_none
+from tests.conftest import grads_none
 
 TARGETS = '''
 import torch

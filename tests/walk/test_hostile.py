@@ -18,8 +18,7 @@ import torch.nn as nn
 
 import gradscope
 from gradscope.errors import InputTypeError, InputValueError, NoGradRootError
-
-from .fuzz._oracle import count_nodes
+from tests.fuzz._oracle import count_nodes
 
 
 class BadRepr:

@@ -21,8 +21,7 @@ from torch.nn.modules import module as nn_module
 
 import gradscope
 from gradscope.errors import InputTypeError, InputValueError
-
-from .conftest import grads_none
+from tests.conftest import grads_none
 
 
 def _where(obj, marker: str = "CUT") -> str:

@@ -5,7 +5,7 @@ Which variant is modelled: a region whose function is an ``nn.Sequential`` (nest
 ``Linear``/``ReLU``/``GELU``/``SiLU``/``Tanh``/``Sigmoid``/``Identity`` with torch's own forward. A region
 with its own ``forward`` (a residual inside the block) has no recorded ops: the outer node then only
 allocates its parameters' gradients, and the peak is a lower bound (said in ``bm.unmodelled``), unless the
-forward ran under ``gradscope.trace()`` (tests/test_backward_memory_reentrant_traced.py).
+forward ran under ``gradscope.trace()`` (tests/memory/test_backward_memory_reentrant_traced.py).
 """
 
 from __future__ import annotations
