@@ -21,8 +21,9 @@ only counted.
 
 from __future__ import annotations
 
-from gradscope.graph import HELD, StorageUse, forward_order, storage_uses
-from gradscope.graph import node_modules as _node_modules
+from gradscope.graph.modules import node_modules as _node_modules
+from gradscope.graph.queries import StorageUse, forward_order, storage_uses
+from gradscope.graph.schema import HELD
 
 __all__ = ["NO_MODULE", "HELD", "StorageUse", "seq_order", "storage_uses", "node_modules", "node_bytes", "module_bytes"]
 

@@ -36,13 +36,13 @@ def report_to_data(report: Report) -> dict:
 
 
 def graph_from_data(data: dict, source: str = "the report") -> tuple[nx.DiGraph, list[Finding]]:
-    """The graph and findings of :func:`report_to_data` output, validated first (:mod:`gradscope.views.schema`);
+    """The graph and findings of :func:`report_to_data` output, validated first (:mod:`gradscope.graph.validation`);
     ``gradscope.report.load`` makes the Report.
 
     Raises:
         InputValueError: ``data`` is not a gradscope report (the first bad field is named).
     """
-    from gradscope.views.schema import validate
+    from gradscope.graph.validation import validate
 
     edges = validate(data, source)
     graph = nx.node_link_graph(data, directed=True, multigraph=False, edges=edges)

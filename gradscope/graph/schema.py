@@ -1,0 +1,176 @@
+"""What ``report.graph`` holds: the node kinds, the saved-slot states, the ``graph.graph`` keys (as constants)
+and the TypedDicts of nodes, saved slots, edges, parameters and trace events.
+
+Every reader (the checks, memory, the views, the saved-file validator in :mod:`gradscope.graph.validation`)
+names a key through these, never as a literal; adding a field means adding it here first.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NotRequired, TypedDict
+
+__all__ = [
+    "NodeAttrs",
+    "SavedEntry",
+    "EdgeAttrs",
+    "ParamInfo",
+    "TraceEvent",
+    "GraphAttrs",
+    "NODE_KINDS",
+    "STATUSES",
+    "OP",
+    "PARAM",
+    "INPUT",
+    "HELD",
+    "LIVE",
+    "STALE",
+    "HOOKED",
+    "OFFLOADED",
+    "RECOMPUTED",
+    "OPAQUE",
+    "FREED",
+    "ROOTS",
+    "ROOT_SHAPES",
+    "NO_GRAD_ROOTS",
+    "STORAGE_BYTES",
+    "PARAMS",
+    "EVENTS",
+    "CALLED_MODULES",
+    "EVENTS_DROPPED",
+    "ROOT_STORAGE_BYTES",
+    "EXTERNAL",
+    "BUFFERS",
+    "CHECKPOINT_PARAMS",
+    "INPUT_STORAGES",
+]
+
+# -- node kinds ------------------------------------------------------------------------------------
+OP = "op"  #: a backward node (``grad_fn``)
+PARAM = "param"  #: an ``AccumulateGrad`` of a named parameter
+INPUT = "input"  #: an ``AccumulateGrad`` of a leaf that is not a named parameter
+#: Every node kind, in the order the schema lists them.
+NODE_KINDS = (OP, PARAM, INPUT)
+
+# -- saved-slot states (NOTE [saved slot states] in gradscope/walk/saved.py) -----------------------
+LIVE, STALE, HOOKED = "live", "stale", "hooked"
+OFFLOADED, RECOMPUTED, OPAQUE, FREED = "offloaded", "recomputed", "opaque", "freed"
+#: Slot states whose bytes the graph holds on the tensor's device.
+HELD = (LIVE, STALE, HOOKED)
+#: Every saved-slot state the walk writes today (a newer walk may add more; readers keep unknown ones).
+STATUSES = (LIVE, STALE, HOOKED, OFFLOADED, RECOMPUTED, OPAQUE, FREED)
+
+# -- graph.graph keys ------------------------------------------------------------------------------
+ROOTS = "roots"  #: list of root node ids, in the order the roots were given
+ROOT_SHAPES = "root_shapes"  #: list of root shapes (lists of ints), parallel to ROOTS
+NO_GRAD_ROOTS = "no_grad_roots"  #: indices of given roots that have no grad_fn (several roots only)
+STORAGE_BYTES = "storage_bytes"  #: storage id -> whole-storage size in bytes (a list)
+PARAMS = "params"  #: qualified name -> ParamInfo, every named parameter
+EVENTS = "events"  #: list of TraceEvent (only with trace=)
+CALLED_MODULES = "called_modules"  #: sorted names of the modules the traced forward called (trace=)
+EVENTS_DROPPED = "events_dropped"  #: how many events the trace did not keep (only when > 0)
+ROOT_STORAGE_BYTES = "root_storage_bytes"  #: whole-storage bytes of each root (None: unknown), parallel to ROOTS
+EXTERNAL = "external"  #: storage ids a holder outside the graph keeps alive (NOTE [holder counts])
+BUFFERS = "buffers"  #: ``[storage id or None, bytes]`` per distinct buffer storage of model=
+CHECKPOINT_PARAMS = "checkpoint_params"  #: traced: parameter -> seqs of the reentrant checkpoint regions using it
+INPUT_STORAGES = "input_storages"  #: input leaf node id -> the storage id an op saved it under
+
+
+class SavedEntry(TypedDict, total=False):
+    """One saved slot of a node (``node["saved"][i]``)."""
+
+    slot: str  # the slot name, e.g. "self", "mat2", "result"
+    shape: list[int] | None
+    dtype: str | None  # "float32"
+    device: str | None  # "cpu", "meta", ...; for offloaded: the device the tensor left
+    nbytes: int  # the whole storage's size (untyped_storage().nbytes()), not the view's
+    status: str  # one of the saved-slot states above
+    storage: int | None  # storage id (an index into graph.graph["storage_bytes"]); None: unknown
+    scalar: bool  # present (True) on a wrapped Python number (``x * 2``): not an activation
+    version: int  # stale only: the tensor's version now (it was modified in place)
+    saved_version: int | None  # stale only: the version backward expects (from torch's error text); None: unknown
+    recompute: dict[str, Any]  # recomputed (checkpoint) only, when the frame tells: {"region", "index", "shape",
+    # "dtype", "nbytes", "frame_bytes"} of what backward's recompute re-creates
+
+
+class NodeAttrs(TypedDict, total=False):
+    """Attributes of every node (``report.graph.nodes[nid]``); leaves also carry shape/dtype/requires_grad."""
+
+    kind: Literal["op", "param", "input"]
+    name: str  # "AddmmBackward0", or the parameter's qualified name, or "input"
+    saved: list[SavedEntry]
+    saved_bytes: int  # bytes this node's held slots keep alive (its storages counted once)
+    device: str | None
+    module: str | None  # the owning module: from trace() on ops, from the qualified name on params
+    location: str  # traced ops only, when known: the user's "file.py:LINE" that created the node
+    root: bool
+    opaque: bool  # a node whose saved values cannot be read (checkpoint, compiled)
+    seq: int | None  # autograd sequence number (forward creation order); None on leaves
+    attrs: dict[str, Any]  # non-tensor saved values (dims, sizes, flags) as plain data
+    out_shapes: list[list[int]]
+    out_dtypes: list[str]  # ops: the dtype of each output, parallel to out_shapes
+    function: str  # custom autograd.Function: "module.QualName"
+    shape: list[int]  # leaves only
+    dtype: str  # leaves only
+    requires_grad: bool  # leaves only
+    grad: bool  # leaves only: .grad was already set when inspected (backward adds into it)
+    planned: str  # only while Plan.render() draws: "checkpoint" / "offload"
+    memory_peak: str  # only while BackwardMemory.render() draws: the peak's label line
+
+
+class EdgeAttrs(TypedDict):
+    """Attributes of an edge ``u -> v``: ``v`` consumed output ``output`` of ``u`` as its input ``index``."""
+
+    index: int  # position in v's next_functions
+    output: int  # output number of u (a multi-output op such as split)
+    count: int  # how many of v's inputs are this output
+    outputs: NotRequired[list[int]]  # only when v consumes several outputs of u: each input's output number
+
+
+class ParamInfo(TypedDict):
+    """``graph.graph["params"][name]``."""
+
+    requires_grad: bool
+    shape: list[int]
+    dtype: str
+    node: str | None  # the param node, None when the root does not reach it
+    storage: int | None
+    grad: bool  # .grad was already set when inspected
+    pid: int  # id() of the parameter tensor (matches checkpoint regions' parameters)
+
+
+class TraceEvent(TypedDict, total=False):
+    """``graph.graph["events"][i]``: a cut or an in-place op recorded by ``trace()``."""
+
+    kind: str  # "detach", ".data", "no_grad-region", "to-python", "non-differentiable-op", "inplace"
+    op: str
+    location: str | None  # "file.py:12 in forward"
+    params: list[str]  # parameters that fed the cut input
+    module: str | None
+    seq: int  # the sequence number current when the event was recorded
+    shape: list[int] | None
+    version: int  # in-place: the tensor's version after the write
+    producer: str | None  # in-place inside a reentrant checkpoint: the op that made the tensor
+    region: int  # in-place inside a reentrant checkpoint: the region's number
+    optimizer: bool  # in-place by an optimizer step
+    view: bool  # in-place written through a view (NOTE [in-place on a slice])
+    storage: int  # in-place: the storage written
+
+
+class GraphAttrs(TypedDict, total=False):
+    """``report.graph.graph``."""
+
+    roots: list[str]
+    root_shapes: list[list[int]]
+    no_grad_roots: list[int]
+    storage_bytes: list[int]
+    params: dict[str, ParamInfo]
+    events: list[TraceEvent]
+    called_modules: list[str]
+    events_dropped: int
+    checkpoint_params: dict[
+        str, list[int]
+    ]  # traced: parameter -> sequence numbers of the reentrant checkpoint regions that used it
+    root_storage_bytes: list[int | None]
+    external: list[int]
+    buffers: list[list]
+    input_storages: dict[str, int]  # input leaf node id -> the storage id an op saved it under
