@@ -8,6 +8,7 @@ import networkx as nx
 
 from gradscope.findings import Finding
 from gradscope.graph import held_bytes
+from gradscope.graph.jsonfile import graph_from_data, graph_to_data, read_json
 
 __all__ = ["Report", "held_bytes", "load", "report_from_data"]
 
@@ -116,11 +117,37 @@ class Report:
 
         return to_dot(self, **kwargs)
 
+    # -- persistence (the report saves and reads itself; views call these) ----------------------
     def to_json(self) -> dict:
-        """JSON-ready node-link data of the graph, with findings (what ``render('x.json')`` writes)."""
-        from gradscope.views.serialize import report_to_data
+        """JSON-ready node-link data of the graph, with findings (what ``render('x.json')`` writes).
 
-        return report_to_data(self)
+        ``findings`` and ``saved_bytes`` ride in the graph attributes; :meth:`from_json` reads them back.
+        """
+        findings = [f.to_dict() for f in self.findings]
+        return graph_to_data(self.graph, findings=findings, saved_bytes=self.saved_bytes)
+
+    @classmethod
+    def from_json(cls, data: dict, source: str = "the report") -> Report:
+        """Rebuild a report from :meth:`to_json` data (checks are not re-run: the findings are stored).
+
+        Raises:
+            InputValueError: ``data`` is not a gradscope report (the first bad field is named).
+        """
+        graph = graph_from_data(data, source)
+        findings = [Finding.from_dict(f) for f in graph.graph.pop("findings", [])]
+        graph.graph.pop("saved_bytes", None)
+        return cls(graph, findings)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Report:
+        """Read a report written by ``report.render("x.json")`` (what :func:`gradscope.load` does).
+
+        Raises:
+            InputTypeError: ``path`` is not a str or path-like object.
+            InputValueError: the file is missing, is not JSON, or is not a gradscope report.
+        """
+        data, shown = read_json(path)
+        return cls.from_json(data, shown)
 
     def _repr_html_(self) -> str:
         from gradscope.views.notebook import repr_html
@@ -149,20 +176,14 @@ class Report:
 
 
 def report_from_data(data: dict, source: str = "the report") -> Report:
-    """Rebuild a :class:`Report` from ``report.to_json()`` data (checks are not re-run: findings are stored)."""
-    from gradscope.views.serialize import graph_from_data
-
-    graph, findings = graph_from_data(data, source)
-    return Report(graph, findings)
+    """Rebuild a :class:`Report` from ``report.to_json()`` data (:meth:`Report.from_json`)."""
+    return Report.from_json(data, source)
 
 
 def load(path: str | os.PathLike) -> Report:
-    """Read a report written by ``report.render("x.json")``.
+    """Read a report written by ``report.render("x.json")`` (:meth:`Report.load`).
 
     Raises:
         InputValueError: the file is missing, is not JSON, or is not a gradscope report.
     """
-    from gradscope.views.serialize import read_json
-
-    data, shown = read_json(path)
-    return report_from_data(data, shown)
+    return Report.load(path)

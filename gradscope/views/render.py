@@ -195,9 +195,7 @@ def render(
         dpi=dpi,
     )
     if fmt == "json":
-        from gradscope.views.serialize import report_to_data
-
-        _write(path, json.dumps(report_to_data(report), default=str).encode("utf-8"))
+        _write(path, json.dumps(report.to_json(), default=str).encode("utf-8"))
     elif fmt == "graphml":
         buf = "\n".join(nx.generate_graphml(graphml_ready(report.graph))) + "\n"
         _write(path, buf.encode("utf-8"))

@@ -1,56 +1,44 @@
-"""The JSON form of a report: networkx node-link data (library defaults) plus findings.
+"""The JSON form of ``report.graph``: networkx node-link data (library defaults), read back validated.
 
-``networkx.node_link_graph(json.load(f))`` reads the graph back; :func:`gradscope.report.load` rebuilds
-the whole :class:`~gradscope.report.Report` from :func:`read_json` and :func:`graph_from_data` (checks
-are not re-run: the findings are stored, including those that came from a trace).
+``networkx.node_link_graph(json.load(f))`` reads the graph back; :meth:`gradscope.report.Report.from_json`
+rebuilds the whole report from :func:`graph_from_data` (adding the fields of its own, findings and saved
+bytes, that :meth:`~gradscope.report.Report.to_json` stored in the graph attributes); :func:`read_json`
+reads a file with one clear sentence for every way it can be wrong.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING
 
 import networkx as nx
 
 from gradscope.errors import InputTypeError, InputValueError
-from gradscope.findings import Finding
+from gradscope.graph.validation import validate
 
-if TYPE_CHECKING:
-    from gradscope.report import Report
+__all__ = ["FORMAT", "graph_to_data", "graph_from_data", "read_json"]
 
-__all__ = ["report_to_data", "graph_from_data", "read_json"]
-
+#: The format tag a saved report carries in its graph attributes.
 FORMAT = "gradscope-report/1"
 
 
-def report_to_data(report: Report) -> dict:
-    """Node-link data of ``report.graph`` with ``findings`` and ``saved_bytes`` in its graph attributes."""
-    data = nx.node_link_data(report.graph)
-    graph_attrs = dict(data.get("graph", {}))
-    graph_attrs["format"] = FORMAT
-    graph_attrs["findings"] = [f.to_dict() for f in report.findings]
-    graph_attrs["saved_bytes"] = report.saved_bytes
-    data["graph"] = graph_attrs
+def graph_to_data(graph: nx.DiGraph, **extra) -> dict:
+    """Node-link data of ``graph``, with the format tag and ``extra`` added to its graph attributes."""
+    data = nx.node_link_data(graph)
+    data["graph"] = {**data.get("graph", {}), "format": FORMAT, **extra}
     return data
 
 
-def graph_from_data(data: dict, source: str = "the report") -> tuple[nx.DiGraph, list[Finding]]:
-    """The graph and findings of :func:`report_to_data` output, validated first (:mod:`gradscope.graph.validation`);
-    ``gradscope.report.load`` makes the Report.
+def graph_from_data(data: dict, source: str = "the report") -> nx.DiGraph:
+    """The graph of :func:`graph_to_data` output, validated first (:mod:`gradscope.graph.validation`).
 
     Raises:
         InputValueError: ``data`` is not a gradscope report (the first bad field is named).
     """
-    from gradscope.graph.validation import validate
-
     edges = validate(data, source)
     graph = nx.node_link_graph(data, directed=True, multigraph=False, edges=edges)
-    attrs = graph.graph
-    findings = [Finding.from_dict(f) for f in attrs.pop("findings", [])]
-    attrs.pop("format", None)
-    attrs.pop("saved_bytes", None)
-    return graph, findings
+    graph.graph.pop("format", None)
+    return graph
 
 
 def read_json(path: str | os.PathLike) -> tuple[dict, str]:
