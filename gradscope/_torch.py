@@ -19,6 +19,8 @@ import torch
 from torch.nn.modules import module as _nn_module
 
 __all__ = [
+    "PARALLEL_WRAPPERS",
+    "unwrap_parallel",
     "peek_sequence_nr",
     "sequence_nr",
     "NO_SEQUENCE_NR",
@@ -329,3 +331,13 @@ def cancel_next_backward(fn: Callable[[Any], None]) -> None:
         _waiting.remove(fn)
     if not _waiting:
         _unwrap()
+
+
+# -- model wrappers (public API; here so that one place unwraps them) -------------------------------------
+#: Wrappers whose ``.module`` is the model the user wrote: its parameter names carry no ``module.`` prefix.
+PARALLEL_WRAPPERS = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
+
+
+def unwrap_parallel(model):
+    """The model inside a DistributedDataParallel / DataParallel wrapper, or ``model`` itself."""
+    return model.module if isinstance(model, PARALLEL_WRAPPERS) else model

@@ -5,8 +5,9 @@ from __future__ import annotations
 from gradscope.checks import run_checks
 from gradscope.report import Report
 from gradscope.walk.build import build, flatten_roots
+from gradscope.walk.compact import CompactGraph
 from gradscope.walk.named import names_and_buffers
-from gradscope.walk.records import CompactGraph, node_id
+from gradscope.walk.records import node_id
 
 __all__ = ["inspect"]
 

@@ -24,12 +24,14 @@ PKG = ROOT / "gradscope"
 
 #: Modules outside gradscope/walk/ allowed to import the walk: inspect() runs it; trace()'s torch-function
 #: mode keeps the nodes it touched until the tensor dies (the deep-graph release, TORCH-FACTS section 11);
-#: watch()'s cross-step checks walk the live graph of each step with the walk's node classifier.
+#: watch()'s cross-step checks walk the live graph of each step with the walk's node classifier, and its armed
+#: backward hooks every node it reaches; both through the one bounded traversal (walk/traverse.py).
 #: backward_memory()'s model of a traced reentrant checkpoint walks the meta graph it rebuilt (memory/replay/traced.py).
 WALK_USERS = {
     "gradscope.inspection",
     "gradscope.tracing.modes",
     "gradscope.watching.walks",
+    "gradscope.watching.origin",
     "gradscope.memory.replay.traced",
 }
 
@@ -186,7 +188,7 @@ FOLDER_LAYER = {"walk": 1, "graph": 2, "checks": 3, "memory": 3, "tracing": 3, "
 #: question to the package that answers it (``report.render()`` -> views), which is the one way up: it is
 #: a top-level module, not a folder, and nothing below it imports it.
 TOP_LAYER = {
-    "gradscope.errors": 0, "gradscope.findings": 0, "gradscope._format": 0, "gradscope._torch": 0,
+    "gradscope.errors": 0, "gradscope.findings": 0, "gradscope._format": 0, "gradscope._torch": 0, "gradscope._frames": 0,
     "gradscope.svgchart": 0, "gradscope.report": 4, "gradscope.inspection": 4, "gradscope.compare": 4,
     "gradscope.demo": 6, "gradscope": 5, "gradscope.__main__": 7,
 }
@@ -271,3 +273,11 @@ def test_folders_are_small():
 def test_the_size_rules_measure():
     assert _lines(PKG / "report.py") > 50
     assert max(n for _, n in _functions(PKG / "walk" / "loop.py")) > 20
+
+
+def test_only_the_walk_reads_next_functions():
+    # one bounded traversal of a live graph (walk/traverse.py); everyone else calls it
+    bad = sorted(m for m, p in _modules().items() if not m.startswith("gradscope.walk")
+                 and any(isinstance(n, ast.Attribute) and n.attr == "next_functions"
+                         for n in ast.walk(ast.parse(p.read_text(encoding="utf-8")))))
+    assert not bad, f"these modules walk a live graph themselves (use gradscope.walk.traverse): {bad}"

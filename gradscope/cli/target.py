@@ -19,12 +19,12 @@ from typing import NamedTuple
 
 import torch
 
+from gradscope._frames import is_user_file
 from gradscope.errors import InputValueError
 
 __all__ = ["TargetError", "Loaded", "load", "inspect_target"]
 
 _HINT = "write TARGET as path/to/file.py:function or package.module:function"
-_LIB_DIRS = tuple(os.path.dirname(m.__file__ or "") + os.sep for m in (torch, sys.modules["gradscope"]))
 
 
 class TargetError(InputValueError):
@@ -231,14 +231,9 @@ def _exc_line(exc: BaseException) -> str:
 
 
 def _user_frame(exc: BaseException) -> str | None:
-    frames = traceback.extract_tb(exc.__traceback__)
-    for frame in reversed(frames):
-        fname = os.path.abspath(frame.filename)
-        if fname.startswith(_LIB_DIRS) or frame.filename.startswith("<"):
-            continue
-        if "importlib" in fname and "_bootstrap" in fname:
-            continue
-        return f"{_short(frame.filename)}:{frame.lineno}"
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if is_user_file(frame.filename):  # the one rule of whose code a frame runs (gradscope/_frames.py)
+            return f"{_short(frame.filename)}:{frame.lineno}"
     return None
 
 

@@ -51,7 +51,7 @@ INPUT = "input"  #: an ``AccumulateGrad`` of a leaf that is not a named paramete
 #: Every node kind, in the order the schema lists them.
 NODE_KINDS = (OP, PARAM, INPUT)
 
-# -- saved-slot states (NOTE [saved slot states] in gradscope/walk/saved.py) -----------------------
+# -- saved-slot states (NOTE [saved slot states] in gradscope/walk/slots.py) -----------------------
 LIVE, STALE, HOOKED = "live", "stale", "hooked"
 OFFLOADED, RECOMPUTED, OPAQUE, FREED = "offloaded", "recomputed", "opaque", "freed"
 #: Slot states whose bytes the graph holds on the tensor's device.

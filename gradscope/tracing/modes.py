@@ -35,6 +35,7 @@ from gradscope.tracing.probes import (
     versions,
 )
 from gradscope.walk.release import keep_until_dead
+from gradscope.walk.traverse import traverse
 
 __all__ = ["CutMode", "user_location", "param_ids", "MAX_EVENTS", "WALK_LIMIT"]
 
@@ -321,20 +322,14 @@ def param_ids(inputs, refs: dict) -> tuple[int, ...]:
             stack.append(node)
         elif t is not None:
             _leaf(t, found, refs)
-    seen = set()
-    order: list = []  # discovery (root-first) order, for keep_until_dead
-    while stack and len(order) < WALK_LIMIT:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        order.append(node)
+
+    def visit(node) -> bool:
         if type(node) is _ACCUMULATE:
             _leaf(node.variable, found, refs)
-            continue
-        for child, _ in node.next_functions:
-            if child is not None and child not in seen:
-                stack.append(child)
+            return False
+        return True
+
+    order = traverse(stack, visit, WALK_LIMIT)  # discovery (root-first) order, for keep_until_dead
     if len(order) >= _DEEP:
         keep_until_dead(inputs, order)
     return tuple(found)

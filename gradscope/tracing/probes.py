@@ -12,6 +12,7 @@ from typing import cast
 
 import torch
 
+from gradscope._frames import frame_location, user_frame
 from gradscope._torch import sequence_nr, version
 
 __all__ = [
@@ -31,38 +32,11 @@ _Tensor = torch.Tensor
 # ``apply`` is a classmethod: read through the class it is a bound method (mypy sees a plain function)
 _APPLY = cast(MethodType, torch.autograd.function.Function.apply).__func__.__code__
 
-# Frames skipped when looking for the user's line: torch's and gradscope's (the tracer's own, and a
-# gradscope mode between the user and the op: `with gradscope.memory.cpu_kernels_on_meta():`), except
-# gradscope/demo.py, which *is* (example) user code.
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_USER_FILES = frozenset({_PACKAGE_DIR + "demo.py"})
-_INTERNAL: dict[str, bool] = {}
-
 
 def user_location(depth: int = 1) -> str | None:
-    """``"file.py:LINE"`` (basename) of the first caller frame outside torch and gradscope, or None."""
-    f = user_frame(sys._getframe(depth + 1))
-    return None if f is None else f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
-
-
-def user_frame(f: FrameType | None) -> FrameType | None:
-    """``f`` or the first frame it was called from that is outside torch and gradscope (None: none is).
-
-    The caller must not keep the frame: it holds the user's local variables (tensors among them).
-    """
-    while f is not None:
-        filename = f.f_code.co_filename
-        internal = _INTERNAL.get(filename)
-        if internal is None:
-            path = os.path.abspath(filename)
-            internal = _INTERNAL[filename] = filename.startswith(_TORCH_DIR) or (
-                path.startswith(_PACKAGE_DIR) and path not in _USER_FILES
-            )
-        if not internal:
-            return f
-        f = f.f_back
-    return None
+    """``"file.py:LINE"`` (basename) of the first caller frame whose code is the user's (:mod:`gradscope._frames`),
+    or None."""
+    return frame_location(user_frame(sys._getframe(depth + 1)))
 
 
 def apply_caller(f: FrameType | None) -> FrameType | None:
@@ -212,7 +186,7 @@ def versions(args, kwargs) -> list:
     return out
 
 
-_OPTIM_DIR = os.path.join(_TORCH_DIR, "optim") + os.sep
+_OPTIM_DIR = os.path.join(os.path.dirname(torch.__file__), "optim") + os.sep
 
 
 def in_optimizer() -> bool:

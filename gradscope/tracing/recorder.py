@@ -23,6 +23,7 @@ import torch
 
 from gradscope import _torch
 from gradscope._format import one_line
+from gradscope._torch import unwrap_parallel
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.graph import CALLED_MODULES, EVENTS, EVENTS_DROPPED
 from gradscope.tracing.lines import NodeLines
@@ -89,7 +90,7 @@ class Trace:
                 f"gradscope.trace(model) takes an nn.Module (or nothing), got {type(model).__name__} "
                 f"{one_line(model)}. Call gradscope.trace() without arguments and pass model= to inspect()."
             )
-        self._model = None if model is None else weakref.ref(_unwrap(model))
+        self._model = None if model is None else weakref.ref(unwrap_parallel(model))
         self._active = False
         self._handles: list = []
         self._mode = None
@@ -290,7 +291,7 @@ class Trace:
 
     def _names(self, model) -> dict[int, str | None]:
         """call index -> qualified name of the innermost named module of that call (-1 -> None)."""
-        model = _unwrap(model) if model is not None else self._live_model()
+        model = unwrap_parallel(model) if model is not None else self._live_model()
         live: dict = {}
         if model is not None:
             for name, m in model.named_modules(remove_duplicate=False):
@@ -306,7 +307,7 @@ class Trace:
         return out
 
     def _param_names(self, model, names) -> dict[int, str]:
-        model = _unwrap(model) if model is not None else self._live_model()
+        model = unwrap_parallel(model) if model is not None else self._live_model()
         tensors: dict[int, tuple[str, torch.Tensor]] = {}
         if names:
             tensors.update(names)
@@ -346,9 +347,3 @@ class Trace:
             f"<gradscope.trace: {state}, {len(self._calls)} module calls, {len(self._events)} events"
             f"{f', {self._dropped} dropped' if self._dropped else ''}>"
         )
-
-
-def _unwrap(model):
-    if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
-        return model.module
-    return model

@@ -20,7 +20,7 @@ from gradscope.walk.loop import walk
 from gradscope.walk.named import describe, model_buffers, param_names
 from gradscope.walk.records import Records, node_id
 from gradscope.walk.release import keep_until_dead
-from gradscope.walk.saved import StorageIds
+from gradscope.walk.slots import StorageIds
 from gradscope.walk.values import DTYPES as _DTYPES
 from gradscope.walk.values import dtype_str
 

@@ -66,7 +66,7 @@ def checkpoint_inputs(raws, storages, classify) -> list[dict]:
     Args:
         raws: the node's raw ``SavedTensor`` objects (any order).
         storages: the walk's ``StorageIds``.
-        classify: ``saved._classify`` (passed in to avoid an import cycle).
+        classify: ``slots.classify`` (passed in to avoid an import cycle).
 
     Returns:
         One entry per new input storage, slot ``"checkpoint input[i]"``; ``[]`` when there is no frame.

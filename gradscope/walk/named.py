@@ -29,12 +29,12 @@ from operator import attrgetter, itemgetter
 import torch
 
 from gradscope._format import one_line
+from gradscope._torch import unwrap_parallel
 from gradscope.errors import InputTypeError, InputValueError
 
 __all__ = ["param_names", "model_buffers", "names_and_buffers"]
 
 _MODULE = torch.nn.Module
-_WRAPPERS = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
 _PARAM_METHODS = ("named_parameters", "named_modules", "_named_members")
 _BUFFER_METHODS = ("buffers", "named_buffers", "named_modules", "_named_members")
 _METHODS = tuple(dict.fromkeys(_PARAM_METHODS + _BUFFER_METHODS))
@@ -54,7 +54,7 @@ def names_and_buffers(model=None, params=None) -> tuple[dict[int, tuple[str, tor
         return param_names(None, params), []
     if not isinstance(model, _MODULE):
         raise InputTypeError(f"model= must be a torch.nn.Module, got {describe(model)}.")
-    inner = model.module if isinstance(model, _WRAPPERS) else model
+    inner = unwrap_parallel(model)
     hit = _cached(inner)
     if hit is None:
         return _add_params(_named(inner), params), _buffers(inner)

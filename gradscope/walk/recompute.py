@@ -31,7 +31,7 @@ from gradscope._torch import (
 )
 from gradscope.walk.build import build
 from gradscope.walk.records import Records, node_ids
-from gradscope.walk.saved import StorageIds
+from gradscope.walk.slots import StorageIds
 from gradscope.walk.values import dtype_str
 
 __all__ = ["Rebuilt", "rebuild"]

@@ -9,47 +9,20 @@ numbers, NOTE [step boundary] in :mod:`gradscope.watching.graphs`).
 
 from __future__ import annotations
 
-import os
-import sys
-from types import FrameType
-from typing import NamedTuple, overload
+from typing import NamedTuple
 
 import torch
 
 from gradscope._format import human_bytes
+from gradscope._frames import frame_location, is_user_file
+from gradscope._frames import user_caller as user_frame
 from gradscope.watching.walks import graph_nodes
 
-__all__ = ["INTERNAL_DIRS", "user_frame", "frame_location", "find_holders", "holder_text", "Holder"]
+__all__ = ["user_frame", "frame_location", "find_holders", "holder_text", "Holder"]
 
-INTERNAL_DIRS = (
-    os.path.dirname(torch.__file__) + os.sep,
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
-)
 _FRAMES = 3
 _ITEMS = 10_000
 _NODES = 200_000
-
-
-def user_frame(depth: int = 1) -> FrameType | None:
-    """The first caller frame outside torch and gradscope (None if there is none)."""
-    f: FrameType | None = sys._getframe(depth)
-    while f is not None and f.f_code.co_filename.startswith(INTERNAL_DIRS):
-        f = f.f_back
-    return f
-
-
-@overload
-def frame_location(frame: FrameType) -> str: ...
-@overload
-def frame_location(frame: None) -> None: ...
-@overload
-def frame_location(frame: FrameType | None) -> str | None: ...
-
-
-def frame_location(frame: FrameType | None) -> str | None:
-    if frame is None:
-        return None
-    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
 class Holder(NamedTuple):
@@ -119,7 +92,7 @@ def find_holders(ranges, param_ids, param_storages=frozenset()):
                         )
                         found.append(Holder(text, location, forwards, nodes, held))
         frame = frame.f_back
-        while frame is not None and frame.f_code.co_filename.startswith(INTERNAL_DIRS):
+        while frame is not None and not is_user_file(frame.f_code.co_filename):
             frame = frame.f_back
     del frame
     found.sort(key=lambda h: (-h.forwards, h.name))

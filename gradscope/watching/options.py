@@ -7,6 +7,7 @@ import fnmatch
 import torch
 
 from gradscope._format import one_line
+from gradscope._torch import unwrap_parallel
 from gradscope.errors import InputTypeError, InputValueError
 
 __all__ = ["validate", "select"]
@@ -44,7 +45,7 @@ def select(model, ignore):
         raise InputTypeError(f"ignore must be a name, a pattern or a list of them, got {type(ignore).__name__}.")
     patterns = (ignore,) if isinstance(ignore, str) else tuple(ignore)
     ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
-    inner = model.module if ddp or isinstance(model, torch.nn.DataParallel) else model
+    inner = unwrap_parallel(model)
     named = list(inner.named_parameters())
     for pat in patterns:
         if not isinstance(pat, str):

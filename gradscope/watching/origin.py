@@ -22,7 +22,8 @@ from typing import NamedTuple
 import torch
 
 from gradscope import _torch
-from gradscope.watching.holders import INTERNAL_DIRS
+from gradscope._frames import is_user_file
+from gradscope.walk.traverse import traverse
 
 __all__ = ["Origin", "Birth"]
 
@@ -123,7 +124,7 @@ def _traceback_location(node) -> str | None:
     frames = (getattr(node, "metadata", None) or {}).get("traceback_")
     for line in reversed(frames or []):
         m = _TB_RE.search(line)
-        if m and not m.group(1).startswith(INTERNAL_DIRS):
+        if m and is_user_file(m.group(1)):
             return f"{m.group(1).rsplit('/', 1)[-1]}:{m.group(2)}"
     return None
 
@@ -191,7 +192,6 @@ class Origin:
     def _on_roots(self, roots) -> None:
         self._stop_tracing()
         self._birth, self._nan_op = None, None
-        seen: set[torch.autograd.graph.Node] = set()
         stack: list[torch.autograd.graph.Node] = []
         for r in roots:
             fn = r.grad_fn if isinstance(r, torch.Tensor) else getattr(r, "node", None)
@@ -212,13 +212,12 @@ class Origin:
                     None,
                 )
         hook = self._post
-        while stack and len(seen) < _NODES_AT_MOST:
-            n = stack.pop()
-            if n in seen:
-                continue
-            seen.add(n)
+
+        def hook_node(n) -> bool:
             self._node_hooks.append(n.register_hook(hook))
-            stack.extend(m for m, _ in n.next_functions if m is not None and m not in seen)
+            return True
+
+        traverse(stack, hook_node, _NODES_AT_MOST)
 
     def _post(self, grad_inputs, grad_outputs):
         if self._nan_op is not None:

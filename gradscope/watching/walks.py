@@ -8,6 +8,7 @@ import torch
 
 from gradscope._torch import sequence_nr, storage_key_and_bytes
 from gradscope.walk.saved import node_type
+from gradscope.walk.traverse import traverse
 
 __all__ = ["graph_stats", "graph_nodes"]
 
@@ -19,29 +20,23 @@ def _walk(starts, param_ids, param_storages, select, through, limit=_WALK_LIMIT)
     such a node is walked through when ``through`` and left out otherwise. Returns (nodes counted, live
     saved bytes in them, parameters excluded; whether a counted node's saved tensors were freed; the
     watched parameters reached; the keys counted)."""
-    seen: set[torch.autograd.graph.Node] = set()
-    stack = [n for n in starts if n is not None]
     skip = set(param_storages)
     nodes = held = 0
     freed = False
     reached: set[str] = set()
     keys: set = set()
-    while stack and len(seen) < limit:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
+
+    def visit(n) -> bool:
+        nonlocal nodes, held, freed
         info = node_type(n)
         if info.leaf:
             name = param_ids.get(id(getattr(n, "variable", None)))
             if name is not None:
                 reached.add(name)
-            continue
+            return False
         key = select(sequence_nr(n))
         if key is None:
-            if through:
-                stack.extend(m for m, _ in n.next_functions if m is not None and m not in seen)
-            continue
+            return through
         keys.add(key)
         nodes += 1
         if info.custom:
@@ -61,7 +56,9 @@ def _walk(starts, param_ids, param_storages, select, through, limit=_WALK_LIMIT)
                     getattr(n, attr)
                 except RuntimeError:
                     freed = True
-        stack.extend(m for m, _ in n.next_functions if m is not None and m not in seen)
+        return True
+
+    traverse(starts, visit, limit)
     return nodes, held, freed, reached, keys
 
 
