@@ -1,26 +1,49 @@
-"""The :class:`Finding` value type shared by checks, reports, watch and the CLI."""
+"""The :class:`Finding` value type shared by checks, reports, watch and the CLI, with its kinds and
+severities as named constants (code names them through these; :class:`Finding` refuses any other)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-__all__ = ["Finding", "SEVERITIES", "KINDS", "sort_findings"]
+from gradscope.errors import InputValueError
 
-SEVERITIES = ("error", "warning", "info")
+__all__ = [
+    "Finding", "SEVERITIES", "KINDS", "sort_findings", "severity_counts", "ERROR", "WARNING", "INFO",
+    "UNUSED_PARAMETER", "DETACHED_BRANCH", "INPLACE_HAZARD", "NONE_GRAD", "NONFINITE_GRAD", "NON_SCALAR_ROOT",
+    "NO_GRAD_ROOT", "FREED_GRAPH", "CARRIED_GRAPH", "RETAINED_GRAPH", "GRAPH_WITHOUT_BACKWARD",
+]  # fmt: skip
 
-#: The stable finding kinds (tests and users match on these strings).
+# -- severities, most severe first ------------------------------------------------------------------
+ERROR, WARNING, INFO = "error", "warning", "info"
+SEVERITIES = (ERROR, WARNING, INFO)
+
+# -- kinds (stable strings: tests, users and saved reports match on them; the README lists them) ------
+UNUSED_PARAMETER = "unused-parameter"  #: a trainable parameter the roots never reach
+DETACHED_BRANCH = "detached-branch"  #: parameters cut off by .detach() / .data / no_grad / a round trip
+INPLACE_HAZARD = "inplace-hazard"  #: a saved tensor written in place: backward() will raise
+NONE_GRAD = "none-grad"  #: watch(): a parameter got no gradient this step
+NONFINITE_GRAD = "nonfinite-grad"  #: watch(): a gradient with NaN/Inf, and the op that made it
+NON_SCALAR_ROOT = "non-scalar-root"  #: backward() on a non-scalar needs a gradient argument
+NO_GRAD_ROOT = "no-grad-root"  #: a root without grad_fn: backward() will raise
+FREED_GRAPH = "freed-graph"  #: a graph whose saved tensors a backward already freed
+CARRIED_GRAPH = "carried-graph"  #: watch(): a graph of an earlier step reached this step's backward
+RETAINED_GRAPH = "retained-graph"  #: watch(): graphs of earlier forwards kept alive by a variable
+GRAPH_WITHOUT_BACKWARD = "graph-without-backward"  #: watch(): a training forward with no backward
+
+#: The stable finding kinds, in the order findings of one severity are listed.
 KINDS = (
-    "unused-parameter",
-    "detached-branch",
-    "inplace-hazard",
-    "none-grad",
-    "nonfinite-grad",
-    "non-scalar-root",
-    "no-grad-root",
-    "freed-graph",
-    "carried-graph",
-    "retained-graph",
-    "graph-without-backward",
+    UNUSED_PARAMETER,
+    DETACHED_BRANCH,
+    INPLACE_HAZARD,
+    NONE_GRAD,
+    NONFINITE_GRAD,
+    NON_SCALAR_ROOT,
+    NO_GRAD_ROOT,
+    FREED_GRAPH,
+    CARRIED_GRAPH,
+    RETAINED_GRAPH,
+    GRAPH_WITHOUT_BACKWARD,
 )
 
 
@@ -29,8 +52,8 @@ class Finding:
     """One diagnosis: what is wrong, where, and how to fix it.
 
     Attributes:
-        kind: one of :data:`KINDS`.
-        severity: ``"error"``, ``"warning"`` or ``"info"``.
+        kind: one of :data:`KINDS` (anything else raises :class:`~gradscope.errors.InputValueError`).
+        severity: one of :data:`SEVERITIES`: ``"error"``, ``"warning"`` or ``"info"``.
         message: a full sentence that names the cause and the fix.
         node: the graph node id the finding is about, or None.
         params: qualified names of the parameters concerned.
@@ -43,6 +66,12 @@ class Finding:
     node: str | None = None
     params: tuple[str, ...] = ()
     location: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise InputValueError(f"unknown finding kind {self.kind!r}; the kinds are: {', '.join(KINDS)}.")
+        if self.severity not in SEVERITIES:
+            raise InputValueError(f"unknown severity {self.severity!r}; the severities are: {', '.join(SEVERITIES)}.")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -58,6 +87,20 @@ class Finding:
     def __str__(self) -> str:
         where = f" [{self.location}]" if self.location else ""
         return f"{self.severity}: {self.kind}{where}: {self.message}"
+
+
+def severity_counts(findings: Iterable[Finding]) -> str:
+    """``"1 error, 2 warnings"`` in the order the severities first occur (empty: no finding).
+
+    Example:
+        >>> severity_counts([Finding(UNUSED_PARAMETER, ERROR, "m"), Finding(NONE_GRAD, WARNING, "m"),
+        ...                  Finding(NONE_GRAD, WARNING, "n")])
+        '1 error, 2 warnings'
+    """
+    counts: dict[str, int] = {}
+    for f in findings:
+        counts[f.severity] = counts.get(f.severity, 0) + 1
+    return ", ".join(f"{n} {s}{'s' if n > 1 else ''}" for s, n in counts.items())
 
 
 def sort_findings(findings) -> list[Finding]:

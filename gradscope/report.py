@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import networkx as nx
 
-from gradscope.findings import Finding
+from gradscope.findings import ERROR, Finding, severity_counts
 from gradscope.graph import held_bytes
 from gradscope.graph.jsonfile import graph_from_data, graph_to_data, read_json
 
@@ -30,6 +31,10 @@ class Report:
         self.findings = list(findings)
         # inspect() passes the total its walk already summed (the same rule as held_bytes)
         self.saved_bytes = held_bytes(graph) if saved_bytes is None else saved_bytes
+        #: Values other packages derive from the graph and keep with the report, so that the next question
+        #: reuses them (the replay's compiled program, what-if's shared context): ``{owner key: value}``, one
+        #: key per owning module (``"memory.replay.program"``). Never saved; emptied when the graph is replaced.
+        self.cache: dict[str, Any] = {}
 
     @property
     def graph(self) -> nx.DiGraph:
@@ -43,16 +48,19 @@ class Report:
     @graph.setter
     def graph(self, value: nx.DiGraph) -> None:
         self._graph, self._compact = value, None
+        self.cache.clear()
 
-    def _view(self):
-        """The DiGraph once built, else the compact graph (same answers; for summary() and repr)."""
+    def peek_graph(self) -> Any:
+        """The graph as far as it is built, without building it: the DiGraph once ``graph`` was read, else the
+        compact graph of the walk, which answers ``nodes``, ``graph``, ``len`` and ``nid in`` the same way
+        (for the summary, the repr and the replay's compiler, which need no DiGraph)."""
         return self._graph if self._graph is not None else self._compact
 
     # -- reading ---------------------------------------------------------------------------------
     @property
     def errors(self) -> list[Finding]:
         """The error-severity findings."""
-        return [f for f in self.findings if f.severity == "error"]
+        return [f for f in self.findings if f.severity == ERROR]
 
     @property
     def ok(self) -> bool:
@@ -160,14 +168,11 @@ class Report:
         return repr_mimebundle(self, include=include, exclude=exclude)
 
     def __repr__(self) -> str:
-        counts: dict[str, int] = {}
-        for f in self.findings:
-            counts[f.severity] = counts.get(f.severity, 0) + 1
-        found = ", ".join(f"{n} {s}{'s' if n > 1 else ''}" for s, n in counts.items()) or "no findings"
+        found = severity_counts(self.findings) or "no findings"
         from gradscope._format import human_bytes
 
         return (
-            f"<gradscope.Report: {self._view().number_of_nodes()} nodes, "
+            f"<gradscope.Report: {self.peek_graph().number_of_nodes()} nodes, "
             f"{human_bytes(self.saved_bytes)} saved, {found}>"
         )
 

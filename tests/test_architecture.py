@@ -188,7 +188,8 @@ FOLDER_LAYER = {"walk": 1, "graph": 2, "checks": 3, "memory": 3, "tracing": 3, "
 #: question to the package that answers it (``report.render()`` -> views), which is the one way up: it is
 #: a top-level module, not a folder, and nothing below it imports it.
 TOP_LAYER = {
-    "gradscope.errors": 0, "gradscope.findings": 0, "gradscope._format": 0, "gradscope._torch": 0, "gradscope._frames": 0,
+    "gradscope.errors": 0, "gradscope.findings": 0, "gradscope._format": 0, "gradscope._torch": 0,
+    "gradscope._frames": 0,
     "gradscope.svgchart": 0, "gradscope.report": 4, "gradscope.inspection": 4, "gradscope.compare": 4,
     "gradscope.demo": 6, "gradscope": 5, "gradscope.__main__": 7,
 }

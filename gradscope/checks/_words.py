@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from gradscope.graph import PARAMS
+
 __all__ = ["tensor_words", "fix_words", "op_words"]
 
 _BACKWARD = re.compile(r"Backward\d*$")
@@ -48,7 +50,7 @@ def tensor_words(graph, nid: str, entry: dict) -> str:
         return "its own output" if slot == "result" else "one of its own outputs"
     sid = entry.get("storage")
     if sid is not None:
-        for name, p in graph.graph.get("params", {}).items():
+        for name, p in graph.graph.get(PARAMS, {}).items():
             if p.get("storage") == sid:
                 return f"the parameter {name}"
         for other, od in graph.nodes(data=True):

@@ -11,6 +11,7 @@ import difflib
 
 from gradscope.checks.unused import checkpointed, cuts_by_param, describe_cut, opaque_nodes
 from gradscope.errors import UnknownParameterError
+from gradscope.findings import INPLACE_HAZARD
 from gradscope.graph import CALLED_MODULES, PARAMS
 
 __all__ = ["explain"]
@@ -72,7 +73,7 @@ def _reached(report, param: str, nid: str) -> str:
     modules = sorted({g.nodes[u]["module"] for u in users if g.nodes[u].get("module")})
     through = f" through {', '.join(modules)}" if modules else ""
     text = f"{param} is reached from the root{through}: it feeds {ops}{more}, so backward() gives it a gradient."
-    blockers = [f for f in report.findings if f.kind == "inplace-hazard"]
+    blockers = [f for f in report.findings if f.kind == INPLACE_HAZARD]
     if blockers:
         where = f" by {blockers[0].location}" if blockers[0].location else ""
         text += (

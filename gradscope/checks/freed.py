@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from gradscope.checks._nodes import node_items
 from gradscope.checks._words import op_words
-from gradscope.findings import Finding
+from gradscope.findings import ERROR, FREED_GRAPH, Finding
 
 __all__ = ["check"]
 
@@ -23,8 +23,8 @@ def check(graph, nodes=None) -> Iterator[Finding]:
     first = graph.nodes[freed[0]]
     where = f" in {first['module']}" if first.get("module") else ""
     yield Finding(
-        "freed-graph",
-        "error",
+        FREED_GRAPH,
+        ERROR,
         f"{len(freed)} node(s) of this graph (first: {op_words(first['name'])}{where}, {freed[0]}) had their "
         "saved tensors freed by an earlier backward(): backward() through it raises 'Trying to backward "
         "through the graph a second time'. If a tensor from the previous step is carried into this one "

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 from gradscope.checks._nodes import node_items
 from gradscope.checks._words import fix_words, op_words, tensor_words
-from gradscope.findings import Finding
-from gradscope.graph import EVENTS
+from gradscope.findings import ERROR, INPLACE_HAZARD, Finding
+from gradscope.graph import EVENTS, ROOTS
 
 __all__ = ["check", "stale_savers"]
 
@@ -52,8 +52,8 @@ def check(graph, nodes=None) -> Iterator[Finding]:
         writer_fixes = event and (event.get("optimizer") or "max_norm" in event["op"])
         clone = "" if writer_fixes else _CLONE
         yield Finding(
-            "inplace-hazard",
-            "error",
+            INPLACE_HAZARD,
+            ERROR,
             f"{op_words(data['name'])}{_in(data)} ({nid}) saved {what} (shape {tuple(e['shape'])}, "
             f"{e['dtype']}) for backward at {'an earlier version' if view else 'version ' + str(e['saved_version'])}"
             f", but it was modified in place{where} and is now at version {e['version']}: backward() will "
@@ -87,8 +87,8 @@ def _in_reentrant_checkpoint(graph, events) -> Iterator[Finding]:
         fix = fix_words(op)
         inside = f" (in {ev['module']})" if ev.get("module") else ""
         yield Finding(
-            "inplace-hazard",
-            "error",
+            INPLACE_HAZARD,
+            ERROR,
             f"{op} at {ev.get('location') or 'an unknown location'} writes in place the output of "
             f"{producer}() inside a reentrant checkpoint region{inside}. backward() re-runs that region with "
             f"grad enabled; {producer} then saves its output for its own gradient, the write changes it, "
@@ -110,7 +110,7 @@ def _hidden_by_slice(graph, events) -> Iterator[Finding]:
     copies = {seqs[n]: n for n, name in graph.nodes(data="name") if name == "CopySlices"}
     if not copies:
         return
-    roots = [graph.nodes[r].get("seq") for r in graph.graph.get("roots", ())]
+    roots = [graph.nodes[r].get("seq") for r in graph.graph.get(ROOTS, ())]
     last = max((s for s in roots if s is not None), default=None)
     for i, first in enumerate(events):
         if not (first.get("view") and first["op"] in _SAVES_RESULT_INPLACE and first.get("seq") is not None):
@@ -133,8 +133,8 @@ def _hidden_by_slice(graph, events) -> Iterator[Finding]:
             continue
         op = first["op"]
         yield Finding(
-            "inplace-hazard",
-            "error",
+            INPLACE_HAZARD,
+            ERROR,
             f"{op} at {first.get('location') or 'an unknown location'} wrote a slice in place and saved its "
             f"result for backward (hidden inside CopySlices, {nid}); then {later['op']} at "
             f"{later.get('location') or 'an unknown location'} wrote the same tensor again, so that saved "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from gradscope.findings import Finding
+from gradscope.findings import ERROR, NO_GRAD_ROOT, NON_SCALAR_ROOT, WARNING, Finding
 from gradscope.graph import NO_GRAD_ROOTS, ROOT_SHAPES, ROOTS
 
 __all__ = ["check"]
@@ -20,8 +20,8 @@ def check(graph, nodes=None) -> Iterator[Finding]:
             name = graph.nodes[rid]["name"]
             what = "a nested tensor" if shape is None else f"shape {tuple(shape)}"
             yield Finding(
-                "non-scalar-root",
-                "warning",
+                NON_SCALAR_ROOT,
+                WARNING,
                 f"The root ({name}, {what}) is not a scalar, so loss.backward() raises "
                 "'grad can be implicitly created only for scalar outputs'. Reduce it first "
                 "(loss.mean() or loss.sum()) or pass gradient=torch.ones_like(loss).",
@@ -30,8 +30,8 @@ def check(graph, nodes=None) -> Iterator[Finding]:
             )
     for index in graph.graph.get(NO_GRAD_ROOTS, ()):
         yield Finding(
-            "no-grad-root",
-            "error",
+            NO_GRAD_ROOT,
+            ERROR,
             f"Root {index} has no grad_fn and does not require grad: it was computed under torch.no_grad()"
             " or inference_mode, detached, or from inputs that need no gradient, so backward() through it "
             "raises. Compute it with grad enabled, or drop it from the roots.",

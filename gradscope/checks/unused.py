@@ -8,7 +8,7 @@ parameters that body used, which are not inputs of its node. Nothing else hides 
 region receives every parameter it uses as an input of its node, and the wrappers that
 ``register_full_backward_hook`` installs (Captum, Grad-CAM) are custom Functions over the module's
 inputs and outputs. So only reentrant checkpoints lower "unused" to a warning, and only untraced: with
-``trace()`` the parameters the checkpoint bodies used are known (``graph.graph["checkpoint_params"]``,
+``trace()`` the parameters the checkpoint bodies used are known (``graph.graph[CHECKPOINT_PARAMS]``,
 name -> the sequence numbers of the regions' nodes, which the graph holds or not).
 """
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from gradscope.checks._nodes import node_items
-from gradscope.findings import Finding
-from gradscope.graph import CALLED_MODULES, EVENTS, PARAMS, ROOTS
+from gradscope.findings import DETACHED_BRANCH, ERROR, UNUSED_PARAMETER, WARNING, Finding
+from gradscope.graph import CALLED_MODULES, CHECKPOINT_PARAMS, EVENTS, PARAMS, ROOTS
 
 __all__ = ["check", "opaque_nodes", "describe_cut", "cuts_by_param", "checkpointed"]
 
@@ -101,8 +101,8 @@ def _subject(names, module=None) -> str:
 def _detached(ev, names) -> Finding:
     them = "it" if len(names) == 1 else "them"
     return Finding(
-        "detached-branch",
-        "error",
+        DETACHED_BRANCH,
+        ERROR,
         f"{_subject(names)} {'gets' if len(names) == 1 else 'get'} no gradient: the branch was "
         f"{describe_cut(ev)}. Remove the cut, or freeze {them} (requires_grad_(False)) if that "
         "is intended.",
@@ -126,7 +126,7 @@ def _unused(module, names, never_called) -> Finding:
             "them reaches the root (the result was dropped or overwritten). Use that result in the "
             "loss, or freeze them (requires_grad_(False)) if they are not meant to train."
         )
-    return Finding("unused-parameter", "error", text, params=tuple(names))
+    return Finding(UNUSED_PARAMETER, ERROR, text, params=tuple(names))
 
 
 def _untraced(names, hidden, graph) -> Finding:
@@ -138,8 +138,8 @@ def _untraced(names, hidden, graph) -> Finding:
         of = f" of {', '.join(modules[:4])}{' and more' if len(modules) > 4 else ''}"
     if hidden:
         return Finding(
-            "unused-parameter",
-            "warning",
+            UNUSED_PARAMETER,
+            WARNING,
             f"{subject}{of}: no path from the root reaches them, but they may be used inside "
             f"{len(hidden)} reentrant checkpoint region(s) (first: {graph.nodes[hidden[0]]['name']}, "
             f"{hidden[0]}), whose parameters only backward() sees. Check whether .grad is None after "
@@ -147,8 +147,8 @@ def _untraced(names, hidden, graph) -> Finding:
             params=tuple(names),
         )
     return Finding(
-        "unused-parameter",
-        "error",
+        UNUSED_PARAMETER,
+        ERROR,
         f"{subject}{of} will get no gradient (.grad stays None): no path from the root reaches them. "
         "Record the forward with gradscope.trace() to learn where the path was lost (a .detach(), a "
         "no_grad block, a module never called), or freeze them (requires_grad_(False)) if they are not "
@@ -159,8 +159,8 @@ def _untraced(names, hidden, graph) -> Finding:
 
 def _dead_region(names) -> Finding:
     return Finding(
-        "unused-parameter",
-        "error",
+        UNUSED_PARAMETER,
+        ERROR,
         f"{_subject(names)} {'is' if len(names) == 1 else 'are'} used only inside a reentrant checkpoint "
         "region whose inputs do not require grad: torch warns 'None of the inputs have requires_grad=True. "
         "Gradients will be None', and the region's output is cut from the graph. Make an input of the "
@@ -178,7 +178,7 @@ def _group(names: list[str]):
 
 def checkpointed(graph) -> dict | None:
     """Traced: parameter -> the checkpoint node whose body used it (None: a region not in the graph)."""
-    used = graph.graph.get("checkpoint_params")
+    used = graph.graph.get(CHECKPOINT_PARAMS)
     if used is None:
         return None
     regions = {

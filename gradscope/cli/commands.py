@@ -20,6 +20,7 @@ from gradscope import __version__
 from gradscope.cli.common import TRACE_OPTION, UserError, status
 from gradscope.cli.rendering import output_path, render_file, render_kwargs, render_options
 from gradscope.errors import GradscopeError
+from gradscope.findings import severity_counts
 
 __all__ = ["main"]
 
@@ -48,10 +49,7 @@ def _secs(seconds: float) -> str:
 
 
 def _counts(report) -> str:
-    counts: dict[str, int] = {}
-    for f in report.findings:
-        counts[f.severity] = counts.get(f.severity, 0) + 1
-    return ", ".join(f"{n} {s}{'s' if n > 1 else ''}" for s, n in counts.items()) or "no findings"
+    return severity_counts(report.findings) or "no findings"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import get_type_hints
 
 from gradscope.errors import InputValueError
-from gradscope.findings import SEVERITIES
+from gradscope.findings import KINDS, SEVERITIES
 from gradscope.graph.jsonvalues import (
     MAX_INT,
     Bad,
@@ -226,7 +226,7 @@ def _graph(g, ids: set) -> None:
     for i, f in enumerate(expect_list("graph.findings", g.get("findings", []))):
         w = f"graph.findings[{i}]"
         expect_obj(w, f)
-        expect_str(f"{w}.kind", f.get("kind"))
+        expect_str(f"{w}.kind", f.get("kind"), choices=KINDS)
         expect_str(f"{w}.severity", f.get("severity"), choices=SEVERITIES)
         expect_str(f"{w}.message", f.get("message"))
         expect_str(f"{w}.node", f.get("node"), null=True)

@@ -25,7 +25,7 @@ from gradscope import _torch
 from gradscope._format import one_line
 from gradscope._torch import unwrap_parallel
 from gradscope.errors import InputTypeError, InputValueError
-from gradscope.graph import CALLED_MODULES, EVENTS, EVENTS_DROPPED
+from gradscope.graph import CALLED_MODULES, CHECKPOINT_PARAMS, EVENTS, EVENTS_DROPPED, PARAMS
 from gradscope.tracing.lines import NodeLines
 from gradscope.tracing.modes import MAX_EVENTS, CutMode
 from gradscope.tracing.regions import RegionRecorder
@@ -234,7 +234,7 @@ class Trace:
         """Write module names and events into ``graph`` (called by :func:`gradscope.inspect`).
 
         Sets the ``module`` attribute of every op node (and ``location`` where the line is known),
-        ``graph.graph["events"]`` and, when module names are known, ``graph.graph["called_modules"]``.
+        ``graph.graph[EVENTS]`` and, when module names are known, ``graph.graph[CALLED_MODULES]``.
         Writes plain data only.
 
         Args:
@@ -276,8 +276,8 @@ class Trace:
         self.node_lines.annotate(ops)
         pnames = self._param_names(model, names)
         graph.graph[EVENTS] = self._event_dicts(call_names, pnames)
-        self.regions.annotate(ops, pnames, graph.graph.get("params") or {})
-        graph.graph["checkpoint_params"] = {
+        self.regions.annotate(ops, pnames, graph.graph.get(PARAMS) or {})
+        graph.graph[CHECKPOINT_PARAMS] = {
             pnames[p]: sorted(s) for p, s in self.checkpoint_params.items() if p in pnames
         }
         if model is not None or self._live_model() is not None:

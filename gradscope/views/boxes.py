@@ -8,7 +8,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from gradscope.errors import InputValueError
-from gradscope.graph import held_bytes
+from gradscope.graph import CALLED_MODULES, held_bytes
 from gradscope.views.dot import draw
 from gradscope.views.options import scale
 
@@ -64,7 +64,7 @@ def box_part(report, box, within, collapse, fold):
         if v not in inside and graph.nodes[v]["kind"] == "op"
     }
     sub = graph.subgraph(inside | context).copy()
-    sub.graph = {k: v for k, v in graph.graph.items() if k == "called_modules"}
+    sub.graph = {k: v for k, v in graph.graph.items() if k == CALLED_MODULES}
     sub.graph["context"] = sorted(context)
     for n in context:
         sub.nodes[n]["root"] = False

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 
 from gradscope._format import shape_str
+from gradscope.findings import DETACHED_BRANCH
+from gradscope.graph import EVENTS, PARAMS
 from gradscope.views.collapse import depth, truncate
 from gradscope.views.style import COLORS, esc
 from gradscope.views.style import attrs as _attrs
@@ -56,7 +58,7 @@ def call_label(key: str) -> str:
 
 def unused_and_cuts(b) -> None:
     """The "no gradient" cluster (a grid, by module when many) and the cuts that explain it."""
-    params = b.g.graph.get("params", {})
+    params = b.g.graph.get(PARAMS, {})
     unused = [name for name, p in params.items() if p.get("requires_grad") and p.get("node") is None]
     if not unused:
         return
@@ -104,9 +106,9 @@ def unused_and_cuts(b) -> None:
         )
         for name in names:
             b.out.element_of[name] = eid
-    events = [e for e in b.g.graph.get("events", ()) if e.get("kind") != "inplace"]
+    events = [e for e in b.g.graph.get(EVENTS, ()) if e.get("kind") != "inplace"]
     for f in b.findings:
-        if f.kind != "detached-branch":
+        if f.kind != DETACHED_BRANCH:
             continue
         ev = next((e for e in events if set(f.params) & set(e.get("params", ()))), None)
         loc = f.location or (ev or {}).get("location") or "?"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gradscope._format import lcp, one_line
-from gradscope.findings import SEVERITIES
+from gradscope.findings import INPLACE_HAZARD, SEVERITIES
 from gradscope.graph import forward_order
 from gradscope.graph import node_modules as infer_modules
 from gradscope.views.folds import MIN_OPS, MIN_REPS, Group, find_folds
@@ -83,7 +83,7 @@ def finding_nodes(graph, finding) -> list:
     """The graph nodes a finding is drawn on: its node, and for an in-place hazard every other saver."""
     if finding.node is None or finding.node not in graph:
         return []
-    if finding.kind == "inplace-hazard":
+    if finding.kind == INPLACE_HAZARD:
         from gradscope.checks.inplace import stale_savers
 
         return stale_savers(graph, finding.node)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import textwrap
 
 from gradscope._format import human_bytes, one_line, shape_str
+from gradscope.findings import severity_counts
 from gradscope.graph import HELD, PARAMS, ROOT_SHAPES, ROOTS
 from gradscope.graph.attribution import node_bytes, storage_uses
 
@@ -46,7 +47,7 @@ def summary(report, top: int = 5) -> str:
         raise InputValueError(
             f"summary(top=...) must be a non-negative int (rows of the memory table), got {one_line(top)}."
         )
-    g = report._view()  # the compact graph until report.graph is read: same answers, no DiGraph built
+    g = report.peek_graph()  # the compact graph until report.graph is read: same answers, no DiGraph built
     kinds = {"op": 0, "param": 0, "input": 0}
     kind_of = dict(g.nodes(data="kind"))
     for k in kind_of.values():
@@ -85,10 +86,7 @@ def summary(report, top: int = 5) -> str:
     elif not report.findings:
         lines.append("No findings: backward() will run and every trainable parameter gets a gradient.")
     else:
-        counts: dict[str, int] = {}
-        for f in report.findings:
-            counts[f.severity] = counts.get(f.severity, 0) + 1
-        lines.append("Findings: " + ", ".join(f"{n} {s}{'s' if n > 1 else ''}" for s, n in counts.items()))
+        lines.append("Findings: " + severity_counts(report.findings))
         for f in report.findings:
             head = f"  [{_MARK.get(f.severity, '?')}] {f.severity:<7} {f.kind}"
             if f.node is not None:

@@ -205,6 +205,7 @@ def _outs_reader(outs: dict, slot_outs: dict):
             m = meta[0]
             dev = m.device
             dt = m.dtype
+            okey: tuple
             try:
                 okey = (dev, tuple(m.shape), dt)
             except RuntimeError:  # a nested tensor

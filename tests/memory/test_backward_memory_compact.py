@@ -28,7 +28,7 @@ def test_compact_program_equals_the_digraph_one(name):
     a = program(fast)
     bm_fast = fast.backward_memory()
     assert fast._graph is None                                   # no DiGraph was built
-    records = fast._view().compact
+    records = fast.peek_graph().compact
     slow = gradscope.inspect(loss, model=model)
     b = compile_graph(slow.graph)
     for f in FIELDS:
@@ -71,7 +71,7 @@ def test_deferred_fields_equal_a_direct_computation(name):
     loss = loss_fn(model, *inputs)
     report = gradscope.inspect(loss, model=model)
     prog = program(report)
-    parts = step_base(prog, report._view(), prog.storages, frozenset(), prog.has_grad, None)
+    parts = step_base(prog, report.peek_graph(), prog.storages, frozenset(), prog.has_grad, None)
     ws = {prog.ids[i]: w for i in range(len(prog.ids)) if (w := node_workspace(prog, i))}
     direct = {"base": sum(parts.values()), "parts": parts, "workspace": ws,
               "names": [prog.name[prog.index[n]] for n in report.backward_memory().order]}

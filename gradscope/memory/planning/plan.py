@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from gradscope._format import human_bytes
 from gradscope.errors import InputValueError
+from gradscope.graph import PARAMS
 from gradscope.graph.attribution import storage_uses
 from gradscope.memory.planning.maxbatch import MaxBatch, max_batch
 from gradscope.memory.planning.plancode import parse_budget, plan_code, span_names
@@ -289,7 +290,7 @@ def _floor(report, base: WhatIf) -> int:
     from gradscope.memory.replay.engine import numel_bytes
 
     parts = base.memory.parts
-    params = report.graph.graph.get("params", {})
+    params = report.graph.graph.get(PARAMS, {})
     grads = sum(numel_bytes(p.get("shape"), p.get("dtype")) for p in params.values() if p.get("requires_grad"))
     step = base.memory.step
     return (

@@ -28,6 +28,7 @@ from fnmatch import fnmatchcase
 from math import prod
 
 from gradscope.errors import InputTypeError, InputValueError
+from gradscope.graph import CALLED_MODULES, PARAMS
 from gradscope.graph.attribution import seq_order
 from gradscope.memory.planning.cost import FORWARD_VIEWS
 
@@ -36,7 +37,7 @@ __all__ = ["require_modules", "resolve", "all_regions", "module_regions", "regio
 
 def require_modules(graph, what: str) -> list[str]:
     """The traced module names of ``graph``; an :class:`InputValueError` when it was not traced."""
-    called = graph.graph.get("called_modules")
+    called = graph.graph.get(CALLED_MODULES)
     if called is None:
         called = sorted({d["module"] for _, d in graph.nodes(data=True) if d.get("kind") == "op" and d.get("module")})
         if not called:
@@ -117,7 +118,7 @@ def module_regions(
 
 
 def _param_storages(graph) -> set:
-    return {p["storage"] for p in graph.graph.get("params", {}).values() if p.get("storage") is not None}
+    return {p["storage"] for p in graph.graph.get(PARAMS, {}).values() if p.get("storage") is not None}
 
 
 def infer_batch(graph) -> int | None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from gradscope._format import human_bytes, shape_str
 from gradscope.errors import InputTypeError, InputValueError
+from gradscope.graph import ROOT_SHAPES, ROOT_STORAGE_BYTES
 from gradscope.graph.attribution import seq_order, storage_uses
 from gradscope.memory.planning.select import Scaler, all_regions, module_regions, require_modules, resolve
 
@@ -122,10 +123,14 @@ class WhatIf:
         return curves_svg([("before", self.baseline), (self.change(), self.memory)], path, **kwargs)
 
 
+_CONTEXT_KEY = "memory.planning.whatif.context"  # in report.cache
+
+
 def context(report) -> dict:
     """What every what-if on ``report`` shares, computed once (cached on the report; the graph is not
     changed): forward order, module calls, FLOPs per node, the engine order's ranks, scalers."""
-    c = getattr(report, "_gs_whatif", None)
+    cache = getattr(report, "cache", None)
+    c = None if cache is None else cache.get(_CONTEXT_KEY)
     if c is None or c["graph"] is not report.graph:
         from gradscope.memory.planning.cost import forward_flops
         from gradscope.memory.replay.backward import program
@@ -142,10 +147,8 @@ def context(report) -> dict:
             "device": step_device(graph),
             "rank": {v: i for i, v in enumerate(engine_order(program(report)))},
         }
-        try:
-            report._gs_whatif = c
-        except AttributeError:
-            pass
+        if cache is not None:
+            cache[_CONTEXT_KEY] = c
     return c
 
 
@@ -233,9 +236,11 @@ class _Rewritten:
     """The report as the replay sees it, with a rewritten program (``backward.program`` reads the cache)."""
 
     def __init__(self, report, prog):
+        from gradscope.memory.replay.backward import PROGRAM_KEY
+
         self.graph = report.graph
         self.findings = report.findings
-        self._gs_program = (report.graph, prog)
+        self.cache = {PROGRAM_KEY: (report.graph, prog)}
 
 
 def replay_change(report, ov, regions, off=frozenset(), optimizer=None):
@@ -257,7 +262,7 @@ def _loss_buffer(graph, k: float) -> int:
 
     if k == 1:
         return 0
-    shapes, stored = graph.graph.get("root_shapes", ()), graph.graph.get("root_storage_bytes") or ()
+    shapes, stored = graph.graph.get(ROOT_SHAPES, ()), graph.graph.get(ROOT_STORAGE_BYTES) or ()
     extra = sum(
         b - numel_bytes(s, "float32") for s, b in zip(shapes, stored) if b is not None and b > numel_bytes(s, "float32")
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gradscope.graph import BUFFERS, INPUT_STORAGES, PARAMS, ROOT_SHAPES, ROOT_STORAGE_BYTES
 from gradscope.memory.replay.engine import Program, numel_bytes
 from gradscope.memory.replay.reentrant import ctx_state_bytes
 
@@ -56,7 +57,7 @@ def grad_names(prog: Program, has_grad: dict) -> set:
 
 def step_base(prog: Program, graph, sizes: dict, drop, has_grad: dict, scale) -> dict:
     """What is alive when backward starts, by kind (bytes)."""
-    params = graph.graph.get("params", {})
+    params = graph.graph.get(PARAMS, {})
     param_keys = set()  # ("s", sid) of each parameter storage
     p_bytes = g_bytes = 0
     info = prog.leaves()
@@ -79,7 +80,7 @@ def step_base(prog: Program, graph, sizes: dict, drop, has_grad: dict, scale) ->
         act += nbytes
     inputs = 0
     ids = prog.ids
-    saved_inputs = graph.graph.get("input_storages") or {}
+    saved_inputs = graph.graph.get(INPUT_STORAGES) or {}
     for i, (kind, _) in info.items():
         if kind == "input":
             nbytes = prog.grad_bytes[i][0]
@@ -90,12 +91,12 @@ def step_base(prog: Program, graph, sizes: dict, drop, has_grad: dict, scale) ->
             if sid is not None and key in sizes and key not in param_keys and key not in drop:
                 continue  # an op saved this input: its storage is counted once, among the activations
             inputs += int(scale(prog.grad_shapes[i][0], "float32", nbytes)) if scale else nbytes
-    shapes, stored = graph.graph.get("root_shapes", ()), graph.graph.get("root_storage_bytes") or ()
+    shapes, stored = graph.graph.get(ROOT_SHAPES, ()), graph.graph.get(ROOT_STORAGE_BYTES) or ()
     loss = sum(
         stored[i] if i < len(stored) and stored[i] is not None else numel_bytes(s, "float32")
         for i, s in enumerate(shapes)
     )  # the loss's storage: MSE's scalar views its whole buffer
-    buffers = sum(n for sid, n in graph.graph.get("buffers", ()) if sid is None or ("s", sid) not in sizes)
+    buffers = sum(n for sid, n in graph.graph.get(BUFFERS, ()) if sid is None or ("s", sid) not in sizes)
     return {
         "parameters": p_bytes,
         "buffers": buffers,

@@ -44,6 +44,7 @@ from itertools import compress
 from typing import Any
 
 from gradscope.errors import InputTypeError, InputValueError
+from gradscope.findings import FREED_GRAPH
 from gradscope.graph.attribution import node_modules
 from gradscope.memory.kernels.calibrate import BUILDERS
 from gradscope.memory.kernels.workspace import node_workspace
@@ -62,16 +63,28 @@ from gradscope.memory.replay.reentrant import modelled_region, node_effect
 from gradscope.memory.replay.result import BackwardMemory
 from gradscope.memory.replay.simulate import Trace, simulate
 
-__all__ = ["BackwardMemory", "Overrides", "replay", "backward_memory", "module_nodes", "batch_scale", "program"]
+__all__ = [
+    "BackwardMemory",
+    "Overrides",
+    "replay",
+    "backward_memory",
+    "module_nodes",
+    "batch_scale",
+    "program",
+    "PROGRAM_KEY",
+]
 
 
 _NO_OVERRIDES = Overrides()
+#: The key of the compiled program in ``report.cache``: ``(the graph or records it was compiled from, Program)``.
+PROGRAM_KEY = "memory.replay.program"
 
 
 def program(report) -> Program:
-    """The compiled graph of ``report`` (cached on the report; the graph is not changed)."""
-    cached = getattr(report, "_gs_program", None)
-    view = report._view() if hasattr(report, "_view") else report.graph
+    """The compiled graph of ``report`` (kept in ``report.cache``; the graph is not changed)."""
+    cache = getattr(report, "cache", None)
+    cached = None if cache is None else cache.get(PROGRAM_KEY)
+    view = report.peek_graph() if hasattr(report, "peek_graph") else report.graph
     records = getattr(view, "compact", None)
     if cached is not None and (cached[0] is view or cached[0] is records or getattr(cached[0], "_digraph", 0) is view):
         return cached[1]  # the same graph, or the DiGraph built since from the records it was compiled from
@@ -80,10 +93,8 @@ def program(report) -> Program:
         prog = compile_records(records, view.nodes(), lambda: node_modules(report.graph))
     if prog is None:
         records, prog = None, compile_graph(report.graph)
-    try:
-        report._gs_program = (records if records is not None else report.graph, prog)
-    except AttributeError:
-        pass
+    if cache is not None:
+        cache[PROGRAM_KEY] = (records if records is not None else report.graph, prog)
     return prog
 
 
@@ -116,7 +127,7 @@ def batch_scale(k: float, batch: int):
 
 
 def _check_graph(report) -> None:
-    freed = [f for f in getattr(report, "findings", ()) if f.kind == "freed-graph"]
+    freed = [f for f in getattr(report, "findings", ()) if f.kind == FREED_GRAPH]
     if freed:
         raise InputValueError(
             "backward_memory() needs a graph that backward() has not freed yet: its saved tensors are gone. "
@@ -144,7 +155,7 @@ def replay(
             )
     ov = overrides or _NO_OVERRIDES
     prog = program(report)
-    graph = report._view() if hasattr(report, "_view") else report.graph  # no DiGraph needed
+    graph = report.peek_graph() if hasattr(report, "peek_graph") else report.graph  # no DiGraph needed
     sizes, grad_scale = storage_sizes(prog, ov.scale)
     drop = offloaded_keys(prog, ov)
     has_grad = prog.has_grad  # read-only below; copied when overridden

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from itertools import compress, islice
 
+from gradscope.graph import PARAMS, ROOT_SHAPES, ROOTS
 from gradscope.memory.replay.dtypes import numel_bytes
 from gradscope.memory.replay.engine import Program, node_dtype, slot_keys
 from gradscope.memory.replay.holders import external_storages
@@ -194,7 +195,7 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
     sizes = records.sizes
     rsaved = records.saved
     gattrs = records.graph
-    params = gattrs.get("params", {})
+    params = gattrs.get(PARAMS, {})
     name = [t.name for t in types]  # a leaf's type is AccumulateGrad's
     seq: list = seqs.tolist()
     leaf = [False] * n
@@ -281,9 +282,9 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
         from gradscope.memory.replay.regions import recorded_regions
 
         regions, recompute = recorded_regions(_RegionView(records, ids, index), index, saved, storages, shapes)
-    roots = [index[r] for r in gattrs.get("roots", ()) if r in index]
+    roots = [index[r] for r in gattrs.get(ROOTS, ()) if r in index]
     root_bytes = []
-    for r, shape in zip(roots, gattrs.get("root_shapes", ())):
+    for r, shape in zip(roots, gattrs.get(ROOT_SHAPES, ())):
         dts = records.outs[r][2] if r not in leaves else ()
         root_bytes.append(numel_bytes(shape, dts[0] if dts else node_dtype(records.node_attrs(r))))
     module = Lazy(lambda: [leaves[i][2] if leaf[i] else m.get(nid) for m in (modules(),) for i, nid in enumerate(ids)])

@@ -30,7 +30,7 @@ __all__ = [
 
 UINT64_MAX = (1 << 64) - 1
 
-from gradscope.graph import HELD  # noqa: E402
+from gradscope.graph import HELD, PARAMS, ROOT_SHAPES, ROOTS  # noqa: E402
 from gradscope.memory.replay.dtypes import DTYPE_BYTES, numel_bytes  # noqa: E402 - re-exported
 
 
@@ -114,7 +114,7 @@ def compile_graph(graph) -> Program:
     nodes = graph.nodes
     pred = getattr(graph, "_pred", None) or graph.pred
     mods = node_modules(graph)
-    params = graph.graph.get("params", {})
+    params = graph.graph.get(PARAMS, {})
     name, seq, leaf, edges, gbytes, gshapes, module, attrs, opaque = ([] for _ in range(9))
     saved: list[tuple] = []
     needs: list = []
@@ -155,9 +155,9 @@ def compile_graph(graph) -> Program:
         module.append(mods.get(nid))
         saved.append(slot_keys(d.get("saved") or (), nid, storages, shapes))
     regions, recompute = recorded_regions(graph, index, saved, storages, shapes)
-    roots = [index[r] for r in graph.graph.get("roots", ()) if r in index]
+    roots = [index[r] for r in graph.graph.get(ROOTS, ()) if r in index]
     root_bytes = []
-    for r, shape in zip(roots, graph.graph.get("root_shapes", ())):
+    for r, shape in zip(roots, graph.graph.get(ROOT_SHAPES, ())):
         d = nodes[ids[r]]
         dts = d.get("out_dtypes") or []
         root_bytes.append(numel_bytes(shape, dts[0] if dts else node_dtype(d)))

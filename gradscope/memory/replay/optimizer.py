@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from gradscope._torch import storage_key
+from gradscope.graph import PARAMS
 from gradscope.memory.replay.engine import numel_bytes
 
 __all__ = ["StepBudget", "step_budget"]
@@ -138,7 +139,7 @@ def _reached(graph) -> set:
     if graph is None:
         return set()
     out = set()
-    for p in graph.graph.get("params", {}).values():
+    for p in graph.graph.get(PARAMS, {}).values():
         if p.get("node") is not None and p.get("requires_grad") and p.get("pid") is not None:
             out.add(p["pid"])
     for _, d in graph.nodes(data=True):  # parameters inside a reentrant checkpoint get grads too
