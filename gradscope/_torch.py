@@ -1,7 +1,7 @@
 """Every private torch API gradscope relies on, in one file to audit on a torch upgrade.
 
-Each entry says what it is and which section of the torch facts (``/work/shared/TORCH-FACTS.md``,
-observed on torch 2.13.0) it relies on. Nothing else in gradscope may touch ``torch._C``, a node's
+Each entry says what it is and which torch fact it relies on: a section of docs/internals.md (observed on
+torch 2.13.0), each checked by a named test. Nothing else in gradscope may touch ``torch._C``, a node's
 ``_saved_*`` / ``_raw_saved_*`` / ``_sequence_nr`` / ``_input_metadata`` / ``_forward_cls``, a storage's
 ``_cdata`` or the ``nn.Module`` hook globals directly. (The walk, ``gradscope/walk/``, still has its own
 copies of some of these in its hot loop; they are listed in docs/architecture.md until it routes them here.)
@@ -61,66 +61,66 @@ __all__ = [
 
 # -- sequence numbers (forward creation order) -----------------------------------------------------
 #: ``torch._C._autograd._get_sequence_nr()``: the next autograd sequence number of this thread, peeked
-#: without using it (a no_grad op does not advance it). TORCH-FACTS section 1 (``_sequence_nr``) and
-#: section 5 (module attribution by sequence ranges).
+#: without using it (a no_grad op does not advance it). docs/internals.md#sequence-numbers and
+#: #module-attribution-by-sequence-ranges.
 peek_sequence_nr: Callable[[], int] = torch._C._autograd._get_sequence_nr
 
 #: ``node._sequence_nr()`` of an AccumulateGrad node (UINT64_MAX): leaves have no creation order.
-#: TORCH-FACTS section 1 (AccumulateGrad).
+#: docs/internals.md#accumulategrad-leaves.
 NO_SEQUENCE_NR = 2**64 - 1
 
 
 def sequence_nr(node: Any) -> int:
-    """``node._sequence_nr()``: the node's creation order, per thread (TORCH-FACTS section 1, section 8:
+    """``node._sequence_nr()``: the node's creation order, per thread (docs/internals.md#sequence-numbers:
     every edge points to a node with a smaller number)."""
     return node._sequence_nr()
 
 
 # -- node classes and saved slots ------------------------------------------------------------------
 #: ``torch._C._functions.AccumulateGrad``: the class of the leaf nodes (``type(node) is ...``);
-#: ``node.variable`` is the leaf tensor. TORCH-FACTS section 1 (AccumulateGrad, ``_functions``).
+#: ``node.variable`` is the leaf tensor. docs/internals.md#accumulategrad-leaves.
 ACCUMULATE_GRAD: Any = torch._C._functions.AccumulateGrad  # type: ignore[attr-defined]
 
 #: ``torch._C._autograd.SavedTensor``: what ``node._raw_saved_<slot>`` returns; ``.data`` reads the
-#: stored tensor without a version check or an unpack hook. TORCH-FACTS section 1 (raw SavedTensor), 10.
+#: stored tensor without a version check or an unpack hook. docs/internals.md#raw-saved-tensors.
 SAVED_TENSOR: type = torch._C._autograd.SavedTensor
 
 #: ``node._saved_<slot>``: every saved value of a generated node (raises on a freed or stale tensor);
-#: ``node._raw_saved_<slot>``: only the tensor slots. TORCH-FACTS section 1 (listing saved values), 2, 3.
+#: ``node._raw_saved_<slot>``: only the tensor slots. docs/internals.md#saved-attribute-names.
 SAVED_PREFIX = "_saved_"
 RAW_SAVED_PREFIX = "_raw_saved_"
 
 
 def input_metadata(node: Any) -> tuple:
     """``node._input_metadata``: shape/dtype/device of each forward output, readable after backward and
-    without keeping a tensor alive. TORCH-FACTS section 1 (other attributes), section 3."""
+    without keeping a tensor alive. docs/internals.md#output-metadata."""
     return node._input_metadata
 
 
 def forward_cls(node: Any) -> type | None:
     """``node._forward_cls``: the ``autograd.Function`` subclass of a custom node (None for generated
     nodes); tells checkpoint (``CheckpointFunction``) and ``torch.compile`` (``CompiledFunction``) apart.
-    TORCH-FACTS section 4."""
+    docs/internals.md#custom-functions."""
     return getattr(node, "_forward_cls", None)
 
 
 def is_checkpoint_holder(value: Any) -> bool:
     """True for ``torch.utils.checkpoint._Holder``, what ``raw.data`` holds for a slot that
     ``checkpoint(use_reentrant=False)`` recomputes (reading the slot would re-run the forward).
-    TORCH-FACTS section 4 (checkpoint), section 10."""
+    docs/internals.md#non-reentrant-checkpoint."""
     return type(value).__name__ == "_Holder"
 
 
 # -- tensors ---------------------------------------------------------------------------------------
 def storage_key(t: torch.Tensor) -> int:
     """``t.untyped_storage()._cdata``: the StorageImpl pointer, which tells storages apart on every device,
-    ``meta`` included (where ``data_ptr()`` is 0 for every tensor). TORCH-FACTS section 1 (dedup)."""
+    ``meta`` included (where ``data_ptr()`` is 0 for every tensor). docs/internals.md#storage-identity."""
     return t.untyped_storage()._cdata
 
 
 def storage_key_and_bytes(t: torch.Tensor) -> tuple[int, int]:
     """``(storage_key(t), t.untyped_storage().nbytes())`` with one ``untyped_storage()`` call (the bytes
-    a storage holds, counted once per key). TORCH-FACTS section 1 (dedup)."""
+    a storage holds, counted once per key). docs/internals.md#storage-identity."""
     st = t.untyped_storage()
     return st._cdata, st.nbytes()
 
@@ -135,16 +135,17 @@ def impl_key(t: torch.Tensor) -> int:
 
 def version(t: torch.Tensor) -> int:
     """``t._version``: the tensor's in-place version counter (raises RuntimeError on inference tensors).
-    TORCH-FACTS section 2 (versions visible)."""
+    docs/internals.md#in-place-writes-and-versions."""
     return t._version
 
 
 #: ``torch._C.TensorBase.__dict__["data"]``: the ``.data`` property; a TorchFunctionMode sees ``x.data``
-#: as ``func.__name__ == "__get__"`` with ``func.__self__`` this descriptor. TORCH-FACTS section 6.
+#: as ``func.__name__ == "__get__"`` with ``func.__self__`` this descriptor.
+#: docs/internals.md#the-data-property-in-a-torchfunctionmode.
 TENSOR_DATA: Any = torch._C.TensorBase.__dict__["data"]
 
 #: The code object of ``torch.autograd.Function.apply``: a frame running it means we are inside a custom
-#: Function's forward (grad disabled by autograd, not by the user). TORCH-FACTS section 4.
+#: Function's forward (grad disabled by autograd, not by the user). docs/internals.md#custom-functions.
 FUNCTION_APPLY_CODE = torch.autograd.function.Function.apply.__func__.__code__  # type: ignore[attr-defined]
 
 # -- torch functions by name (a traced reentrant region's calls, replayed on ``meta``) -----------------
@@ -222,34 +223,36 @@ no_torch_function: Callable[[], Any] = torch._C.DisableTorchFunction
 
 # -- module hooks ----------------------------------------------------------------------------------
 #: Global forward (pre-)hooks on every ``nn.Module`` call, from ``torch.nn.modules.module`` (documented
-#: there, not re-exported by ``torch.nn``); both return a removable handle. TORCH-FACTS section 5.
+#: there, not re-exported by ``torch.nn``); both return a removable handle.
+#: docs/internals.md#module-attribution-by-sequence-ranges.
 register_module_forward_pre_hook = _nn_module.register_module_forward_pre_hook
 register_module_forward_hook = _nn_module.register_module_forward_hook
 
 # -- the autograd engine (during backward) ---------------------------------------------------------
 #: ``torch._C._current_graph_task_id()``: the id of the running backward, -1 outside backward.
-#: TORCH-FACTS section 9 (during backward).
+#: docs/internals.md#during-backward.
 current_graph_task_id: Callable[[], int] = torch._C._current_graph_task_id
 
 #: ``torch._C._current_autograd_node()``: the node the engine is running, None outside backward.
-#: TORCH-FACTS section 9 (during backward).
+#: docs/internals.md#during-backward.
 current_autograd_node: Callable[[], Any] = torch._C._current_autograd_node
 
 
 def queue_engine_callback(fn: Callable[[], None]) -> None:
     """``torch.autograd.Variable._execution_engine.queue_callback(fn)``: run ``fn`` once when the current
-    backward finishes (what DDP uses). Only valid during backward. TORCH-FACTS section 7 (a)."""
+    backward finishes (what DDP uses). Only valid during backward. docs/internals.md#during-backward."""
     torch.autograd.Variable._execution_engine.queue_callback(fn)
 
 
 #: ``torch._foreach_norm(tensors, ord, dtype=)``: one fused norm per tensor (what
-#: ``torch.nn.utils.clip_grad_norm_`` uses). Not covered by TORCH-FACTS; watch() calls it once per device
+#: ``torch.nn.utils.clip_grad_norm_`` uses).
+#: docs/internals.md#fused-foreach-ops-and-sparse-values; watch() calls it once per device
 #: on each step's gradients, and tests/watch/test_watch_flow.py checks its norms against ``vector_norm``.
 foreach_norm: Callable[..., Any] = torch._foreach_norm
 
 #: ``torch._foreach_mul(tensors, scalar)`` (new tensors) and ``torch._foreach_sub_(tensors, others)`` (in
 #: place): fused elementwise ops over a list, what the foreach optimizers use; watch() copies the weights
-#: and takes the update with them around ``optimizer.step()``. Not covered by TORCH-FACTS;
+#: and takes the update with them around ``optimizer.step()``. docs/internals.md#fused-foreach-ops-and-sparse-values;
 #: tests/watch/test_watch_flow.py checks the update/weight ratios they give against a plain computation.
 foreach_mul: Callable[..., Any] = torch._foreach_mul
 foreach_sub_: Callable[..., Any] = torch._foreach_sub_
@@ -267,7 +270,7 @@ PROFILER_ALLOCATION: Any = torch._C._profiler._EventType.Allocation
 
 def sparse_values(t: torch.Tensor) -> torch.Tensor:
     """``t._values()``: the stored values of a sparse COO tensor, coalesced or not (``values()`` refuses
-    an uncoalesced one). Not covered by TORCH-FACTS, nor yet by a test (watch() on a sparse gradient)."""
+    an uncoalesced one). docs/internals.md#fused-foreach-ops-and-sparse-values."""
     return t._values()
 
 
@@ -281,15 +284,15 @@ def set_anomaly(state: tuple[bool, bool]) -> None:
     """``torch.set_anomaly_enabled(enabled, check_nan)``: anomaly mode without the Python context manager
     (no warning, no stack); in ``torch.__all__`` but undocumented (the binding ``detect_anomaly`` uses).
     With it on, each new node records its forward traceback in ``node.metadata['traceback_']``; watch()
-    switches it on, with ``check_nan`` off, for one armed forward. TORCH-FACTS section 9 (anomaly mode)
-    and section 1 (``metadata``)."""
+    switches it on, with ``check_nan`` off, for one armed forward. docs/internals.md#anomaly-mode."""
     torch.set_anomaly_enabled(*state)
 
 
 # ``torch.autograd._engine_run_backward(t_outputs, ...)``: the function ``backward()`` and
 # ``torch.autograd.grad`` look up in ``torch.autograd`` to run the engine, its first argument the roots.
-# Wrapped for one call only, then unwrapped before the engine runs (watch()'s armed backward). Not
-# covered by TORCH-FACTS; tests/watch/test_watch_nan.py checks the wrap, the hand-over and the unwrap.
+# Wrapped for one call only, then unwrapped before the engine runs (watch()'s armed backward).
+# docs/internals.md#during-backward;
+# tests/watch/test_watch_nan.py checks the wrap, the hand-over and the unwrap.
 _waiting: list = []  # callbacks for the next backward's roots
 _installed: list = []  # [(wrapper, the function it replaced)] while wrapped
 

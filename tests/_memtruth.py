@@ -1,4 +1,5 @@
-"""Ground truth for memory predictions: what torch.profiler measured (TORCH-FACTS section 14).
+"""Ground truth for memory predictions: what torch.profiler measured
+(docs/internals.md#measuring-memory-with-torchprofiler).
 
 One profiled run of a training step on CPU, ``profile_memory=True``. Every allocation and free of c10's
 CPU allocator is an event in the profiler's event tree, nested under the op that made it; a running sum

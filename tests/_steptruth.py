@@ -1,4 +1,5 @@
-"""Ground truth for a whole training step on CPU, from torch.profiler (TORCH-FACTS 14), and the real torch
+"""Ground truth for a whole training step on CPU, from torch.profiler
+(docs/internals.md#measuring-memory-with-torchprofiler), and the real torch
 APIs a what-if or a plan stands for.
 
 ``measure_step`` runs forward, backward and (optionally) ``optimizer.step()`` under

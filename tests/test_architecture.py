@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "gradscope"
 
 #: Modules outside gradscope/walk/ allowed to import the walk: inspect() runs it; trace()'s torch-function
-#: mode keeps the nodes it touched until the tensor dies (the deep-graph release, TORCH-FACTS section 11);
+#: mode keeps the nodes it touched until the tensor dies (the deep-graph release,
+#: docs/internals.md#freeing-deep-graphs);
 #: watch()'s cross-step checks walk the live graph of each step with the walk's node classifier, and its armed
 #: backward hooks every node it reaches; both through the one bounded traversal (walk/traverse.py).
 #: backward_memory()'s model of a traced reentrant checkpoint walks the meta graph it rebuilt (memory/replay/traced.py).

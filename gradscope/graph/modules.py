@@ -26,7 +26,8 @@ __all__ = ["is_traced", "node_modules"]
 # One exception: a view (ViewBackward0, UnsafeViewBackward0) next to an anchored mm/addmm in forward order
 # (at most 2 apart) and linked to it by an edge takes the mm's module: F.linear on a 3-d input reshapes
 # before and after its addmm, inside the Linear.
-# This mimics the trace's sequence-range attribution (TORCH-FACTS section 5) without hooks;
+# This mimics the trace's sequence-range attribution
+# (docs/internals.md#module-attribution-by-sequence-ranges) without hooks;
 # tests/walk/test_graph.py checks it against trace() on real models.
 
 

@@ -4,7 +4,7 @@ NOTE [holder counts]
 ``backward()`` frees a saved tensor's storage only when its last holder goes: another node's saved slot,
 a view, a Python variable the user still holds (the input batch, an output kept for logging), a
 parameter, an AccumulateGrad's leaf. The graph shows the saved slots; the rest is detected, not assumed,
-while the walk holds the slot's tensor (TORCH-FACTS section 14):
+while the walk holds the slot's tensor (docs/internals.md#what-one-node-does-to-memory):
 
 - ``torch._C._storage_Use_Count(ptr)``: the storage's references, one per TensorImpl using it (plus our
   own ``UntypedStorage`` handle, subtracted). More TensorImpls than the saved slots show means another

@@ -4,7 +4,7 @@ NOTE [freeing deep graphs]
 Reading ``next_functions`` creates a Python wrapper for every node, and torch 2.13 keeps each wrapper
 alive for as long as its C++ node lives. Once wrappers exist along a chain of ~30k+ nodes, freeing the
 chain goes through each wrapper's deallocation in turn, recursively, and overflows the C stack
-(TORCH-FACTS section 11), whoever drops the last reference: the loss, a later tensor that consumed it
+(docs/internals.md#freeing-deep-graphs), whoever drops the last reference: the loss, a later tensor that consumed it
 (``y = loss * 2``), or an activation kept from the middle of the chain. Without wrappers the C++ deleter
 is iterative and safe.
 

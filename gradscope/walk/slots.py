@@ -101,7 +101,7 @@ def dense_nbytes(t: torch.Tensor) -> int:
 
 def is_wrapped_scalar(t: torch.Tensor) -> bool:
     # Python numbers in ops such as x * 2 or x / 4.0 are saved as 0-d int64/float64 CPU tensors that never
-    # pass through pack hooks and are not activations (TORCH-FACTS section 10).
+    # pass through pack hooks and are not activations (docs/internals.md#wrapped-python-scalars).
     return (
         t.dim() == 0
         and t.dtype in (torch.float64, torch.int64, torch.complex128, torch.bool)

@@ -5,8 +5,10 @@ Three identical executions (same seed) of each program:
   B  backward without gradscope: gradients must be bit-identical to A's;
   C  under saved_tensors_hooks (identity pack into a weak-referenceable box): after every tensor but the
      root is dropped, the live boxes are exactly the tensors the graph still holds; their unique storages
-     must add up to ``report.saved_bytes``. Pack hooks disable autograd's version check (TORCH-FACTS 2b),
-     so C never runs backward; wrapped Python scalars never reach the hooks (TORCH-FACTS 10) and
+     must add up to ``report.saved_bytes``. Pack hooks disable autograd's version check
+     (docs/internals.md#pack-hooks-and-the-version-check),
+     so C never runs backward; wrapped Python scalars never reach the hooks
+     (docs/internals.md#wrapped-python-scalars) and
      gradscope leaves them out too; checkpointed slots go through checkpoint's own inner hooks.
 """
 

@@ -1,4 +1,5 @@
-"""report.backward_memory() against torch's own truth: torch.profiler memory events on CPU (TORCH-FACTS 14)."""
+"""report.backward_memory() against torch's own truth: torch.profiler memory events on CPU
+(docs/internals.md#measuring-memory-with-torchprofiler)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Reentrant checkpoint (``use_reentrant=True``): the nested backward, modelled from the region's layers,
-against torch.profiler (TORCH-FACTS 4 and 14; memory/replay/reentrant.py NOTE [reentrant checkpoint backward]).
+against torch.profiler (docs/internals.md#reentrant-checkpoint and #engine-order; memory/replay/reentrant.py
+NOTE [reentrant checkpoint backward]).
 
 Which variant is modelled: a region whose function is an ``nn.Sequential`` (nested ones too) of
 ``Linear``/``ReLU``/``GELU``/``SiLU``/``Tanh``/``Sigmoid``/``Identity`` with torch's own forward. A region

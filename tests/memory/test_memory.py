@@ -3,7 +3,8 @@
 Ground truth: the same forward (same seed, same inputs) run a second time under an identity pack hook that
 records every packed tensor's storage (``untyped_storage()._cdata``, ``nbytes()``). The hooked forward is
 run separately from the inspected one because pack hooks disable autograd's version check
-(TORCH-FACTS 2b); wrapped Python scalars never reach pack hooks and are not counted by gradscope either.
+(docs/internals.md#pack-hooks-and-the-version-check); wrapped Python scalars never reach pack hooks and are
+not counted by gradscope either.
 """
 
 from __future__ import annotations

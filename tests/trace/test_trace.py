@@ -488,7 +488,7 @@ print("OK")
 
 
 def test_cut_deep_below_its_parameter_is_found_and_freed_safely():
-    # A failure here is a segfault (TORCH-FACTS section 11), so it runs in a subprocess.
+    # A failure here is a segfault (docs/internals.md#freeing-deep-graphs), so it runs in a subprocess.
     import subprocess
     import sys
 

@@ -76,7 +76,7 @@ def test_script_json_has_nothing_that_html_reads_as_markup():
 
 @needs_dot
 def test_hostile_parameter_names_stay_inside_the_data_block(tmp_path):
-    """/work/shared/repro/html_comment_breaks_viewer.py: '<!--<script>' swallowed the viewer's script."""
+    """A name holding '<!--<script>' once swallowed the viewer's script (an HTML comment opened in a script)."""
     params = {name: torch.nn.Parameter(torch.randn(3)) for name in HOSTILE}
     loss = sum((p * (i + 2)).sum() for i, p in enumerate(params.values()))
     report = gradscope.inspect(loss, params=params)

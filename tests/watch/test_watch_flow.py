@@ -158,7 +158,7 @@ def test_warn_mode_warns_once_per_problem_counts_and_summarises():
 
 
 def test_backward_that_wrote_no_grad_is_not_checked():
-    class AllNone(torch.autograd.Function):           # /work/shared/repro/watch_no_grad_written.py
+    class AllNone(torch.autograd.Function):           # its backward returns no gradient: torch writes no .grad
         @staticmethod
         def forward(ctx, x):
             return x * 3
@@ -176,7 +176,7 @@ def test_backward_that_wrote_no_grad_is_not_checked():
 
 
 def test_replaced_parameter_is_watched_under_its_name():
-    m = nn.Linear(4, 4)                                 # /work/shared/repro/watch_replaced_param.py
+    m = nn.Linear(4, 4)                                 # a parameter replaced between steps
     seen = []
     with gradscope.watch(m, on_error=seen.extend):
         m.weight = nn.Parameter(torch.randn(4, 4))
@@ -189,7 +189,7 @@ def test_replaced_parameter_is_watched_under_its_name():
 
 
 def test_non_leaf_parameter_is_a_clear_error():
-    m = nn.Linear(2, 2)                                 # /work/shared/repro/watch_nonleaf_param.py
+    m = nn.Linear(2, 2)                                 # a parameter that is not a leaf
     m.fr = nn.Parameter(torch.randn(2), requires_grad=False)
     m.fr[0] = m.weight.sum()
     assert not m.fr.is_leaf

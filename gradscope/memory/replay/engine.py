@@ -1,6 +1,6 @@
 """The graph compiled for the backward replay, and the order autograd's engine runs its nodes.
 
-NOTE [engine order] (TORCH-FACTS section 14)
+NOTE [engine order] (docs/internals.md#engine-order)
 ``torch.autograd.backward`` counts dependencies by a walk from the roots (once per edge, duplicate edges
 twice); then one ready queue on the calling thread (CPU and meta work) pops the ready node with the
 highest ``_sequence_nr()`` first; AccumulateGrad nodes report UINT64_MAX. The queue is a

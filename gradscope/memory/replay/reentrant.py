@@ -1,6 +1,6 @@
 """A reentrant checkpoint's backward, modelled from the layers its region runs (nothing is run).
 
-NOTE [reentrant checkpoint backward] (TORCH-FACTS sections 4 and 14)
+NOTE [reentrant checkpoint backward] (docs/internals.md#reentrant-checkpoint, #engine-order)
 ``CheckpointFunctionBackward`` (``checkpoint(fn, x, use_reentrant=True)``) does, inside one node of the
 outer backward: ``fork_rng`` (a copy of the CPU generator state, freed when the recompute is done), the
 region's forward again under ``enable_grad`` on a detached input (its activations and the graph's saved

@@ -1,6 +1,6 @@
 """The backward replay: the engine's rules applied to the compiled graph, byte by byte.
 
-NOTE [what one node does to memory] (TORCH-FACTS section 14)
+NOTE [what one node does to memory] (docs/internals.md#what-one-node-does-to-memory)
 At node ``v`` the engine (1) takes the gradients in ``v``'s InputBuffer, (2) runs the formula, which
 allocates its outputs (some formulas return views of, or pass on, the incoming gradient: :data:`VIEW_OPS`,
 :data:`PASS_OPS`) plus kernel workspace that it frees before returning, (3) drops the incoming gradients,

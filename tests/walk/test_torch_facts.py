@@ -1,0 +1,247 @@
+"""The torch facts gradscope relies on (docs/internals.md), each checked against torch itself.
+
+One test per entry of docs/internals.md that no behaviour test covers directly; the others name the
+behaviour test that would fail if the fact changed. On a torch upgrade, a failure here names the fact.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils.checkpoint import checkpoint
+
+from gradscope import _torch
+
+
+def test_accumulate_grad():
+    x = torch.randn(3, requires_grad=True)
+    acc = (x * 2).sum().grad_fn.next_functions[0][0].next_functions[0][0]
+    assert type(acc) is _torch.ACCUMULATE_GRAD and acc.variable is x
+    assert acc.next_functions == () and _torch.sequence_nr(acc) == _torch.NO_SEQUENCE_NR
+    assert not [a for a in dir(acc) if a.startswith(_torch.SAVED_PREFIX)]
+
+
+def test_next_functions():
+    x = torch.randn(4, requires_grad=True)
+    y = x * 3  # a Python scalar: a None entry
+    assert y.grad_fn.next_functions[1] == (None, 0)
+    a, b = x.split(2)
+    z = a * b
+    got = [(type(n).__name__, i) for n, i in z.grad_fn.next_functions]
+    assert got == [("SplitBackward0", 0), ("SplitBackward0", 1)]
+    emb = torch.nn.functional.embedding(torch.tensor([0, 1]), torch.randn(3, 2, requires_grad=True))
+    assert len(emb.grad_fn.next_functions) == 1  # indices get no entry at all
+
+
+def test_sequence_numbers():
+    x = torch.randn(3, requires_grad=True)
+    before = _torch.peek_sequence_nr()
+    assert _torch.peek_sequence_nr() == before  # peeking does not use a number
+    with torch.no_grad():
+        x * 2
+    assert _torch.peek_sequence_nr() == before  # a no_grad op does not advance it
+    y = x.exp()
+    z = y.sin()
+    assert _torch.sequence_nr(y.grad_fn) == before < _torch.sequence_nr(z.grad_fn)
+    # every edge points to an older node: next_functions cannot form a cycle
+    assert _torch.sequence_nr(z.grad_fn.next_functions[0][0]) < _torch.sequence_nr(z.grad_fn)
+
+
+def test_saved_attribute_names():
+    a, b = torch.randn(3, 4, requires_grad=True), torch.randn(4, 5, requires_grad=True)
+    node = (a @ b).grad_fn
+    saved = {n[len(_torch.SAVED_PREFIX) :] for n in dir(node) if n.startswith(_torch.SAVED_PREFIX)}
+    raw = {n[len(_torch.RAW_SAVED_PREFIX) :] for n in dir(node) if n.startswith(_torch.RAW_SAVED_PREFIX)}
+    assert raw == {"self", "mat2"} and raw < saved and "self_sym_sizes" in saved
+    assert isinstance(node._saved_self_sym_sizes, tuple)
+
+
+def test_negative_ints_come_back_unsigned():
+    x = torch.randn(2, 3, 1, requires_grad=True)
+    assert x.squeeze(-1).grad_fn._saved_dim == 2**64 - 1
+
+
+def test_raw_saved_tensor_data():
+    x = torch.randn(4, requires_grad=True)
+    y = x.sigmoid()
+    raw = y.grad_fn._raw_saved_result
+    assert type(raw) is _torch.SAVED_TENSOR and raw.unpack_hook is None
+    with torch.no_grad():
+        y.mul_(2)
+    assert raw.data._version == 1  # read without the version check that _saved_result makes
+    z = x.exp()
+    z.sum().backward()
+    assert z.grad_fn._raw_saved_result.data is None  # freed by the backward
+
+
+def test_input_metadata_survives_backward():
+    x = torch.randn(3, 4, 1, requires_grad=True)
+    y = x.exp()
+    node = y.grad_fn
+    y.sum().backward()
+    (meta,) = _torch.input_metadata(node)
+    assert tuple(meta.shape) == (3, 4, 1) and meta.dtype == torch.float32 and meta.device.type == "cpu"
+
+
+def test_storage_identity_on_meta():
+    a, b = torch.empty(4, device="meta"), torch.empty(4, device="meta")
+    assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() == 0
+    assert _torch.storage_key(a) != _torch.storage_key(b) and _torch.storage_key(a) == _torch.storage_key(a[1:])
+    big = torch.randn(100, 100)
+    assert big[:2].nbytes == 800 and big[:2].untyped_storage().nbytes() == 40000
+
+
+def test_stale_slot_error_names_both_versions():
+    x = torch.randn(4, requires_grad=True)
+    y = x.sigmoid()
+    node = y.grad_fn
+    with torch.no_grad():
+        y.mul_(2)
+    try:
+        _ = node._saved_result
+    except RuntimeError as exc:
+        assert re.search(r"is at version (\d+); expected version (\d+)", str(exc)).groups() == ("1", "0")
+    else:
+        raise AssertionError("reading a slot written in place must raise")
+
+
+def test_pack_hooks_switch_off_the_version_check():
+    x = torch.randn(4, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        y = x.sigmoid()
+    with torch.no_grad():
+        y.mul_(2)
+    y.sum().backward()  # no error: the gradient is silently wrong
+    assert not torch.allclose(x.grad, torch.sigmoid(x) * (1 - torch.sigmoid(x)))
+
+
+def test_freed_slot_error_text():
+    x = torch.randn(3, requires_grad=True)
+    y = x.exp()
+    y.sum().backward()
+    try:
+        _ = y.grad_fn._saved_result
+    except RuntimeError as exc:
+        assert "backward through the graph a second time" in str(exc)
+    else:
+        raise AssertionError("a freed slot must raise")
+    assert y.grad_fn.next_functions and _torch.sequence_nr(y.grad_fn) >= 0  # still walkable
+
+
+def test_saved_tensor_hooks_payloads():
+    x = torch.randn(4, requires_grad=True)
+    with torch.autograd.graph.save_on_cpu():
+        y = x.exp()
+    data = y.grad_fn._raw_saved_result.data
+    assert isinstance(data, tuple) and isinstance(data[1], torch.Tensor) and y.grad_fn._raw_saved_result.unpack_hook
+    seen = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: seen.append(t.shape) or t, lambda t: t):
+        z = x / 4.0
+    assert z.grad_fn._saved_other.dim() == 0 and torch.Size([]) not in seen  # the wrapped scalar skips the hook
+    scalar = (x * 2).grad_fn._saved_other
+    assert scalar.dim() == 0 and scalar.dtype == torch.int64 and not scalar.requires_grad
+    del z
+
+
+def test_non_reentrant_checkpoint_holder_reruns_the_forward():
+    calls = []
+    lin = torch.nn.Linear(3, 3)
+
+    def body(t):
+        calls.append(1)
+        return lin(t).sin()
+
+    y = checkpoint(body, torch.randn(2, 3, requires_grad=True), use_reentrant=False)
+    raw = y.grad_fn._raw_saved_self
+    assert _torch.is_checkpoint_holder(raw.data) and raw.unpack_hook is not None
+    _ = y.grad_fn._saved_self
+    assert len(calls) == 2  # reading the slot ran the body again
+
+
+def test_reentrant_checkpoint_hides_its_parameters():
+    lin = torch.nn.Linear(3, 3)
+    y = checkpoint(lin, torch.randn(2, 3, requires_grad=True), use_reentrant=True).sum()
+    node = y.grad_fn.next_functions[0][0]
+    assert _torch.forward_cls(node).__qualname__ == "CheckpointFunction"
+    leaves = [n.variable for n, _ in node.next_functions if type(n) is _torch.ACCUMULATE_GRAD]
+    assert not any(v is lin.weight for v in leaves)
+    y.backward()
+    assert lin.weight.grad is not None  # yet it gets a gradient
+
+
+def test_custom_function_node_is_its_ctx():
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.k = 5
+            ctx.save_for_backward(x)
+            return x * 5
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * ctx.k
+
+    x = torch.randn(3, requires_grad=True)
+    node = Scale.apply(x).grad_fn
+    assert node.k == 5 and _torch.forward_cls(node) is Scale and node.saved_tensors[0] is x
+
+
+def test_dot_data_reaches_a_torch_function_mode_as_a_get():
+    seen = []
+
+    class Mode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(2, requires_grad=True)
+    with Mode():
+        _ = x.data
+    assert any(getattr(f, "__name__", "") == "__get__" and f.__self__ is _torch.TENSOR_DATA for f in seen)
+
+
+def test_engine_callback_runs_once_after_the_backward():
+    order = []
+    x = torch.randn(3, requires_grad=True)
+    y = x.exp().sin().sum()
+    y.grad_fn.register_prehook(lambda g: _torch.queue_engine_callback(lambda: order.append("end")))
+    x.register_post_accumulate_grad_hook(lambda p: order.append("acc"))
+    y.backward()
+    assert order == ["acc", "end"]
+
+
+def test_current_node_during_backward():
+    seen = []
+    x = torch.randn(3, requires_grad=True)
+    y = x.sin()
+    y.grad_fn.register_prehook(lambda g: seen.append((_torch.current_autograd_node(), _torch.current_graph_task_id())))
+    y.sum().backward()
+    assert seen[0][0] is y.grad_fn and seen[0][1] >= 0
+    assert _torch.current_autograd_node() is None and _torch.current_graph_task_id() == -1
+
+
+def test_anomaly_mode_keeps_the_forward_traceback():
+    x = torch.randn(3, requires_grad=True)
+    with torch.autograd.detect_anomaly(check_nan=False):
+        y = x.exp()  # the line the traceback ends with
+    assert any("y = x.exp()" in line for line in y.grad_fn.metadata["traceback_"])
+
+
+def test_sparse_values_of_an_uncoalesced_tensor():
+    t = torch.sparse_coo_tensor(torch.tensor([[0, 0, 1]]), torch.tensor([1.0, 2.0, 3.0]), (2,))
+    assert not t.is_coalesced()
+    try:
+        t.values()
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("values() accepts an uncoalesced tensor now: sparse_values may use it")
+    assert _torch.sparse_values(t).tolist() == [1.0, 2.0, 3.0]
+
+
+def test_foreach_norm_is_a_norm_per_tensor():
+    ts = [torch.randn(3, 4), torch.randn(5)]
+    got = _torch.foreach_norm(ts, 2.0)
+    assert all(torch.allclose(g, torch.linalg.vector_norm(t)) for g, t in zip(got, ts))
