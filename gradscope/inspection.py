@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
 from gradscope.checks import run_checks
 from gradscope.report import Report
 from gradscope.walk.build import build, flatten_roots
@@ -9,10 +12,21 @@ from gradscope.walk.compact import CompactGraph
 from gradscope.walk.named import names_and_buffers
 from gradscope.walk.records import node_id
 
+if TYPE_CHECKING:
+    import torch
+
+    from gradscope.tracing.recorder import Trace
+
 __all__ = ["inspect"]
 
 
-def inspect(root, *, model=None, params=None, trace=None) -> Report:
+def inspect(
+    root: torch.Tensor | Sequence[Any],
+    *,
+    model: torch.nn.Module | None = None,
+    params: Mapping[str, torch.Tensor] | None = None,
+    trace: Trace | None = None,
+) -> Report:
     """Walk the autograd graph behind ``root`` and diagnose it, before (or after) ``backward()``.
 
     Args:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 
@@ -11,7 +12,22 @@ from gradscope.findings import ERROR, Finding, severity_counts
 from gradscope.graph import held_bytes
 from gradscope.graph.jsonfile import graph_from_data, graph_to_data, read_json
 
-__all__ = ["Report", "held_bytes", "load", "report_from_data"]
+if TYPE_CHECKING:  # the answers' types; the packages are imported inside the methods that need them
+    import graphviz
+    import torch
+
+    from gradscope.memory.planning.maxbatch import MaxBatch
+    from gradscope.memory.planning.plan import Plan
+    from gradscope.memory.planning.whatif import WhatIf
+    from gradscope.memory.replay.result import BackwardMemory
+    from gradscope.memory.table import MemoryTable
+
+#: Module names to checkpoint or offload: one qualified name or fnmatch pattern, or several.
+Modules = str | Iterable[str] | None
+#: A memory budget: bytes, or a size such as ``"12GiB"`` / ``"16 GB"``.
+Budget = int | float | str
+
+__all__ = ["Report", "held_bytes", "load", "report_from_data", "Modules", "Budget"]
 
 
 class Report:
@@ -79,47 +95,56 @@ class Report:
 
         return explain(self, param)
 
-    def memory(self, **kwargs):
+    def memory(self, **kwargs: Any) -> MemoryTable:
         """Saved-tensor memory per module and per op kind (see :func:`gradscope.memory.table.memory`)."""
         from gradscope.memory.table import memory
 
         return memory(self, **kwargs)
 
-    def backward_memory(self, retain_graph: bool = False, optimizer=None):
+    def backward_memory(
+        self, retain_graph: bool = False, optimizer: torch.optim.Optimizer | None = None
+    ) -> BackwardMemory:
         """Replay ``backward()`` (and ``optimizer.step()``) over the graph: what it will allocate and free,
         node by node, before it runs (see :func:`gradscope.memory.backward.backward_memory`)."""
         from gradscope.memory.replay.backward import backward_memory
 
         return backward_memory(self, retain_graph=retain_graph, optimizer=optimizer)
 
-    def what_if(self, checkpoint=None, offload=None, batch: float = 1.0, optimizer=None, **kwargs):
+    def what_if(
+        self,
+        checkpoint: Modules = None,
+        offload: Modules = None,
+        batch: float = 1.0,
+        optimizer: torch.optim.Optimizer | None = None,
+        **kwargs: Any,
+    ) -> WhatIf:
         """The step's predicted memory with modules checkpointed / offloaded or the batch scaled by ``batch``
         (see :func:`gradscope.memory.whatif.what_if`; needs ``inspect(..., trace=tr)``)."""
         from gradscope.memory.planning.whatif import what_if
 
         return what_if(self, checkpoint, offload, batch, optimizer, **kwargs)
 
-    def plan(self, budget, optimizer=None, **kwargs):
+    def plan(self, budget: Budget, optimizer: torch.optim.Optimizer | None = None, **kwargs: Any) -> Plan:
         """The cheapest modules to checkpoint (and offload) so that the step fits ``budget`` (see
         :func:`gradscope.memory.plan.plan`)."""
         from gradscope.memory.planning.plan import plan
 
         return plan(self, budget, optimizer, **kwargs)
 
-    def max_batch(self, budget, optimizer=None, **kwargs):
+    def max_batch(self, budget: Budget, optimizer: torch.optim.Optimizer | None = None, **kwargs: Any) -> MaxBatch:
         """The largest batch whose predicted step fits ``budget`` (see :func:`gradscope.memory.plan.max_batch`)."""
         from gradscope.memory.planning.plan import max_batch
 
         return max_batch(self, budget, optimizer, **kwargs)
 
     # -- views -----------------------------------------------------------------------------------
-    def render(self, path, **kwargs):
+    def render(self, path: str | os.PathLike, **kwargs: Any) -> str:
         """Write the graph to ``path``; the format comes from the suffix (see :func:`gradscope.views.render.render`)."""
         from gradscope.views.render import render
 
         return render(self, path, **kwargs)
 
-    def to_dot(self, **kwargs):
+    def to_dot(self, **kwargs: Any) -> graphviz.Digraph:
         """The graph as a ``graphviz.Digraph`` (see :func:`gradscope.views.render.to_dot`)."""
         from gradscope.views.render import to_dot
 
@@ -162,7 +187,7 @@ class Report:
 
         return repr_html(self)
 
-    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+    def _repr_mimebundle_(self, include: Iterable[str] | None = None, exclude: Iterable[str] | None = None) -> dict:
         from gradscope.views.notebook import repr_mimebundle
 
         return repr_mimebundle(self, include=include, exclude=exclude)

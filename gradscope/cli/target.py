@@ -15,12 +15,15 @@ import inspect as _pyinspect
 import os
 import sys
 import traceback
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from gradscope._frames import is_user_file
 from gradscope.errors import InputValueError
+
+if TYPE_CHECKING:
+    from gradscope.tracing.recorder import Trace
 
 __all__ = ["TargetError", "Loaded", "load", "inspect_target"]
 
@@ -34,9 +37,9 @@ class TargetError(InputValueError):
 class Loaded(NamedTuple):
     """What calling a TARGET produced."""
 
-    loss: object
+    loss: Any  # a tensor, or what the target returned first (inspect() names a wrong type)
     model: torch.nn.Module | None
-    trace: object | None
+    trace: Trace | None
 
 
 def load(target: str, *, use_trace: bool = True) -> Loaded:

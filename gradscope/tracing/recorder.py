@@ -37,7 +37,7 @@ _get_ident = threading.get_ident
 _U64_MAX = _torch.NO_SEQUENCE_NR
 
 
-def trace(model=None) -> Trace:
+def trace(model: torch.nn.Module | None = None) -> Trace:
     """Record module attribution and graph cuts during a forward pass, for :func:`gradscope.inspect`.
 
     Args:

@@ -1,0 +1,28 @@
+"""The public API is typed: every parameter and the return value of the entry points carry an annotation."""
+
+from __future__ import annotations
+
+import inspect as pyinspect
+
+import pytest
+
+import gradscope
+from gradscope.report import Report
+
+PUBLIC = [
+    gradscope.inspect,
+    gradscope.trace,
+    gradscope.load,
+    *(getattr(Report, name) for name in (
+        "summary", "explain", "memory", "backward_memory", "what_if", "plan", "max_batch", "render", "to_dot",
+        "to_json", "from_json", "load", "peek_graph",
+    )),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("fn", PUBLIC, ids=lambda f: f.__qualname__)
+def test_signature_is_annotated(fn):
+    sig = pyinspect.signature(fn)
+    bare = [p.name for p in sig.parameters.values() if p.name not in ("self", "cls") and p.annotation is p.empty]
+    assert not bare, f"{fn.__qualname__}: parameters without a type: {bare}"
+    assert sig.return_annotation is not sig.empty, f"{fn.__qualname__} has no return type"
