@@ -34,77 +34,9 @@ Example:
 
 from __future__ import annotations
 
-from gradscope.graph.modules import is_traced, node_modules
-from gradscope.graph.queries import StorageUse, forward_order, held_bytes, param_storages, storage_uses
-from gradscope.graph.schema import (
-    BUFFERS,
-    CALLED_MODULES,
-    CHECKPOINT_PARAMS,
-    EVENTS,
-    EVENTS_DROPPED,
-    EXTERNAL,
-    FREED,
-    HELD,
-    HOOKED,
-    INPUT,
-    INPUT_STORAGES,
-    LIVE,
-    NO_GRAD_ROOTS,
-    OFFLOADED,
-    OP,
-    OPAQUE,
-    PARAM,
-    PARAMS,
-    RECOMPUTED,
-    ROOT_SHAPES,
-    ROOT_STORAGE_BYTES,
-    ROOTS,
-    STALE,
-    STORAGE_BYTES,
-    EdgeAttrs,
-    GraphAttrs,
-    NodeAttrs,
-    ParamInfo,
-    SavedEntry,
-    TraceEvent,
-)
+from gradscope.graph import modules, queries, schema
+from gradscope.graph.modules import *  # noqa: F403 - the package's face: every public name of its modules
+from gradscope.graph.queries import *  # noqa: F403
+from gradscope.graph.schema import *  # noqa: F403
 
-__all__ = [
-    "NodeAttrs",
-    "SavedEntry",
-    "EdgeAttrs",
-    "ParamInfo",
-    "TraceEvent",
-    "GraphAttrs",
-    "OP",
-    "PARAM",
-    "INPUT",
-    "HELD",
-    "LIVE",
-    "STALE",
-    "HOOKED",
-    "OFFLOADED",
-    "RECOMPUTED",
-    "OPAQUE",
-    "FREED",
-    "ROOTS",
-    "ROOT_SHAPES",
-    "NO_GRAD_ROOTS",
-    "STORAGE_BYTES",
-    "PARAMS",
-    "EVENTS",
-    "CALLED_MODULES",
-    "EVENTS_DROPPED",
-    "ROOT_STORAGE_BYTES",
-    "EXTERNAL",
-    "BUFFERS",
-    "CHECKPOINT_PARAMS",
-    "INPUT_STORAGES",
-    "StorageUse",
-    "held_bytes",
-    "forward_order",
-    "node_modules",
-    "storage_uses",
-    "param_storages",
-    "is_traced",
-]
+__all__ = [*schema.__all__, *queries.__all__, *modules.__all__]
