@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # the answers' types; the packages are imported inside the me
     from gradscope.memory.planning.whatif import WhatIf
     from gradscope.memory.replay.result import BackwardMemory
     from gradscope.memory.table import MemoryTable
+    from gradscope.memory.targets import Target
 
 #: Module names to checkpoint or offload: one qualified name or fnmatch pattern, or several.
 Modules = str | Iterable[str] | None
@@ -102,13 +103,17 @@ class Report:
         return memory(self, **kwargs)
 
     def backward_memory(
-        self, retain_graph: bool = False, optimizer: torch.optim.Optimizer | None = None
+        self,
+        retain_graph: bool = False,
+        optimizer: torch.optim.Optimizer | None = None,
+        target: str | Target | None = None,
     ) -> BackwardMemory:
         """Replay ``backward()`` (and ``optimizer.step()``) over the graph: what it will allocate and free,
-        node by node, before it runs (see :func:`gradscope.memory.backward.backward_memory`)."""
+        node by node, before it runs (see :func:`gradscope.memory.backward.backward_memory`); ``target``:
+        ``"cpu"`` (default) or ``"cuda"`` (modelled, not measured) or a ``gradscope.memory.targets.Target``."""
         from gradscope.memory.replay.backward import backward_memory
 
-        return backward_memory(self, retain_graph=retain_graph, optimizer=optimizer)
+        return backward_memory(self, retain_graph=retain_graph, optimizer=optimizer, target=target)
 
     def what_if(
         self,
