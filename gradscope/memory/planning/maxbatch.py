@@ -41,19 +41,28 @@ class MaxBatch:
 
 
 def max_batch(
-    report, budget, optimizer=None, *, checkpoint=None, offload=None, batch_size=None, margin: float = 0.02
+    report,
+    budget,
+    optimizer=None,
+    *,
+    checkpoint=None,
+    offload=None,
+    batch_size=None,
+    margin: float = 0.02,
+    target=None,
 ) -> MaxBatch:
     """The largest integer batch whose predicted peak fits ``budget`` less ``margin`` (the prediction's
     tolerance, as in :func:`plan`), with the given changes applied.
 
     The peak is a replay per candidate batch: two points give the bytes per sample, then the neighbours of
-    the linear estimate are replayed until the largest fitting batch is pinned down.
+    the linear estimate are replayed until the largest fitting batch is pinned down. ``target``: the
+    device (``"cpu"`` default, ``"cuda"`` modelled, or a Target).
     """
     budget = parse_budget(budget)
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 0.5:
         raise InputValueError(f"margin= is a share of the budget in [0, 0.5), got {margin!r}.")
     limit = int(budget * (1 - margin))
-    one = what_if(report, checkpoint, offload, 1.0, optimizer, batch_size)
+    one = what_if(report, checkpoint, offload, 1.0, optimizer, batch_size, target=target)
     b0 = one.batch_size
     if not b0:
         raise InputValueError(
@@ -62,7 +71,7 @@ def max_batch(
         )
 
     def at(n):
-        return what_if(report, checkpoint, offload, n / b0, optimizer, b0)
+        return what_if(report, checkpoint, offload, n / b0, optimizer, b0, target=target)
 
     two = at(2 * b0)
     per = max(1, (two.peak - one.peak) // b0)
