@@ -191,6 +191,7 @@ def plan(
         fits. See NOTE [the planner].
     """
     t0 = time.perf_counter()
+    dev = None if target is None else resolve(target)  # the name is reused below for the planner's aim
     limit = parse_budget(budget)
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 0.5:
         raise InputValueError(f"margin= is a share of the budget in [0, 0.5), got {margin!r}.")
@@ -199,21 +200,21 @@ def plan(
         raise InputValueError(f"offload= takes 'auto', True or False, got {offload!r}.")
     graph = report.graph
     names = require_modules(graph, "plan")
-    device = step_device(graph) if target is None else resolve(target).name
+    device = step_device(graph) if dev is None else dev.name
     can_offload = device != "cpu" and offload is not False
-    if target is not None and not resolve(target).measured:
-        device = device_words(resolve(target))
+    if dev is not None and not dev.measured:
+        device = device_words(dev)
 
     from gradscope.memory.replay.backward import Overrides, replay
 
-    unchanged = replay(report, None if target is None else Overrides(target=resolve(target)), optimizer=optimizer)
+    unchanged = replay(report, None if dev is None else Overrides(target=dev), optimizer=optimizer)
 
     memo: dict = {}
 
     def peak_of(ck, off):
         key = (frozenset(ck), frozenset(off))
         if key not in memo:
-            memo[key] = what_if(report, ck, off, batch, optimizer, batch_size, baseline=unchanged, target=target)
+            memo[key] = what_if(report, ck, off, batch, optimizer, batch_size, baseline=unchanged, target=dev)
         return memo[key]
 
     base = peak_of([], [])
