@@ -29,7 +29,7 @@ from gradscope.graph.attribution import storage_uses
 from gradscope.memory.planning.maxbatch import MaxBatch, max_batch
 from gradscope.memory.planning.plancode import parse_budget, plan_code, span_names
 from gradscope.memory.planning.select import module_regions, region_inputs, require_modules
-from gradscope.memory.planning.whatif import WhatIf, context, device_words, in_forward_order, step_device, what_if
+from gradscope.memory.planning.whatif import WhatIf, context, in_forward_order, step_device, what_if
 from gradscope.memory.targets import resolve
 
 __all__ = ["Plan", "MaxBatch", "plan", "max_batch", "parse_budget", "plan_code", "span_names"]
@@ -203,7 +203,7 @@ def plan(
     device = step_device(graph) if dev is None else dev.name
     can_offload = device != "cpu" and offload is not False
     if dev is not None and not dev.measured:
-        device = device_words(dev)
+        device = dev.label
 
     from gradscope.memory.replay.backward import Overrides, replay
 

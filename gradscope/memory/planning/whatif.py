@@ -232,11 +232,6 @@ def change_overrides(report, checkpoint=(), offload=(), batch: float = 1.0, scal
     return Overrides(scale=scale, target=target), notes, regions, frozenset(off_nodes)  # rewrite.py: the last two
 
 
-def device_words(target) -> str:
-    """``cuda (modelled, not measured on a GPU)``: the target's name with its note, for the printed views."""
-    return f"{target.name} (modelled, not measured on a GPU)" if not target.measured else target.name
-
-
 class _Rewritten:
     """The report as the replay sees it, with a rewritten program (``backward.program`` reads the cache)."""
 
@@ -367,6 +362,6 @@ def what_if(
         scaled=scaled,
         fixed=fixed,
         fixed_examples=examples,
-        device=context(report)["device"] if dev is None else device_words(dev),
+        device=context(report)["device"] if dev is None else dev.label,
         notes=notes,
     )

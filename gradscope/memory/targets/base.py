@@ -62,6 +62,11 @@ class Target:
         return ""
 
     @property
+    def label(self) -> str:
+        """The device in the printed views: its name, with "(modelled, not measured on a GPU)" when so."""
+        return self.name if self.measured else f"{self.name} (modelled, not measured on a GPU)"
+
+    @property
     def unmodelled(self) -> tuple[str, ...]:
         """What the target does not model, in words (printed with the prediction)."""
         return ()
