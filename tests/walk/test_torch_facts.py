@@ -264,3 +264,18 @@ def test_attention_kernel_choice():
     assert _torch.sdp_choice([m, m, m, None], {}) == 0
     stand_in = torch.empty(16).as_strided(q.shape, (0, 0, 0, 1)).requires_grad_()
     assert _torch.sdp_choice([stand_in, stand_in, stand_in, None], {}) == 1
+
+
+def test_foreach_norm_dtype_refuses_float64_and_complex():
+    for dtype in (torch.float64, torch.complex64):
+        t = torch.ones(4, dtype=dtype)
+        try:
+            _torch.foreach_norm([t], 2, dtype=torch.float32)
+        except RuntimeError:
+            pass
+        else:
+            raise AssertionError(f"_foreach_norm(dtype=float32) accepts {dtype} now")
+        (norm,) = _torch.foreach_norm([t], 2)
+        assert not norm.is_complex() and norm.item() == 2.0
+    (half,) = _torch.foreach_norm([torch.ones(4, dtype=torch.bfloat16)], 2, dtype=torch.float32)
+    assert half.dtype == torch.float32 and half.item() == 2.0
