@@ -48,7 +48,7 @@ def budget_note(budget) -> str | None:
     (``budget 16GB read as 16,000,000,000 bytes = 14.9 GiB ...``); None for binary units and plain bytes."""
     m = _SIZE.match(budget) if isinstance(budget, str) else None
     unit = m.group(2).lower() if m else ""
-    if unit in ("", "b") or unit.endswith("ib") or unit not in _UNITS:
+    if m is None or unit in ("", "b") or unit.endswith("ib") or unit not in _UNITS:
         return None
     n = parse_budget(budget)
     k = "kmgt".index(unit[0]) + 1
