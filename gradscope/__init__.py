@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
     from gradscope.compare import Diff, diff
     from gradscope.findings import KINDS, Finding
     from gradscope.inspection import inspect
+    from gradscope.memory.sharding.specs import DDP, FSDP
     from gradscope.report import Report, load
     from gradscope.tracing.recorder import trace
     from gradscope.watching.guard import Watch, watch
@@ -40,6 +41,8 @@ _LAZY = {
     "trace": "gradscope.tracing.recorder",
     "watch": "gradscope.watching.guard",
     "Watch": "gradscope.watching.guard",
+    "DDP": "gradscope.memory.sharding.specs",
+    "FSDP": "gradscope.memory.sharding.specs",
     "Report": "gradscope.report",
     "load": "gradscope.report",
     "Finding": "gradscope.findings",
@@ -55,6 +58,8 @@ __all__ = [
     "trace",
     "watch",
     "Watch",
+    "DDP",
+    "FSDP",
     "Report",
     "Finding",
     "KINDS",

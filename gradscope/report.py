@@ -20,6 +20,8 @@ if TYPE_CHECKING:  # the answers' types; the packages are imported inside the me
     from gradscope.memory.planning.plan import Plan
     from gradscope.memory.planning.whatif import WhatIf
     from gradscope.memory.replay.result import BackwardMemory
+    from gradscope.memory.sharding.result import ShardedStep
+    from gradscope.memory.sharding.specs import DDP, FSDP
     from gradscope.memory.table import MemoryTable
 
 #: Module names to checkpoint or offload: one qualified name or fnmatch pattern, or several.
@@ -116,10 +118,17 @@ class Report:
         offload: Modules = None,
         batch: float = 1.0,
         optimizer: torch.optim.Optimizer | None = None,
+        shard: DDP | FSDP | None = None,
         **kwargs: Any,
-    ) -> WhatIf:
+    ) -> WhatIf | ShardedStep:
         """The step's predicted memory with modules checkpointed / offloaded or the batch scaled by ``batch``
-        (see :func:`gradscope.memory.whatif.what_if`; needs ``inspect(..., trace=tr)``)."""
+        (see :func:`gradscope.memory.whatif.what_if`; needs ``inspect(..., trace=tr)``); with ``shard=`` a
+        :class:`gradscope.DDP` / :class:`gradscope.FSDP`, the per-rank step (see
+        :func:`gradscope.memory.planning.sharded.sharded_what_if`)."""
+        if shard is not None:
+            from gradscope.memory.planning.sharded import sharded_what_if
+
+            return sharded_what_if(self, shard, checkpoint, offload, batch, optimizer, **kwargs)
         from gradscope.memory.planning.whatif import what_if
 
         return what_if(self, checkpoint, offload, batch, optimizer, **kwargs)
