@@ -116,7 +116,7 @@ def pipe(dot: graphviz.Digraph, fmt: str) -> bytes:
         err = (exc.stderr or b"").decode("utf-8", "replace").strip().splitlines()
         raise RenderError(
             f"Graphviz 'dot' failed to lay out the graph ({err[-1] if err else exc}); write .dot, .json "
-            "or .graphml, which need no layout, or draw fewer boxes (the default drawing, or collapse=N)."
+            "or .graphml, which need no layout."
         ) from None
     except OSError as exc:  # dot died before reading its input (a broken pipe)
         raise RenderError(f"Graphviz 'dot' could not be run ({exc}); write .dot, .json or .graphml instead.") from None

@@ -101,7 +101,7 @@ def too_big(fmt: str, boxes: int, fixed: bool, limit: int) -> RenderError:
     (never the format or the option that just failed)."""
     works = []
     if fixed:  # the default drawing folds and boxes; its .html opens each box on click
-        works.append("the folded default drawing (leave out collapse=; CLI: no --expand/--collapse)")
+        works.append("the folded default drawing (without collapse= or --expand)")
         if fmt != "html":
             works.append("its .html, where every box opens on click")
     works.append(".dot, .json or .graphml (no layout needed)")
