@@ -11,8 +11,6 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import networkx as nx
-
 from gradscope.errors import InputValueError, RenderError
 from gradscope.views.options import cap_pixels
 
@@ -34,6 +32,8 @@ def _json(report, options, path) -> bytes:
 
 
 def _graphml(report, options, path) -> bytes:
+    import networkx as nx
+
     return ("\n".join(nx.generate_graphml(graphml_ready(report.graph))) + "\n").encode("utf-8")
 
 
@@ -120,8 +120,10 @@ def _plain(value):
     return json.dumps(value, default=str, sort_keys=True)
 
 
-def graphml_ready(graph) -> nx.DiGraph:
+def graphml_ready(graph):
     """A copy of ``graph`` whose attributes GraphML can hold (lists/dicts JSON-encoded, None omitted)."""
+    import networkx as nx  # here: the CLI reads this table for --help, which should stay quick
+
     out = nx.DiGraph()
     out.graph.update({k: v for k, v in ((k, _plain(v)) for k, v in graph.graph.items()) if v is not None})
     for n, d in graph.nodes(data=True):
