@@ -18,7 +18,18 @@ from gradscope.views.folds import MIN_OPS, MIN_REPS, Group, find_folds
 from gradscope.views.folds import chains as _chains
 from gradscope.views.repeats import fold_runs
 
-__all__ = ["Group", "View", "infer_modules", "find_folds", "build_view", "finding_nodes", "lcp", "depth", "fold_lines", "cut_site"]
+__all__ = [
+    "Group",
+    "View",
+    "infer_modules",
+    "find_folds",
+    "build_view",
+    "finding_nodes",
+    "lcp",
+    "depth",
+    "fold_lines",
+    "cut_site",
+]
 
 # Module attribution: NOTE [inferring modules] in gradscope/graph.py (one answer for the picture and
 # report.memory()).
