@@ -19,6 +19,7 @@ from gradscope.errors import (
 )
 from gradscope.findings import KINDS, Finding
 from gradscope.inspection import inspect
+from gradscope.memory.sharding.specs import DDP, FSDP
 from gradscope.report import Report, load
 from gradscope.tracing.recorder import trace
 from gradscope.watching.guard import Watch, watch
@@ -30,6 +31,8 @@ __all__ = [
     "trace",
     "watch",
     "Watch",
+    "DDP",
+    "FSDP",
     "Report",
     "Finding",
     "KINDS",

@@ -18,6 +18,7 @@ import sys
 import click
 
 from gradscope.cli.common import TRACE_OPTION, UserError, status
+from gradscope.cli.sharding import SHARD_OPTIONS, print_sharded, shard_spec
 from gradscope.errors import GradscopeError, InputValueError
 
 __all__ = ["memory_cmd", "OPTIMIZERS", "make_optimizer"]
@@ -56,7 +57,7 @@ def _options(fn):
     hook = _plan_hook()
     if hook is not None:
         fn = hook.PLAN_OPTION(fn)
-    return fn
+    return SHARD_OPTIONS(fn)
 
 
 @click.command("memory", short_help="Predict TARGET's backward and optimizer-step memory; exit 1 over --budget.")
@@ -77,7 +78,7 @@ def _options(fn):
 @click.option("--svg", "svg", default=None, metavar="PATH", help="Write the memory-over-backward curve to PATH.")
 @TRACE_OPTION
 @_options
-def memory_cmd(target, opt_name, budget, svg, use_trace, want_plan=False):
+def memory_cmd(target, opt_name, budget, svg, use_trace, want_plan=False, **shard):
     """Predict the memory of TARGET's backward() and training step, before running it.
 
     \b
@@ -85,6 +86,7 @@ def memory_cmd(target, opt_name, budget, svg, use_trace, want_plan=False):
       gradscope memory train.py:make_loss
       gradscope memory train.py:make_loss --optimizer adamw --budget 16GiB   # exit 1 when it won't fit
       gradscope memory train.py:make_loss --svg curve.svg
+      gradscope memory train.py:make_loss --optimizer adamw --budget 80GiB --fsdp 8   # per rank
     """
     from gradscope._format import human_bytes
     from gradscope.cli.target import load
@@ -100,6 +102,9 @@ def memory_cmd(target, opt_name, budget, svg, use_trace, want_plan=False):
             loaded = load(target, use_trace=use_trace)
         report = inspect(loaded.loss, model=loaded.model, trace=loaded.trace)
         opt = make_optimizer(opt_name.lower(), loaded.model) if opt_name else None
+        spec = shard_spec(**shard)
+        if spec is not None:
+            sys.exit(print_sharded(report, spec, opt, limit, svg=svg))
         bm = report.backward_memory(optimizer=opt)
     except GradscopeError as exc:
         raise UserError(str(exc)) from None

@@ -75,17 +75,21 @@ def box_part(report, box, within, collapse, fold):
 
 
 def unmeasured(report, collapse, fold, limit, rankdir, module_of, size, dpi, kw):
-    """Without dot to measure layouts: the first candidate of at most PAGE_ELEMENTS boxes."""
+    """Without a layout to measure: the first candidate of at most PAGE_ELEMENTS (or ``limit``) boxes."""
     from gradscope.views.collapse import infer_modules
-    from gradscope.views.fit import PAGE_ELEMENTS, candidates
+    from gradscope.views.fit import PAGE_ELEMENTS, candidates, caption_note
 
     graph = report.graph
     module_of = infer_modules(graph) if module_of is None else module_of
     view = None
     for view in candidates(graph, report.findings, fold=fold, collapse=collapse, module_of=module_of, cache={}):
-        if collapse is not None or graph.number_of_nodes() - len(view.owner) + len(view.groups) <= PAGE_ELEMENTS:
+        if collapse is not None or graph.number_of_nodes() - len(view.owner) + len(view.groups) <= min(
+            limit, PAGE_ELEMENTS
+        ):
             break
     assert view is not None  # candidates() always yields a view
+    if collapse is None and (view.groups or view.depth is not None):
+        view.note = caption_note(graph, view)
     out = draw(report, view, rankdir=rankdir, limit=limit, **kw)
     scale(out, size, dpi)
     return out

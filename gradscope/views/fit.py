@@ -11,7 +11,7 @@ import re
 from gradscope.views.collapse import MIN_OPS, MIN_REPS, build_view, depth, infer_modules
 from gradscope.views.dot import FINDING_FONT, draw
 
-__all__ = ["PAGE_PT", "MAX_ASPECT", "WINDOW_PX", "MIN_TEXT_PX", "legible", "svg_size", "choose"]
+__all__ = ["PAGE_PT", "MAX_ASPECT", "WINDOW_PX", "MIN_TEXT_PX", "legible", "svg_size", "choose", "caption_note"]
 
 # NOTE [fitting a page]
 # The default drawing is the most detailed one that passes `legible` on its actual dot layout: at most
@@ -116,7 +116,7 @@ def choose(report, *, pipe, fold=None, collapse=None, rankdir=None, limit=1000, 
             tried.append(view)
             continue
         if not fixed and (view.groups or view.depth is not None):
-            view.note = _note(graph, view)
+            view.note = caption_note(graph, view)
         for direction in directions:
             drawing = draw(report, view, rankdir=direction, limit=limit, **draw_kw)
             drawing.svg = pipe(drawing.dot, "svg").decode("utf-8")
@@ -133,7 +133,7 @@ def choose(report, *, pipe, fold=None, collapse=None, rankdir=None, limit=1000, 
         direction = directions[0]
     else:
         _, view, direction, _ = best
-    view.note = (_note(graph, view) if view.groups else "") + (
+    view.note = (caption_note(graph, view) if view.groups else "") + (
         " No drawing of this graph fits one page: zoom in, or open the .html view."
     )
     drawing = draw(report, view, rankdir=direction, limit=limit, **draw_kw)
@@ -142,7 +142,8 @@ def choose(report, *, pipe, fold=None, collapse=None, rankdir=None, limit=1000, 
     return drawing
 
 
-def _note(graph, view) -> str:
+def caption_note(graph, view) -> str:
+    """The caption of a drawing that folds or boxes: what was folded, and how to see everything."""
     what = []
     folds = [g for g in view.groups.values() if g.kind == "fold"]
     if folds:

@@ -77,7 +77,9 @@ def to_dot(
         collapse: ``None`` (default): the drawing that fits a page (see :mod:`gradscope.views.fit`:
             repeated blocks folded, modules boxed to the depth that fits, the module of every finding
             open down to the finding's node); ``N`` keeps module clusters down to depth ``N`` and draws
-            each deeper module as one box; ``False`` expands everything.
+            each deeper module as one box; ``False`` expands everything. DOT is written without a
+            layout: its default is the most detailed candidate of at most 400 boxes, where the
+            picture formats measure the layouts of candidates to pick one.
         show_saved: list saved tensors (shape, dtype, bytes) on op labels; ``None`` (default): unless
             more than ``limit`` elements are drawn (long labels make dot several times slower).
         fold: fold unrolled repetition into ``xN`` boxes; ``None`` (default): when that is needed to fit
@@ -117,6 +119,7 @@ def to_dot(
         rankdir=rankdir,
         size=size,
         dpi=dpi,
+        layout=False,
     ).dot
 
 
@@ -200,7 +203,7 @@ def render(
         buf = "\n".join(nx.generate_graphml(graphml_ready(report.graph))) + "\n"
         _write(path, buf.encode("utf-8"))
     elif fmt == "dot":
-        _write(path, drawing(report, **kw).dot.source.encode("utf-8"))
+        _write(path, drawing(report, layout=False, **kw).dot.source.encode("utf-8"))
     elif fmt == "html":
         from gradscope.views.html_page import page
 
