@@ -104,13 +104,18 @@ class Report:
         return memory(self, **kwargs)
 
     def backward_memory(
-        self, retain_graph: bool = False, optimizer: torch.optim.Optimizer | None = None
+        self,
+        retain_graph: bool = False,
+        optimizer: torch.optim.Optimizer | None = None,
+        inputs: Any = None,
     ) -> BackwardMemory:
         """Replay ``backward()`` (and ``optimizer.step()``) over the graph: what it will allocate and free,
-        node by node, before it runs (see :func:`gradscope.memory.backward.backward_memory`)."""
+        node by node, before it runs (see :func:`gradscope.memory.backward.backward_memory`). ``inputs``:
+        the batch you hold through the step (tensors, or lists / dicts of them): the absolute peak counts
+        it even when no op saved it."""
         from gradscope.memory.replay.backward import backward_memory
 
-        return backward_memory(self, retain_graph=retain_graph, optimizer=optimizer)
+        return backward_memory(self, retain_graph=retain_graph, optimizer=optimizer, inputs=inputs)
 
     def what_if(
         self,

@@ -92,12 +92,17 @@ def memory_cmd(target, opt_name, budget, svg, use_trace, want_plan=False, **shar
     from gradscope.cli.target import load
     from gradscope.inspection import inspect
 
+    if want_plan and budget is None:  # before the replay: the plan cannot run without it
+        raise UserError("--plan needs --budget SIZE (the memory the plan must fit in), e.g. --budget 16GiB.")
     limit = None
     try:
         if budget is not None:
-            from gradscope.memory.planning.plan import parse_budget
+            from gradscope.memory.planning.plancode import budget_note, parse_budget
 
             limit = parse_budget(budget)
+            note = budget_note(budget)
+            if note:
+                status(note)
         with contextlib.redirect_stdout(sys.stderr):  # the target's prints must not mix with our output
             loaded = load(target, use_trace=use_trace)
         report = inspect(loaded.loss, model=loaded.model, trace=loaded.trace)
@@ -117,8 +122,6 @@ def memory_cmd(target, opt_name, budget, svg, use_trace, want_plan=False, **shar
             raise UserError(f"cannot write {svg!r}: {exc.strerror or exc}.") from None
         click.echo(f"\ncurve: {svg}")
     if want_plan:
-        if limit is None:
-            raise UserError("--plan needs --budget SIZE (the memory the plan must fit in).")
         try:
             code = _plan_hook().print_plan(report, budget, opt, echo=click.echo)
         except GradscopeError as exc:
