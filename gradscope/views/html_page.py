@@ -15,7 +15,7 @@ import itertools
 import json
 from importlib import resources
 
-from gradscope._format import human_bytes
+from gradscope._format import human_bytes, plural
 from gradscope.views.collapse import finding_nodes
 from gradscope.views.scenes import scenes as _scenes
 from gradscope.views.scenes import search_index, svg_text
@@ -72,7 +72,7 @@ def summary_line(report) -> str:
     return (
         f'<p class="gs-summary" style="text-align:left"><b>gradscope</b>: '
         f"{report.graph.number_of_nodes()} nodes, {html.escape(human_bytes(report.saved_bytes))} saved for "
-        f"backward, {n} finding{'s' if n != 1 else ''}</p>"
+        f"backward, {plural(n, 'finding')}</p>"
     )
 
 

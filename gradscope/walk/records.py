@@ -84,6 +84,7 @@ class Records:
         "special",
         "param_nodes",
         "held_total",
+        "storage_ptrs",
         "_dicts",
         "_digraph",
         "__weakref__",
@@ -106,6 +107,7 @@ class Records:
         self.special: list[int] = []  # nodes read by the general reader (NOTE [walk fast path])
         self.param_nodes: dict = {}  # parameter name -> node id
         self.held_total = 0
+        self.storage_ptrs: dict = {}  # StorageImpl pointer -> storage id (build.py's _storage_ptrs)
         self._dicts: dict = {}  # node index -> attribute dict already handed out
         self._digraph = None
 
