@@ -223,7 +223,9 @@ class Watch(ParamHooks):
     update_ratios = property(lambda self: list(self._flow.ratios))
 
     def flow_svg(self, path: str | os.PathLike[str] | None = None, *, log: bool = True) -> str:
-        """The gradient-flow picture: one row per module, one column per checked step (see ``history``)."""
+        """The gradient-flow picture: one row per module, one column per checked step (see ``history``):
+        the SVG text, or with ``path`` the file written and its path (as ``render(path)``)."""
+        from gradscope.svgchart import svg_or_path
         from gradscope.watching.flowchart import flow_chart
 
         svg = flow_chart(
@@ -234,10 +236,7 @@ class Watch(ParamHooks):
             title=f"gradient flow: {self._model_name}",
             log=log,
         )
-        if path is not None:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(svg)
-        return svg
+        return svg_or_path(svg, path)
 
     # -- the end of a backward -----------------------------------------------------------------------------------
     def _before_forward(self) -> None:
