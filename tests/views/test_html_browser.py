@@ -418,7 +418,8 @@ def test_chart_text_stays_inside_the_picture(browser, tmp_path):
             "const w = svg.viewBox.baseVal && svg.viewBox.baseVal.width || svg.width.baseVal.value;"
             "const out = [];"
             "for (const t of svg.querySelectorAll('text')) {"
-            "  const b = t.getBBox(); if (b.x + b.width > w + 0.5 || b.x < -0.5) out.push([t.textContent, b.x, b.width]);"
+            "  const b = t.getBBox();"
+            "  if (b.x + b.width > w + 0.5 || b.x < -0.5) out.push([t.textContent, b.x, b.width]);"
             "}"
             "return [w, out];"
         )
