@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from html import escape
 
-__all__ = ["flow_chart", "CHAR_PX"]
+__all__ = ["flow_chart", "flow_svg", "CHAR_PX"]
 
 #: The widest a character of 12 px sans-serif text averages over a line (DejaVu Sans, bold: about 7.3 px).
 CHAR_PX = 7.5
@@ -98,3 +98,12 @@ def flow_chart(steps, history, modules, flags, *, title="gradient flow", log=Tru
     out.append(f'<text x="{label_w + 126}" y="{y + 10}">{escape(hi_text)}</text>')
     out.append("</svg>")
     return "\n".join(out)
+
+
+def flow_svg(flow, title: str, path=None, log: bool = True) -> str:
+    """``guard.flow_svg()``: the chart of a :class:`~gradscope.watching.flow.Flow`: the SVG text, or with
+    ``path`` the file written and its path (as ``render(path)``)."""
+    from gradscope.svgchart import svg_or_path
+
+    svg = flow_chart(list(flow.steps), list(flow.history), flow.modules, list(flow.flags), title=title, log=log)
+    return svg_or_path(svg, path)
