@@ -36,6 +36,7 @@ __all__ = [
     "PARAMS",
     "EVENTS",
     "CALLED_MODULES",
+    "MODULE_CALLS",
     "EVENTS_DROPPED",
     "ROOT_STORAGE_BYTES",
     "EXTERNAL",
@@ -68,6 +69,7 @@ STORAGE_BYTES = "storage_bytes"  #: storage id -> whole-storage size in bytes (a
 PARAMS = "params"  #: qualified name -> ParamInfo, every named parameter
 EVENTS = "events"  #: list of TraceEvent (only with trace=)
 CALLED_MODULES = "called_modules"  #: sorted names of the modules the traced forward called (trace=)
+MODULE_CALLS = "module_calls"  #: traced: [name, parent, class, first seq, end seq] per call (NOTE [module calls])
 EVENTS_DROPPED = "events_dropped"  #: how many events the trace did not keep (only when > 0)
 ROOT_STORAGE_BYTES = "root_storage_bytes"  #: whole-storage bytes of each root (None: unknown), parallel to ROOTS
 EXTERNAL = "external"  #: storage ids a holder outside the graph keeps alive (NOTE [holder counts])
@@ -171,6 +173,7 @@ class GraphAttrs(TypedDict, total=False):
     params: dict[str, ParamInfo]
     events: list[TraceEvent]
     called_modules: list[str]
+    module_calls: list[list]  # [name or None, parent index or -1, class name, first seq, end seq]
     events_dropped: int
     checkpoint_params: dict[
         str, list[int]

@@ -17,7 +17,7 @@ import networkx as nx
 from gradscope._format import human_bytes, plural, shape_str
 from gradscope.graph.attribution import node_bytes
 from gradscope.views.clusters import calls, emit_clusters, unused_and_cuts
-from gradscope.views.collapse import View, depth, finding_nodes, truncate
+from gradscope.views.collapse import View, depth, finding_nodes, fold_lines, truncate
 from gradscope.views.style import COLORS, esc
 from gradscope.views.style import attrs as _attrs
 from gradscope.views.style import dot_id as _q
@@ -212,9 +212,7 @@ class _Builder:
 
     def group(self, gid, grp, top):
         if grp.kind == "fold":
-            head = f"{grp.title}  repeated block ({len(grp.pattern)} ops each)"
-            pat = ", ".join(grp.pattern[:3]) + (", ..." if len(grp.pattern) > 3 else "")
-            lines = [head, pat] + ([f"{grp.span[0]} ... {grp.span[1]}"] if grp.span else [])
+            lines = fold_lines(grp)
             cluster = self.call_key(grp.module, self._first_op(grp))
         elif grp.kind == "chain":
             lines = [

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from html import escape
 
-__all__ = ["flow_chart"]
+__all__ = ["flow_chart", "flow_svg"]
 
 # viridis, 8 stops
 _STOPS = ("#440154", "#46327e", "#365c8d", "#277f8e", "#1fa187", "#4ac16d", "#a0da39", "#fde725")
@@ -90,3 +90,12 @@ def flow_chart(steps, history, modules, flags, *, title="gradient flow", log=Tru
     out.append(f'<text x="{label_w + 126}" y="{y + 10}">{escape(hi_text)}</text>')
     out.append("</svg>")
     return "\n".join(out)
+
+
+def flow_svg(flow, title: str, path=None, log: bool = True) -> str:
+    """``guard.flow_svg()``: the chart of a :class:`~gradscope.watching.flow.Flow`, written to ``path`` if given."""
+    svg = flow_chart(list(flow.steps), list(flow.history), flow.modules, list(flow.flags), title=title, log=log)
+    if path is not None:
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(svg)
+    return svg
