@@ -108,22 +108,7 @@ def watch(
         >>> with gradscope.watch(model):
         ...     model(torch.randn(2, 4)).sum().backward()      # healthy: nothing raised
     """
-    return Watch(
-        model,
-        on_error=on_error,
-        check_nonfinite=check_nonfinite,
-        ignore=ignore,
-        every=every,
-        accumulate=accumulate,
-        scaler=scaler,
-        graphs=graphs,
-        history=history,
-        vanishing=vanishing,
-        exploding=exploding,
-        optimizer=optimizer,
-        ratio_every=ratio_every,
-        find_origin=find_origin,
-    )
+    return Watch(**locals())  # every argument, by name
 
 
 class Watch(ParamHooks):
@@ -200,7 +185,8 @@ class Watch(ParamHooks):
             UpdateRatios(optimizer, self._params, self._flow, ratio_every, self._safety) if optimizer else None
         )
         self._fsdp = FsdpStamps(self) if is_fsdp2(inner) else None
-        self._judge = StepJudge(self, self._safety, self._on_verdict)
+        self._judge = StepJudge(self, self._safety, self._on_verdict, self._graphs.scan_state)
+        self._graphs.step_boundary = lambda: self._judge.boundary
         if self._fsdp is not None:
             self._graphs.on_outputs = self._fsdp.forward
 

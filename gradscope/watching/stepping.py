@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from gradscope._torch import peek_sequence_nr
 from gradscope.findings import NOT_OPTIMIZED, WARNING, Finding, sort_findings
 from gradscope.watching.step import error_message, none_grad_findings, rank_text, where_text
 
@@ -62,9 +63,11 @@ def _closure(args: tuple, kwargs: dict) -> Any:
 class StepJudge:
     """One guard's view of the optimizer steps (NOTE [judged at the step])."""
 
-    def __init__(self, guard: Any, safety: Any, verdict: Callable[[StepVerdict], None]):
+    def __init__(self, guard: Any, safety: Any, verdict: Callable[[StepVerdict], None], after: Callable[[int], None]):
         self._guard = guard  # reads _params, _stamp, _param_ids, backwards; calls _rescan
-        self._verdict = verdict
+        self._verdict, self._after = verdict, after
+        self.boundary: int | None = None  # NOTE [carried state]: the smallest of the optimizers' last steps
+        self._marks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.known = False  # an optimizer holding a watched parameter is known
         self._looked = False
         self._added: set[str] = set()  # parameters found new when the model was read again
@@ -145,6 +148,9 @@ class StepJudge:
             unheld = [
                 i for i, s in enumerate(stamps) if s >= floor and i not in everyone and params[i].param.requires_grad
             ]
+        self._marks[opt] = peek_sequence_nr()
+        self.boundary = min(self._marks.values())
+        self._after(self.boundary)
         if missing or unheld:
             verdict = StepVerdict(type(opt).__name__, step, backwards, missing, unheld)
             verdict.replaced = sorted(self._added)

@@ -30,6 +30,7 @@ from gradscope.memory.planning.maxbatch import MaxBatch, max_batch
 from gradscope.memory.planning.plancode import parse_budget, plan_code, span_names
 from gradscope.memory.planning.select import module_regions, region_inputs, require_modules
 from gradscope.memory.planning.whatif import WhatIf, context, in_forward_order, step_device, what_if
+from gradscope.memory.targets import resolve
 
 __all__ = ["Plan", "MaxBatch", "plan", "max_batch", "parse_budget", "plan_code", "span_names"]
 
@@ -163,7 +164,15 @@ def _nested(a: str, b: str) -> bool:
 
 
 def plan(
-    report, budget, optimizer=None, *, batch: float = 1.0, offload="auto", batch_size=None, margin: float = 0.02
+    report,
+    budget,
+    optimizer=None,
+    *,
+    batch: float = 1.0,
+    offload="auto",
+    batch_size=None,
+    margin: float = 0.02,
+    target=None,
 ) -> Plan:
     """The cheapest set of modules to checkpoint (and, off the CPU, offload) so that the step fits ``budget``.
 
@@ -175,12 +184,14 @@ def plan(
         offload: ``"auto"`` (only on an accelerator, after checkpointing), True or False.
         margin: the planner aims this share under the budget (the prediction's tolerance, 2%), so that
             the applied plan fits; ``fits`` still compares the predicted peak with the budget itself.
+        target: the device: ``"cpu"`` (default), ``"cuda"`` (modelled, not measured) or a Target.
 
     Returns:
         A :class:`Plan`; ``plan.fits`` is False (with ``plan.message`` saying what is needed) when no plan
         fits. See NOTE [the planner].
     """
     t0 = time.perf_counter()
+    dev = None if target is None else resolve(target)  # the name is reused below for the planner's aim
     limit = parse_budget(budget)
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 0.5:
         raise InputValueError(f"margin= is a share of the budget in [0, 0.5), got {margin!r}.")
@@ -189,19 +200,21 @@ def plan(
         raise InputValueError(f"offload= takes 'auto', True or False, got {offload!r}.")
     graph = report.graph
     names = require_modules(graph, "plan")
-    device = step_device(graph)
+    device = step_device(graph) if dev is None else dev.name
     can_offload = device != "cpu" and offload is not False
+    if dev is not None and not dev.measured:
+        device = dev.label
 
-    from gradscope.memory.replay.backward import replay
+    from gradscope.memory.replay.backward import Overrides, replay
 
-    unchanged = replay(report, None, optimizer=optimizer)
+    unchanged = replay(report, None if dev is None else Overrides(target=dev), optimizer=optimizer)
 
     memo: dict = {}
 
     def peak_of(ck, off):
         key = (frozenset(ck), frozenset(off))
         if key not in memo:
-            memo[key] = what_if(report, ck, off, batch, optimizer, batch_size, baseline=unchanged)
+            memo[key] = what_if(report, ck, off, batch, optimizer, batch_size, baseline=unchanged, target=dev)
         return memo[key]
 
     base = peak_of([], [])
