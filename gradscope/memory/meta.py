@@ -14,8 +14,12 @@ kernel's meta implementation, with the conversions torch makes around it (a bool
 on CUDA, the head size padded to a multiple of 8 for flash and the mask's last dimension to 16 for the
 memory-efficient kernel). Only calls on meta tensors inside the context change; everything else dispatches
 as usual. Other ops whose CPU kernel depends on layout or flags (a channels-last convolution, ``max_pool``)
-build the same nodes with the same saved shapes on meta; ``nn.LSTM`` / ``nn.GRU`` do not (CPU runs oneDNN's
-RNN layer, meta the cell-by-cell path), so ask recurrent models on CPU.
+build the same nodes with the same saved shapes on meta. Recurrent layers do not: CPU runs oneDNN's RNN
+layer for ``nn.LSTM`` and computes the input projections of every step at once for ``nn.GRU`` / ``nn.RNN``,
+CUDA runs cuDNN, meta the cell-by-cell path; inside this context such a call on meta tensors raises
+:class:`~gradscope.errors.InputValueError` naming the layer, rather than answer for another graph.
+Measured on torch 2.13 (tests/memory/test_meta_equals_cpu.py): the ops that differ are these and
+``F.embedding_bag`` (its ``max_indices`` has one entry per bag on CPU and none on meta: 8 bytes a bag).
 """
 
 from __future__ import annotations
@@ -27,11 +31,14 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from gradscope._torch import cpu_flash_attention
+from gradscope.errors import InputValueError
 from gradscope.memory.targets import EFFICIENT, FLASH, Target, resolve
 
 __all__ = ["kernels_on_meta", "cpu_kernels_on_meta"]
 
 _SDPA = F.scaled_dot_product_attention
+#: The recurrent kernels (``torch._VF``) whose meta graph is not the device's, with the layer that calls each.
+_RNN = {torch._VF.lstm: "nn.LSTM", torch._VF.gru: "nn.GRU", torch._VF.rnn_tanh: "nn.RNN", torch._VF.rnn_relu: "nn.RNN"}
 _NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 
@@ -42,6 +49,14 @@ class _MetaAs(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        layer = _RNN.get(func)
+        if layer is not None and any(isinstance(a, torch.Tensor) and a.device.type == "meta" for a in args[:1]):
+            raise InputValueError(
+                f"{layer} builds a different graph on meta than on {self.target.name} (the cell-by-cell path "
+                f"instead of the {self.target.name} kernel), so its memory cannot be asked from the meta "
+                "device: build the model on the CPU with the real shapes, or run the forward outside "
+                "kernels_on_meta() to accept the meta graph's answer."
+            )
         if func is _SDPA:
             call = dict(zip(_NAMES, args), **kwargs)
             q = call.get("query")
