@@ -59,7 +59,6 @@ __all__ = [
     "sdp_choice",
     "SDPA_KEY",
     "cpu_flash_attention",
-    "without_torch_function_check",
 ]
 
 check_torch()  # one sentence naming a missing private API, before the reads below
@@ -219,20 +218,6 @@ def cpu_flash_attention(
         attn_mask = torch.where(attn_mask.logical_not(), float("-inf"), 0.0).to(query.dtype)
     op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     return op(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
-
-
-def without_torch_function_check(func: Any) -> Any:
-    """A copy of the Python function ``func`` (``F.multi_head_attention_forward``) whose own
-    ``has_torch_function`` check answers False, so that a TorchFunctionMode handling ``func`` can run its body
-    with the mode active and see the torch calls inside it (a mode is popped while it handles a call, and
-    re-pushed it would receive ``func`` again). Nothing of torch is changed: the copy has its own globals.
-    docs/internals.md#attention-kernel-choice."""
-    import types
-
-    scope = dict(func.__globals__, has_torch_function=lambda *_: False)
-    out = types.FunctionType(func.__code__, scope, func.__name__, func.__defaults__, func.__closure__)
-    out.__kwdefaults__ = func.__kwdefaults__
-    return out
 
 
 #: ``torch._C.DisableTorchFunction()``: a context in which no TorchFunctionMode (a ``gradscope.trace()``

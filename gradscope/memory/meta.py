@@ -15,7 +15,7 @@ on CUDA, the head size padded to a multiple of 8 for flash and the mask's last d
 memory-efficient kernel). Only calls on meta tensors inside the context change; everything else dispatches
 as usual. ``F.multi_head_attention_forward`` (``nn.MultiheadAttention``, ``nn.TransformerEncoder``) calls
 attention inside itself, where a mode handling the outer call does not see it: on meta tensors its body
-runs with the mode active (``_torch.without_torch_function_check``). Other ops whose CPU kernel depends on
+runs with the mode active (:func:`without_torch_function_check`). Other ops whose CPU kernel depends on
 layout or flags (a channels-last convolution, ``max_pool``)
 build the same nodes with the same saved shapes on meta. Recurrent layers do not: CPU runs oneDNN's RNN
 layer for ``nn.LSTM`` and computes the input projections of every step at once for ``nn.GRU`` / ``nn.RNN``,
@@ -28,18 +28,34 @@ Measured on torch 2.13 (tests/memory/test_meta_equals_cpu.py): the ops that diff
 from __future__ import annotations
 
 import contextlib
+import types
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from gradscope._torch import cpu_flash_attention, without_torch_function_check
+from gradscope._torch import cpu_flash_attention
 from gradscope.errors import InputValueError
 from gradscope.memory.targets import EFFICIENT, FLASH, Target, resolve
 
 __all__ = ["kernels_on_meta", "cpu_kernels_on_meta"]
 
 _SDPA = F.scaled_dot_product_attention
+
+
+def without_torch_function_check(func: Any) -> Any:
+    """A copy of the Python function ``func`` (``F.multi_head_attention_forward``) whose own
+    ``has_torch_function`` check answers False, so that a TorchFunctionMode handling ``func`` can run its body
+    with the mode active and see the torch calls inside it (a mode is popped while it handles a call, and
+    re-pushed it would receive ``func`` again). Nothing of torch changes: the copy has its own globals.
+    docs/internals.md#attention-kernel-choice."""
+    scope = dict(func.__globals__, has_torch_function=lambda *_: False)
+    out = types.FunctionType(func.__code__, scope, func.__name__, func.__defaults__, func.__closure__)
+    out.__kwdefaults__ = func.__kwdefaults__
+    return out
+
+
 #: torch's Python functions that call attention inside: run with the mode active (NOTE [meta graphs]).
 _CALLS_SDPA = {F.multi_head_attention_forward: without_torch_function_check(F.multi_head_attention_forward)}
 #: The recurrent kernels (``torch._VF``) whose meta graph is not the device's, with the layer that calls each.

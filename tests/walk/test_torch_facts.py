@@ -287,6 +287,8 @@ def test_a_mode_does_not_see_calls_inside_a_function_it_handles():
     without its own check runs the body with the mode active and shows it (torch itself is unchanged)."""
     import torch.nn.functional as F
 
+    from gradscope.memory.meta import without_torch_function_check
+
     seen = []
 
     class Mode(TorchFunctionMode):
@@ -294,7 +296,7 @@ def test_a_mode_does_not_see_calls_inside_a_function_it_handles():
             seen.append(getattr(func, "__name__", ""))
             if func is F.multi_head_attention_forward and self.inner:
                 with self:
-                    return _torch.without_torch_function_check(func)(*args, **(kwargs or {}))
+                    return without_torch_function_check(func)(*args, **(kwargs or {}))
             return func(*args, **(kwargs or {}))
 
     mha = torch.nn.MultiheadAttention(8, 2)
