@@ -134,7 +134,14 @@ class Report:
         :class:`gradscope.DDP` / :class:`gradscope.FSDP`, the per-rank step (see
         :func:`gradscope.memory.planning.sharded.sharded_what_if`)."""
         if shard is not None:
+            from gradscope.errors import InputValueError
             from gradscope.memory.planning.sharded import sharded_what_if
+
+            if kwargs.get("target") is not None:
+                raise InputValueError(
+                    "what_if(shard=...) does not take target= yet: the per-rank step is predicted for the "
+                    "device the graph was built on; drop target= or shard=."
+                )
 
             return sharded_what_if(self, shard, checkpoint, offload, batch, optimizer, **kwargs)
         from gradscope.memory.planning.whatif import what_if
