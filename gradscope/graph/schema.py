@@ -43,6 +43,7 @@ __all__ = [
     "BUFFERS",
     "CHECKPOINT_PARAMS",
     "INPUT_STORAGES",
+    "HF_CHECKPOINTING",
 ]
 
 # -- node kinds ------------------------------------------------------------------------------------
@@ -75,6 +76,10 @@ EXTERNAL = "external"  #: storage ids a holder outside the graph keeps alive (NO
 BUFFERS = "buffers"  #: ``[storage id or None, bytes]`` per distinct buffer storage of model=
 CHECKPOINT_PARAMS = "checkpoint_params"  #: traced: parameter -> seqs of the reentrant checkpoint regions using it
 INPUT_STORAGES = "input_storages"  #: input leaf node id -> the storage id an op saved it under
+#: traced with a Hugging Face ``model=`` that supports gradient checkpointing: ``{"layers": [names of its
+#: GradientCheckpointingLayer modules], "method": "activation_checkpointing_enable" or
+#: "gradient_checkpointing_enable"}`` (plans say the model's own switch when they amount to it)
+HF_CHECKPOINTING = "hf_checkpointing"
 
 
 class SavedEntry(TypedDict, total=False):

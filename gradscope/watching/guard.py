@@ -200,7 +200,8 @@ class Watch(ParamHooks):
     update_ratios = property(lambda self: list(self._flow.ratios))
 
     def flow_svg(self, path: str | os.PathLike[str] | None = None, *, log: bool = True) -> str:
-        """The gradient-flow picture: one row per module, one column per checked step (see ``history``)."""
+        """The gradient-flow picture, one row per module, one column per checked step (see ``history``):
+        the SVG text, or with ``path`` the file written and its path."""
         from gradscope.watching.flowchart import flow_svg
 
         return flow_svg(self._flow, f"gradient flow: {self._model_name}", path, log)

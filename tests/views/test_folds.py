@@ -19,10 +19,10 @@ import torch
 
 import gradscope
 from gradscope.views.collapse import build_view, infer_modules
-from gradscope.views.fit import legible
+from gradscope.views.fit import MAX_ASPECT, MIN_TEXT_PX, PAGE_PT, WINDOW_PX, legible
 from gradscope.views.render import drawing
 from gradscope.views.scenes import Scene, search_index
-from tests._fold_models import RESNETS, DenseNet, ResNet, loss_of
+from tests._fold_models import RESNETS, DenseNet, InceptionV3, ResNet, loss_of
 from tests._render_models import hf_model, lstm_gallery
 
 pytestmark = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz 'dot' is not installed")
@@ -216,3 +216,28 @@ def test_untraced_folds_stay_inside_inferred_modules(name):
     d = drawing(report)
     assert legible(*d.size) is None, d.size
     _assert_whole_calls(report, d.view)
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["plain", "traced"])
+@pytest.mark.parametrize("planted", [None, "Mixed_6e.branch_pool"])
+def test_inception_default_drawing_keeps_the_page_rule(traced, planted, tmp_path):
+    """Eleven blocks of four parallel branches: a tall, thin chain that no fold shortens (the blocks differ
+    in widths) is wrapped into columns; measured on the SVG render() writes."""
+    model = InceptionV3()
+    if traced:
+        report, loss, _ = _traced(lambda: (loss_of(model, size=75, detach_at=planted), model))
+    else:
+        loss = loss_of(model, size=75, detach_at=planted)
+        report = gradscope.inspect(loss, model=model)
+    root = ET.parse(report.render(tmp_path / "g.svg")).getroot()
+    width, height = (float(root.get(k).removesuffix("pt")) for k in ("width", "height"))
+    assert max(width, height) <= PAGE_PT and max(width, height) <= MAX_ASPECT * min(width, height), (width, height)
+    scale = min(1.0, WINDOW_PX / (width * 4 / 3))            # the page fit to a 1,600 px window
+    marked = [g for g in root.iter(f"{SVG}g") if "gs-finding" in g.get("class", "")]
+    if planted:
+        loss.backward()                                       # torch: the cut branch gets no gradient
+        assert model.get_submodule(planted).conv.weight.grad is None
+        assert marked and any("CUT" in "".join(g.itertext()) for g in marked) == traced
+    for g in marked:
+        for t in g.iter(f"{SVG}text"):
+            assert float(t.get("font-size")) * 4 / 3 * scale >= MIN_TEXT_PX

@@ -20,12 +20,13 @@ Offloading (``save_on_cpu``) recomputes nothing but saves memory only off the CP
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gradscope._format import human_bytes
 from gradscope.errors import InputValueError
 from gradscope.graph import PARAMS
 from gradscope.graph.attribution import storage_uses
+from gradscope.memory.planning.idiom import contiguous, hf_switch, loss_note, prefer_switch, switch_note
 from gradscope.memory.planning.maxbatch import MaxBatch, max_batch
 from gradscope.memory.planning.plancode import parse_budget, plan_code, span_names
 from gradscope.memory.planning.select import module_regions, region_inputs, require_modules
@@ -46,7 +47,8 @@ class Plan:
         recompute_flops / forward_flops: the FLOPs the plan runs again and those of the forward
             (estimated from shapes); code: the lines to add; result: the plan's :class:`WhatIf`.
         floor: bytes no plan can remove (parameters, buffers, gradients, optimizer state);
-        seconds: planning time; message: what is needed when nothing fits.
+        seconds: planning time; message: what is needed when nothing fits; notes: sentences in the
+            user's idiom (a Hugging Face model's own switch, a peak at the loss: ``idiom.py``).
     """
 
     budget: int
@@ -63,6 +65,7 @@ class Plan:
     seconds: float = 0.0
     message: str = ""
     device: str = "cpu"
+    notes: list[str] = field(default_factory=list)
 
     @property
     def recompute_share(self) -> float:
@@ -91,6 +94,7 @@ class Plan:
             )
         if self.message:
             lines.append("  " + self.message)
+        lines += ["  " + note for note in self.notes]
         if self.code and self.fits:
             lines += ["", "Add after building the model:", *(("    " + ln).rstrip() for ln in self.code.splitlines())]
         return "\n".join(lines)
@@ -122,13 +126,15 @@ class Plan:
                 graph.nodes[n].pop("planned", None)
 
     def to_svg(self, path=None, **kwargs) -> str:
-        """Before/after backward curves and the budget line in one SVG."""
+        """Before/after backward curves and the budget line in one SVG: the SVG text, or with ``path`` the
+        file written and its path (as ``render(path)``)."""
         from gradscope.memory.planning.planview import curves_svg
+        from gradscope.svgchart import svg_or_path
 
         res = self.result
         assert res is not None  # plan() always sets the result
         curves = [("before", res.baseline)] + ([("with the plan", res.memory)] if res else [])
-        return curves_svg(curves, path, budget=self.budget, **kwargs)
+        return svg_or_path(curves_svg(curves, budget=self.budget, **kwargs), path)
 
 
 def _candidates(report, names: list[str]) -> list[tuple[float, str, int, int]]:
@@ -238,9 +244,14 @@ def plan(
             chosen, off, best = min(fitting, key=lambda r: (r[2].recompute_flops, r[2].peak))
         elif results:
             chosen, off, best = min(results, key=lambda r: (r[2].peak, r[2].recompute_flops))
+    if chosen and best.peak <= target:  # NOTE in idiom.py: a range rather than a list with holes
+        chosen, best = contiguous(chosen, off, best, peak_of, target, set(names))
+        chosen, best = prefer_switch(graph, chosen, off, best, peak_of, target)
     fits = best.peak <= limit
     message = "" if fits else _not_fit(best, limit, floor, bool(chosen or off))
     chosen, off = in_forward_order(report, chosen), in_forward_order(report, off)
+    notes = [switch_note(graph, chosen, off, peak_of, limit, best.recompute_flops) if fits else None]
+    notes.append(loss_note(graph, base.memory, base.peak - best.peak, fits))
     return Plan(
         budget=limit,
         checkpoint=chosen,
@@ -251,11 +262,12 @@ def plan(
         recompute_flops=best.recompute_flops,
         forward_flops=best.forward_flops,
         floor=floor,
-        code=plan_code(chosen, off),
+        code=(None if off else hf_switch(graph, chosen)) or plan_code(chosen, off),
         result=best,
         seconds=time.perf_counter() - t0,
         message=message,
         device=device,
+        notes=[n for n in notes if n],
     )
 
 
