@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch.nn.modules import module as _nn_module
 
+from gradscope._torchcheck import check_torch
+
 __all__ = [
     "PARALLEL_WRAPPERS",
     "unwrap_parallel",
@@ -58,6 +60,8 @@ __all__ = [
     "SDPA_KEY",
     "cpu_flash_attention",
 ]
+
+check_torch()  # one sentence naming a missing private API, before the reads below
 
 # -- sequence numbers (forward creation order) -----------------------------------------------------
 #: ``torch._C._autograd._get_sequence_nr()``: the next autograd sequence number of this thread, peeked
@@ -197,7 +201,7 @@ def sdp_choice(args, kwargs) -> int | None:
     """``torch._fused_sdp_choice(...)`` for an ``F.scaled_dot_product_attention`` call: the kernel it picks
     from the arguments' metadata (0 math, 1 flash: on CPU ``_scaled_dot_product_flash_attention_for_cpu``,
     whose single backward node saves the output and logsumexp); ``meta`` always answers math. None when
-    torch refuses the arguments. Reads metadata only."""
+    torch refuses the arguments. Reads metadata only. docs/internals.md#attention-kernel-choice."""
     try:
         return int(torch._fused_sdp_choice(*args, **kwargs))
     except (RuntimeError, TypeError, ValueError):

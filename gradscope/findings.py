@@ -6,12 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
+from gradscope._format import plural
 from gradscope.errors import InputValueError
 
 __all__ = [
     "Finding", "SEVERITIES", "KINDS", "sort_findings", "severity_counts", "ERROR", "WARNING", "INFO",
     "UNUSED_PARAMETER", "DETACHED_BRANCH", "INPLACE_HAZARD", "NONE_GRAD", "NONFINITE_GRAD", "NON_SCALAR_ROOT",
-    "NO_GRAD_ROOT", "FREED_GRAPH", "CARRIED_GRAPH", "RETAINED_GRAPH", "GRAPH_WITHOUT_BACKWARD",
+    "NO_GRAD_ROOT", "FREED_GRAPH", "CARRIED_GRAPH", "RETAINED_GRAPH", "GRAPH_WITHOUT_BACKWARD", "NOT_OPTIMIZED",
+    "NONFINITE_PARAM",
 ]  # fmt: skip
 
 # -- severities, most severe first ------------------------------------------------------------------
@@ -30,6 +32,8 @@ FREED_GRAPH = "freed-graph"  #: a graph whose saved tensors a backward already f
 CARRIED_GRAPH = "carried-graph"  #: watch(): a graph of an earlier step reached this step's backward
 RETAINED_GRAPH = "retained-graph"  #: watch(): graphs of earlier forwards kept alive by a variable
 GRAPH_WITHOUT_BACKWARD = "graph-without-backward"  #: watch(): a training forward with no backward
+NOT_OPTIMIZED = "not-optimized"  #: watch(): a parameter with gradients that no stepping optimizer holds
+NONFINITE_PARAM = "nonfinite-param"  #: watch(): a parameter already NaN/Inf before a forward
 
 #: The stable finding kinds, in the order findings of one severity are listed.
 KINDS = (
@@ -38,12 +42,14 @@ KINDS = (
     INPLACE_HAZARD,
     NONE_GRAD,
     NONFINITE_GRAD,
+    NONFINITE_PARAM,
     NON_SCALAR_ROOT,
     NO_GRAD_ROOT,
     FREED_GRAPH,
     CARRIED_GRAPH,
     RETAINED_GRAPH,
     GRAPH_WITHOUT_BACKWARD,
+    NOT_OPTIMIZED,
 )
 
 
@@ -100,7 +106,7 @@ def severity_counts(findings: Iterable[Finding]) -> str:
     counts: dict[str, int] = {}
     for f in findings:
         counts[f.severity] = counts.get(f.severity, 0) + 1
-    return ", ".join(f"{n} {s}{'s' if n > 1 else ''}" for s, n in counts.items())
+    return ", ".join(plural(n, s) for s, n in counts.items())
 
 
 def sort_findings(findings) -> list[Finding]:

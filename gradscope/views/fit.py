@@ -8,10 +8,28 @@ from __future__ import annotations
 
 import re
 
+from gradscope.errors import RenderError
 from gradscope.views.collapse import MIN_OPS, MIN_REPS, build_view, depth, infer_modules
 from gradscope.views.dot import FINDING_FONT, draw
+from gradscope.views.options import scale
+from gradscope.views.wrap import columns_for
 
-__all__ = ["PAGE_PT", "MAX_ASPECT", "WINDOW_PX", "MIN_TEXT_PX", "legible", "svg_size", "choose", "caption_note"]
+__all__ = [
+    "PAGE_PT",
+    "MAX_ASPECT",
+    "WINDOW_PX",
+    "MIN_TEXT_PX",
+    "MAX_LAYOUT",
+    "TooBigToLayOut",
+    "refuse_expanded",
+    "legible",
+    "svg_size",
+    "choose",
+    "unmeasured",
+    "draw_with",
+    "elements",
+    "caption_note",
+]
 
 # NOTE [fitting a page]
 # The default drawing is the most detailed one that passes `legible` on its actual dot layout: at most
@@ -21,15 +39,21 @@ __all__ = ["PAGE_PT", "MAX_ASPECT", "WINDOW_PX", "MIN_TEXT_PX", "legible", "svg_
 # deepest depth, then one level shallower at a time; then looser folding (x2 and up) the same way. A
 # candidate with more than `limit` drawn elements (or PAGE_ELEMENTS, when smaller) cannot pass and is
 # skipped without a layout. Each candidate is laid out TB, and LR when TB came out too wide (unless the
-# caller fixed rankdir). The module holding a finding is never boxed and a finding's node never folded
-# (collapse.build_view), so whatever is chosen shows every finding's node with its label. When nothing
-# passes, the smallest candidate is drawn and its caption says so.
+# caller fixed rankdir); a TB layout within the page's side but too tall for its width is also tried
+# wrapped into columns (NOTE [wrapping columns]). The module holding a finding is never boxed and a
+# finding's node never folded (collapse.build_view), so whatever is chosen shows every finding's node
+# with its label. When nothing passes, the smallest candidate is drawn and its caption says so.
 
 PAGE_PT = 3000
 MAX_ASPECT = 4.0
 WINDOW_PX = 1600
 MIN_TEXT_PX = 10
 PAGE_ELEMENTS = 400
+# NOTE [layout limit]: Graphviz 2.43's dot crashes (glibc "malloc(): invalid size") on an expanded chain of
+# 35,000 ops and lays out 30,000 in 4 s; a graph with many joins is slower (an expanded diamond stack: 5,000
+# ops in 29 s, 10,000 over 4 minutes). Above MAX_LAYOUT boxes no layout is tried: the picture formats fail
+# at once with what works instead (docs/pictures.md, "Big graphs").
+MAX_LAYOUT = 25_000
 _LOOSE = (2, 8)
 CHAIN = 3
 _SIZE = re.compile(rb'<svg width="([\d.]+)pt" height="([\d.]+)pt"')
@@ -97,49 +121,147 @@ def candidates(graph, findings, *, fold, collapse, module_of, cache):
             yield view
 
 
-def choose(report, *, pipe, fold=None, collapse=None, rankdir=None, limit=1000, module_of=None, **draw_kw):
+def elements(graph, view) -> int:
+    """How many boxes ``view`` draws (ops, leaves and groups; before shared-leaf stubs)."""
+    return _elements(graph, view)
+
+
+class TooBigToLayOut(RenderError):
+    """A drawing with more boxes than :data:`MAX_LAYOUT`: refused before Graphviz runs."""
+
+    def __init__(self, boxes: int, fixed: bool):
+        self.boxes, self.fixed = boxes, fixed
+        super().__init__(
+            f"{boxes:,} boxes are more than a Graphviz layout manages ({MAX_LAYOUT:,}; above it dot crashes "
+            "or runs for hours), so no picture was drawn: write .dot, .json or .graphml, which need no layout."
+        )
+
+
+def refuse_expanded(report, options) -> None:
+    """Refuse an expanded drawing over :data:`MAX_LAYOUT` from the node count alone, before anything
+    else is computed (every node is drawn, so the count is a lower bound on its boxes)."""
+    if options.collapse is False and not options.fold:
+        peek = getattr(report, "peek_graph", None)
+        nodes = len(peek() if peek is not None else report.graph)
+        if nodes > MAX_LAYOUT:
+            raise TooBigToLayOut(nodes, True)
+
+
+def _guard(graph, view, fixed: bool) -> None:
+    boxes = _elements(graph, view)
+    if boxes > MAX_LAYOUT:
+        raise TooBigToLayOut(boxes, fixed)
+
+
+def _lay_out(report, view, options, direction, pipe, columns: int = 1):
+    drawing = draw_with(report, view, options, direction, columns)
+    drawing.svg = pipe(drawing.dot, "svg").decode("utf-8")
+    drawing.size = svg_size(drawing.svg)
+    return drawing
+
+
+def _wrapped(report, view, options, pipe, w: float, h: float):
+    """A TB drawing within the page but too tall for its width, wrapped into columns (NOTE [wrapping
+    columns]); ``None`` when no wrapping passes :func:`legible`."""
+    if max(w, h) > PAGE_PT or h <= MAX_ASPECT * w:
+        return None
+    note = view.note
+    for k in dict.fromkeys((columns_for(w, h), columns_for(w, h) + 1)):
+        view.note = (note + " " if note else "") + f"Wrapped into {k} columns: read each top to bottom."
+        drawing = _lay_out(report, view, options, "TB", pipe, k)
+        if legible(*drawing.size) is None:
+            return drawing
+    view.note = note
+    return None
+
+
+def draw_with(report, view, options, rankdir, columns: int = 1):
+    """:func:`~gradscope.views.dot.draw` of ``view`` with ``options`` (no layout)."""
+    return draw(
+        report,
+        view,
+        show_saved=options.show_saved,
+        clusters=options.clusters,
+        legend=options.legend,
+        limit=options.limit,
+        rankdir=rankdir,
+        columns=columns,
+    )
+
+
+def choose(report, options, *, pipe, module_of=None):
     """The drawing to show: laid out, with ``.svg`` and ``.size`` set (see NOTE [fitting a page]).
 
-    ``collapse``/``fold`` given explicitly fix the view (no search); ``rankdir`` given fixes the
+    ``options.collapse`` given explicitly fixes the view (no search); ``options.rankdir`` given fixes the
     direction. ``pipe(dot, "svg")`` runs Graphviz.
+
+    Raises:
+        TooBigToLayOut: the drawing to lay out has more than :data:`MAX_LAYOUT` boxes (before any layout).
     """
     graph = report.graph
     module_of = infer_modules(graph) if module_of is None else module_of
-    cache: dict = {}
-    directions = [rankdir] if rankdir else ["TB", "LR"]
-    fixed = collapse is not None
-    budget = min(limit, PAGE_ELEMENTS)
-    best = None  # (longer side, view, direction, drawing) of the smallest layout seen
+    directions = [options.rankdir] if options.rankdir else ["TB", "LR"]
+    fixed = options.collapse is not None
+    budget = min(options.limit, PAGE_ELEMENTS)
+    best = None  # (longer side, view, direction) of the smallest layout seen
     tried = []
-    for view in candidates(graph, report.findings, fold=fold, collapse=collapse, module_of=module_of, cache=cache):
+    views = candidates(
+        graph, report.findings, fold=options.fold, collapse=options.collapse, module_of=module_of, cache={}
+    )
+    for view in views:
         if not fixed and _elements(graph, view) > budget:
             tried.append(view)
             continue
+        _guard(graph, view, fixed)
         if not fixed and (view.groups or view.depth is not None):
             view.note = caption_note(graph, view)
         for direction in directions:
-            drawing = draw(report, view, rankdir=direction, limit=limit, **draw_kw)
-            drawing.svg = pipe(drawing.dot, "svg").decode("utf-8")
-            drawing.size = svg_size(drawing.svg)
+            drawing = _lay_out(report, view, options, direction, pipe)
             w, h = drawing.size
             if fixed or legible(w, h) is None:
                 return drawing
             if best is None or max(w, h) < best[0]:
-                best = (max(w, h), view, direction, drawing)
+                best = (max(w, h), view, direction)
+            if direction == "TB" and not options.rankdir:
+                wrapped = _wrapped(report, view, options, pipe, w, h)
+                if wrapped is not None:
+                    return wrapped
             if h >= w:  # LR swaps the sides: a drawing too tall in TB is too wide in LR
                 break
     if best is None:  # every candidate was over budget: draw the smallest one
         view = min(tried, key=lambda v: _elements(graph, v))
         direction = directions[0]
+        _guard(graph, view, fixed)
     else:
-        _, view, direction, _ = best
+        _, view, direction = best
     view.note = (caption_note(graph, view) if view.groups else "") + (
         " No drawing of this graph fits one page: zoom in, or open the .html view."
     )
-    drawing = draw(report, view, rankdir=direction, limit=limit, **draw_kw)
-    drawing.svg = pipe(drawing.dot, "svg").decode("utf-8")
-    drawing.size = svg_size(drawing.svg)
-    return drawing
+    return _lay_out(report, view, options, direction, pipe)
+
+
+def unmeasured(report, options, module_of=None):
+    """Without a layout to measure: the first candidate of at most PAGE_ELEMENTS (or ``limit``) boxes,
+    or the smallest when none is that small; not laid out (``.svg`` is None)."""
+    graph = report.graph
+    module_of = infer_modules(graph) if module_of is None else module_of
+    fixed = options.collapse is not None
+    budget = min(options.limit, PAGE_ELEMENTS)
+    tried = []
+    views = candidates(
+        graph, report.findings, fold=options.fold, collapse=options.collapse, module_of=module_of, cache={}
+    )
+    for view in views:
+        tried.append(view)
+        if fixed or _elements(graph, view) <= budget:
+            break
+    else:
+        view = min(tried, key=lambda v: _elements(graph, v))
+    if not fixed and (view.groups or view.depth is not None):
+        view.note = caption_note(graph, view)
+    out = draw_with(report, view, options, options.rankdir or "TB")
+    scale(out, options)
+    return out
 
 
 def caption_note(graph, view) -> str:
@@ -149,7 +271,7 @@ def caption_note(graph, view) -> str:
     if folds:
         what.append(
             "repeated blocks folded ("
-            + ", ".join(g.title for g in folds[:4])
+            + ", ".join(f"{g.title} {g.cls}" if g.cls else g.title for g in folds[:4])
             + (", ..." if len(folds) > 4 else "")
             + ")"
         )
