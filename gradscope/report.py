@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # the answers' types; the packages are imported inside the me
     from gradscope.memory.sharding.result import ShardedStep
     from gradscope.memory.sharding.specs import DDP, FSDP
     from gradscope.memory.table import MemoryTable
+    from gradscope.memory.targets import Target
 
 #: Module names to checkpoint or offload: one qualified name or fnmatch pattern, or several.
 Modules = str | Iterable[str] | None
@@ -109,14 +110,16 @@ class Report:
         retain_graph: bool = False,
         optimizer: torch.optim.Optimizer | None = None,
         inputs: Any = None,
+        target: str | Target | None = None,
     ) -> BackwardMemory:
         """Replay ``backward()`` (and ``optimizer.step()``) over the graph: what it will allocate and free,
         node by node, before it runs (see :func:`gradscope.memory.backward.backward_memory`). ``inputs``:
         the batch you hold through the step (tensors, or lists / dicts of them): the absolute peak counts
-        it even when no op saved it."""
+        it even when no op saved it. ``target``: ``"cpu"`` (default), ``"cuda"`` (modelled, not measured)
+        or a ``gradscope.memory.targets.Target``."""
         from gradscope.memory.replay.backward import backward_memory
 
-        return backward_memory(self, retain_graph=retain_graph, optimizer=optimizer, inputs=inputs)
+        return backward_memory(self, retain_graph=retain_graph, optimizer=optimizer, inputs=inputs, target=target)
 
     def what_if(
         self,
@@ -132,7 +135,14 @@ class Report:
         :class:`gradscope.DDP` / :class:`gradscope.FSDP`, the per-rank step (see
         :func:`gradscope.memory.planning.sharded.sharded_what_if`)."""
         if shard is not None:
+            from gradscope.errors import InputValueError
             from gradscope.memory.planning.sharded import sharded_what_if
+
+            if kwargs.get("target") is not None:
+                raise InputValueError(
+                    "what_if(shard=...) does not take target= yet: the per-rank step is predicted for the "
+                    "device the graph was built on; drop target= or shard=."
+                )
 
             return sharded_what_if(self, shard, checkpoint, offload, batch, optimizer, **kwargs)
         from gradscope.memory.planning.whatif import what_if

@@ -37,6 +37,7 @@ from gradscope.findings import Finding, sort_findings
 from gradscope.watching.flow import Flow, UpdateRatios
 from gradscope.watching.fsdp import FsdpStamps, is_fsdp2
 from gradscope.watching.graphs import GraphWatch
+from gradscope.watching.nanparams import NonfiniteParams
 from gradscope.watching.options import select, validate
 from gradscope.watching.origin import Origin
 from gradscope.watching.params import ParamHooks
@@ -108,22 +109,7 @@ def watch(
         >>> with gradscope.watch(model):
         ...     model(torch.randn(2, 4)).sum().backward()      # healthy: nothing raised
     """
-    return Watch(
-        model,
-        on_error=on_error,
-        check_nonfinite=check_nonfinite,
-        ignore=ignore,
-        every=every,
-        accumulate=accumulate,
-        scaler=scaler,
-        graphs=graphs,
-        history=history,
-        vanishing=vanishing,
-        exploding=exploding,
-        optimizer=optimizer,
-        ratio_every=ratio_every,
-        find_origin=find_origin,
-    )
+    return Watch(**locals())  # every argument, by name
 
 
 class Watch(ParamHooks):
@@ -183,6 +169,7 @@ class Watch(ParamHooks):
         self._flow = Flow(self._params, history=history, vanishing=vanishing, exploding=exploding)
         self._delivery = Delivery(on_error, self._model_name, self._safety)
         self._origin = Origin(inner, self._safety) if find_origin and check_nonfinite else None
+        self._nan = NonfiniteParams()
         self._options = options_text(on_error, check_nonfinite, every, accumulate, patterns, scaler, graphs, optimizer)
         self._handles = self._install()
         self._root, self._index = inner, {wp.name: i for i, wp in enumerate(self._params)}
@@ -200,7 +187,8 @@ class Watch(ParamHooks):
             UpdateRatios(optimizer, self._params, self._flow, ratio_every, self._safety) if optimizer else None
         )
         self._fsdp = FsdpStamps(self) if is_fsdp2(inner) else None
-        self._judge = StepJudge(self, self._safety, self._on_verdict)
+        self._judge = StepJudge(self, self._safety, self._on_verdict, self._graphs.scan_state)
+        self._graphs.step_boundary = lambda: self._judge.boundary
         if self._fsdp is not None:
             self._graphs.on_outputs = self._fsdp.forward
 
@@ -212,7 +200,8 @@ class Watch(ParamHooks):
     update_ratios = property(lambda self: list(self._flow.ratios))
 
     def flow_svg(self, path: str | os.PathLike[str] | None = None, *, log: bool = True) -> str:
-        """The gradient-flow picture: one row per module, one column per checked step (see ``history``)."""
+        """The gradient-flow picture, one row per module, one column per checked step (see ``history``):
+        the SVG text, or with ``path`` the file written and its path."""
         from gradscope.watching.flowchart import flow_svg
 
         return flow_svg(self._flow, f"gradient flow: {self._model_name}", path, log)
@@ -221,8 +210,13 @@ class Watch(ParamHooks):
     def _before_forward(self) -> None:
         self._forwards += 1
         self._refresh()
-        if self._origin is not None:
+        poisoned = self._nan.before_forward(self._params, self.backwards)  # NOTE [NaN across steps]
+        if poisoned is not None and self._origin is not None:
+            self._origin.disarm()
+        if self._origin is not None and not self._nan.poisoned:
             self._origin.before_forward()
+        if poisoned is not None:
+            self._delivery.deliver([poisoned])
 
     def _last(self) -> None:
         if self._removed:
@@ -277,6 +271,9 @@ class Watch(ParamHooks):
                 bad = []
         else:
             scale = None
+        if bad:
+            self._nan.bad_step(self.backwards, birth)
+            bad = [] if self._nan.poisoned else bad  # NOTE [NaN across steps]: said once, as nonfinite-param
         if self._origin is not None:
             if bad:
                 self._origin.arm()

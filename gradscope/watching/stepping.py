@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from gradscope._torch import peek_sequence_nr
 from gradscope.findings import NOT_OPTIMIZED, WARNING, Finding, sort_findings
 from gradscope.watching.step import error_message, none_grad_findings, rank_text, where_text
 
@@ -62,16 +63,14 @@ def _closure(args: tuple, kwargs: dict) -> Any:
 class StepJudge:
     """One guard's view of the optimizer steps (NOTE [judged at the step])."""
 
-    def __init__(self, guard: Any, safety: Any, verdict: Callable[[StepVerdict], None]):
+    def __init__(self, guard: Any, safety: Any, verdict: Callable[[StepVerdict], None], after: Callable[[int], None]):
         self._guard = guard  # reads _params, _stamp, _param_ids, backwards; calls _rescan
-        self._verdict = verdict
+        self._verdict, self._after = verdict, after
+        self.boundary: int | None = None  # NOTE [carried state]: the smallest of the optimizers' last steps
         self.known = False  # an optimizer holding a watched parameter is known
         self._looked = False
         self._added: set[str] = set()  # parameters found new when the model was read again
-        self._floors: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._backwards: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._held: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> _Seen
         self._handles = [
             register_optimizer_step_pre_hook(lambda *a: safety.run("optimizer step", self._pre, *a)),
             register_optimizer_step_post_hook(lambda *a: safety.run("optimizer step", self._post, *a)),
@@ -123,13 +122,14 @@ class StepJudge:
             return  # another model's optimizer
         self.known = True
         guard = self._guard
-        step = self._steps[opt] = self._steps.get(opt, 0) + 1
-        backwards = guard.backwards - self._backwards.get(opt, 0)
-        self._backwards[opt] = guard.backwards
-        floor = self._floors.get(opt, 0)
+        seen = self._seen.get(opt)
+        if seen is None:
+            seen = self._seen[opt] = _Seen()
+        seen.steps += 1
+        step, floor = seen.steps, seen.floor
+        backwards, seen.backwards = guard.backwards - seen.backwards, guard.backwards
         stamps, params = guard._stamp, guard._params
         missing = [i for i in sorted(held) if stamps[i] < floor and params[i].param.requires_grad]
-        replaced: list[str] = []
         if step == 2 or missing or not step % _RESCAN_EVERY:
             replaced = guard._rescan()
             self._added.update(replaced)
@@ -137,18 +137,30 @@ class StepJudge:
                 held = self._indices(opt)
                 stamps, params = guard._stamp, guard._params
                 missing = [i for i in missing if i in held and params[i].param.requires_grad]
-        self._held[opt] = frozenset(held)
-        self._floors[opt] = max(stamps, default=-1) + 1
+        seen.held, seen.floor = held, max(stamps, default=-1) + 1
         unheld: list[int] = []
         if step >= 2:
-            everyone = frozenset().union(*self._held.values())
-            unheld = [
-                i for i, s in enumerate(stamps) if s >= floor and i not in everyone and params[i].param.requires_grad
-            ]
+            unheld = [i for i, s in enumerate(stamps) if s >= floor and i not in held]
+            if unheld:  # held by no optimizer seen stepping?
+                everyone = set().union(*(x.held for x in self._seen.values()))
+                unheld = [i for i in unheld if i not in everyone and params[i].param.requires_grad]
+        seen.mark = peek_sequence_nr()
+        self.boundary = min(x.mark for x in self._seen.values())
+        self._after(self.boundary)
         if missing or unheld:
             verdict = StepVerdict(type(opt).__name__, step, backwards, missing, unheld)
             verdict.replaced = sorted(self._added)
             self._verdict(verdict)
+
+
+class _Seen:
+    """What a guard remembers of one optimizer (NOTE [judged at the step])."""
+
+    __slots__ = ("steps", "floor", "backwards", "held", "mark")
+
+    def __init__(self) -> None:
+        self.steps = self.floor = self.backwards = self.mark = 0
+        self.held: set[int] = set()
 
 
 def _unheld_finding(wp, v: StepVerdict) -> Finding:

@@ -253,3 +253,34 @@ def test_hf_gpt2_with_clipping():
 
     guard = twin(build, step)
     assert guard.counts == {}
+
+
+def test_stateful_lstm_done_right():
+    from tests.watch.test_watch_bugs import StatefulLSTM
+
+    def build():
+        model = StatefulLSTM(detach=True)
+        return model, _sgd(model)
+
+    guard = twin(build, lambda m, o, i: _mse_step(m, o, (2, 3)), steps=4)
+    assert guard.counts == {}
+
+
+def test_logging_attribute_that_no_backward_uses():
+    class Logs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 1)
+            self.last = None
+
+        def forward(self, x):
+            out = self.fc(x)
+            self.last = out                                            # kept for logging, never used again
+            return out
+
+    def build():
+        model = Logs()
+        return model, _sgd(model)
+
+    guard = twin(build, lambda m, o, i: _mse_step(m, o, (3, 4)), steps=4)
+    assert guard.counts == {}

@@ -38,6 +38,8 @@ class BackwardMemory:
             region has its own ``forward``: NOTE [reentrant checkpoint backward]); when not empty, ``peak``
             and ``absolute_peak`` are lower bounds. ``unmodelled_why``: for the traced ones, why the
             recording could not be used (memory/replay/traced.py NOTE [traced reentrant regions]).
+        target: the device target (``"cpu"`` unless ``target=`` said otherwise); a target not measured on
+            its device makes every printed view say "modelled, not measured".
     """
 
     order: list
@@ -56,6 +58,7 @@ class BackwardMemory:
     parts: dict = field(default_factory=dict)
     unmodelled: list = field(default_factory=list)
     unmodelled_why: dict = field(default_factory=dict)  # node id -> why a traced region was not replayed
+    target: Any = None  # the device target it was predicted for (gradscope.memory.targets; None: the CPU)
     # the rows, or a function computing them on first use
     _contributors: list[tuple[str, str, int]] | Callable[[], list[tuple[str, str, int]]] | None = field(
         default=None, repr=False, compare=False
@@ -91,6 +94,13 @@ class BackwardMemory:
             got = self._contributors = got()
         return got
 
+    def reserved(self) -> int:
+        """An estimate of the memory the device's allocator holds at backward's peak (CUDA: the caching
+        allocator's segments behind the live blocks, without fragmentation: a lower bound of
+        ``torch.cuda.memory_reserved()``; CPU: the live bytes)."""
+        make = getattr(self, "_reserved", None)
+        return int(make()) if callable(make) else self.absolute_peak
+
     @property
     def peak_module(self) -> str | None:
         """The module of the peak node (None when unknown)."""
@@ -110,10 +120,12 @@ class BackwardMemory:
         return budget_rows(self)
 
     def to_svg(self, path=None, **kwargs) -> str:
-        """The memory-over-backward curve as SVG (module bands, the peak marked); writes ``path`` when given."""
+        """The memory-over-backward curve as SVG (module bands, the peak marked): the SVG text, or with
+        ``path`` the file written and its path (as ``render(path)``)."""
         from gradscope.memory.replay.views import curve_svg
+        from gradscope.svgchart import svg_or_path
 
-        return curve_svg(self, path, **kwargs)
+        return svg_or_path(curve_svg(self, **kwargs), path)
 
     def render(self, path, **kwargs):
         """``report.render(path)`` with the peak node marked (label ``memory peak: ...``, class
@@ -148,4 +160,6 @@ class BackwardMemory:
 # peak_node, end, locations, the optimizer step, which reads the optimizer's current state); the fields
 # below are filled from the compiled graph on first access, with the same values (a report's records do
 # not change; tests/memory/test_backward_memory_compact.py checks them against a direct computation).
-_DEFERRED = frozenset({"base", "absolute_peak", "parts", "workspace", "names", "unmodelled", "unmodelled_why"})
+_DEFERRED = frozenset(
+    {"base", "absolute_peak", "parts", "workspace", "names", "unmodelled", "unmodelled_why", "_reserved"}
+)

@@ -79,6 +79,12 @@ def text(bm, top: int = 5) -> str:
         f"  {len(bm.order)} nodes; after backward: {'+' if bm.end >= 0 else ''}{human_bytes(bm.end)} "
         "(gradients kept minus saved tensors freed).",
     ]
+    target = getattr(bm, "target", None)
+    if target is not None and target.note:  # NOTE [device targets]: a prediction not checked on its device
+        lines.append(f"  {target.note}; not modelled: {'; '.join(target.unmodelled)}.")
+        lines.append(
+            f"  reserved by the allocator at backward's peak (estimate, a lower bound): {human_bytes(bm.reserved())}."
+        )
     if bm.workspace:
         ws = sum(bm.workspace.values())
         lines.append(
