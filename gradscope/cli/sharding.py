@@ -25,21 +25,12 @@ def SHARD_OPTIONS(fn):
             metavar="PATTERN",
             help="With --fsdp: the modules passed to fully_shard before the root (default 'blocks.*').",
         ),
-        click.option(
-            "--fsdp",
-            "fsdp",
-            type=click.IntRange(min=1),
-            default=None,
-            metavar="N",
-            help="Predict each rank of an FSDP2 (fully_shard) step on N ranks.",
-        ),
-        click.option(
-            "--ddp",
-            "ddp",
-            type=click.IntRange(min=1),
-            default=None,
-            metavar="N",
-            help="Predict each rank of a DistributedDataParallel step on N ranks.",
+        *(
+            click.option(f"--{kind}", kind, type=click.IntRange(min=1), default=None, metavar="N", help=text)
+            for kind, text in (
+                ("fsdp", "Predict each rank of an FSDP2 (fully_shard) step on N ranks."),
+                ("ddp", "Predict each rank of a DistributedDataParallel step on N ranks."),
+            )
         ),
     ):
         fn = opt(fn)
