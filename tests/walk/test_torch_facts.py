@@ -328,3 +328,24 @@ def test_a_mode_does_not_see_calls_inside_a_function_it_handles():
             mha(x, x, x, need_weights=False)
         assert ("scaled_dot_product_attention" in seen) is inner
     assert F.multi_head_attention_forward.__globals__["has_torch_function"] is not None  # torch's own, kept
+
+
+def test_fsdp2_pads_the_last_rank_shard_storage_to_chunk_zero():
+    """docs/internals.md#fsdp2-shards-and-ddp-buckets: rank 1 of 2 holds 2 of a Linear(3, 5) weight's 5
+    rows, in a storage of chunk 0's 3 rows (the fake process group: one process, no communication)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from gradscope.memory.sharding.layout import shard_rows
+
+    dist.init_process_group("fake", rank=1, world_size=2, store=FakeStore())
+    try:
+        m = torch.nn.Linear(3, 5)
+        fully_shard(m, mesh=init_device_mesh("cpu", (2,)))
+        local = m.weight.to_local()
+        assert local.shape == (shard_rows(5, 2, 1), 3) == (2, 3)
+        assert local.untyped_storage().nbytes() == shard_rows(5, 2, 0) * 3 * 4 == 36
+    finally:
+        dist.destroy_process_group()
