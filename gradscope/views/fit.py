@@ -21,6 +21,7 @@ __all__ = [
     "MIN_TEXT_PX",
     "MAX_LAYOUT",
     "TooBigToLayOut",
+    "refuse_expanded",
     "legible",
     "svg_size",
     "choose",
@@ -134,6 +135,16 @@ class TooBigToLayOut(RenderError):
             f"{boxes:,} boxes are more than a Graphviz layout manages ({MAX_LAYOUT:,}; above it dot crashes "
             "or runs for hours), so no picture was drawn: write .dot, .json or .graphml, which need no layout."
         )
+
+
+def refuse_expanded(report, options) -> None:
+    """Refuse an expanded drawing over :data:`MAX_LAYOUT` from the node count alone, before anything
+    else is computed (every node is drawn, so the count is a lower bound on its boxes)."""
+    if options.collapse is False and not options.fold:
+        peek = getattr(report, "peek_graph", None)
+        nodes = len(peek() if peek is not None else report.graph)
+        if nodes > MAX_LAYOUT:
+            raise TooBigToLayOut(nodes, True)
 
 
 def _guard(graph, view, fixed: bool) -> None:

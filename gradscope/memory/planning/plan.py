@@ -126,13 +126,15 @@ class Plan:
                 graph.nodes[n].pop("planned", None)
 
     def to_svg(self, path=None, **kwargs) -> str:
-        """Before/after backward curves and the budget line in one SVG."""
+        """Before/after backward curves and the budget line in one SVG: the SVG text, or with ``path`` the
+        file written and its path (as ``render(path)``)."""
         from gradscope.memory.planning.planview import curves_svg
+        from gradscope.svgchart import svg_or_path
 
         res = self.result
         assert res is not None  # plan() always sets the result
         curves = [("before", res.baseline)] + ([("with the plan", res.memory)] if res else [])
-        return curves_svg(curves, path, budget=self.budget, **kwargs)
+        return svg_or_path(curves_svg(curves, budget=self.budget, **kwargs), path)
 
 
 def _candidates(report, names: list[str]) -> list[tuple[float, str, int, int]]:

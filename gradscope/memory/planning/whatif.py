@@ -117,10 +117,12 @@ class WhatIf:
         return f"<gradscope.WhatIf {self.change()}: peak {human_bytes(self.peak)} (was {human_bytes(self.before)})>"
 
     def to_svg(self, path=None, **kwargs) -> str:
-        """Before/after backward curves in one SVG (see :func:`gradscope.memory.planview.curves_svg`)."""
+        """Before/after backward curves in one SVG (see :func:`gradscope.memory.planview.curves_svg`): the
+        SVG text, or with ``path`` the file written and its path (as ``render(path)``)."""
         from gradscope.memory.planning.planview import curves_svg
+        from gradscope.svgchart import svg_or_path
 
-        return curves_svg([("before", self.baseline), (self.change(), self.memory)], path, **kwargs)
+        return svg_or_path(curves_svg([("before", self.baseline), (self.change(), self.memory)], **kwargs), path)
 
 
 _CONTEXT_KEY = "memory.planning.whatif.context"  # in report.cache

@@ -120,10 +120,12 @@ class BackwardMemory:
         return budget_rows(self)
 
     def to_svg(self, path=None, **kwargs) -> str:
-        """The memory-over-backward curve as SVG (module bands, the peak marked); writes ``path`` when given."""
+        """The memory-over-backward curve as SVG (module bands, the peak marked): the SVG text, or with
+        ``path`` the file written and its path (as ``render(path)``)."""
         from gradscope.memory.replay.views import curve_svg
+        from gradscope.svgchart import svg_or_path
 
-        return curve_svg(self, path, **kwargs)
+        return svg_or_path(curve_svg(self, **kwargs), path)
 
     def render(self, path, **kwargs):
         """``report.render(path)`` with the peak node marked (label ``memory peak: ...``, class

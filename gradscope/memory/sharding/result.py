@@ -34,6 +34,8 @@ class ShardedStep:
     device: str = "cpu"
     notes: list[str] = field(default_factory=list)
     phase: list[str] = field(default_factory=list)  # per rank: where the low peak is ("backward", ...)
+    checkpoint: list[str] = field(default_factory=list)  # the modules the change checkpoints (resolved)
+    groups: list[str] = field(default_factory=list)  # FSDP2: the modules fully_shard wraps before the root
 
     @property
     def peak_range(self) -> tuple[int, int]:
@@ -63,8 +65,7 @@ class ShardedStep:
         lo, hi = self.peak_range
         span = b(lo) if lo == hi else f"{b(lo)} .. {b(hi)}"
         lines = [
-            f"what if: {type(self.spec).__name__} on {self.world_size} ranks"
-            + ("" if self.change == "no change" else f"; {self.change}"),
+            f"what if: {self.spec.label()}, per rank" + ("" if self.change == "no change" else f"; {self.change}"),
             f"  per-rank peak {span} on {self.device} (one process, unsharded: {b(self.before)})",
         ]
         for first, last in _runs(self.ranks):
@@ -88,10 +89,12 @@ class ShardedStep:
         return f"<gradscope.ShardedStep {self.spec!r}: per-rank peak {human_bytes(lo)} .. {human_bytes(hi)}>"
 
     def to_svg(self, path=None, *, width: int = 640) -> str:
-        """One stacked bar per rank (its parts at the low peak) with the high end marked; writes ``path``."""
+        """One stacked bar per rank (its parts at the low peak) with the high end marked: the SVG text, or
+        with ``path`` the file written and its path (as ``render(path)``)."""
         from gradscope.memory.sharding.views import ranks_svg
+        from gradscope.svgchart import svg_or_path
 
-        return ranks_svg(self, path, width=width)
+        return svg_or_path(ranks_svg(self, width=width), path)
 
 
 def _runs(ranks: list[tuple[int, int]]) -> list[tuple[int, int]]:
