@@ -281,6 +281,25 @@ def test_foreach_norm_dtype_refuses_float64_and_complex():
     assert half.dtype == torch.float32 and half.item() == 2.0
 
 
+def test_sums_gradient_is_expanded_and_passed_through():
+    # internals.md#what-one-node-does-to-memory: sum()'s gradient is a stride-0 expand of one element;
+    # t() sends a view of it, clone() and add send that same tensor: none allocates the full gradient
+    x = torch.randn(4, 8, requires_grad=True)
+    a = x * 2
+    b = a.clone()
+    c = b.t()
+    d = c + 1
+    seen = {}
+    for name, t in (("a", a), ("b", b), ("c", c), ("d", d)):
+        t.register_hook(lambda g, name=name: seen.__setitem__(name, g))
+    d.sum().backward()
+    assert seen["d"].stride() == (0, 0) and seen["d"].untyped_storage().nbytes() == 4
+    assert seen["c"] is seen["d"]                                         # add: the same tensor
+    assert seen["b"].stride() == (0, 0)                                   # t(): a view of it
+    assert seen["b"].untyped_storage().data_ptr() == seen["d"].untyped_storage().data_ptr()
+    assert seen["a"] is seen["b"]                                         # clone: the same tensor
+
+
 def test_a_mode_does_not_see_calls_inside_a_function_it_handles():
     """docs/internals.md#attention-kernel-choice: while a TorchFunctionMode handles
     ``F.multi_head_attention_forward`` it is popped, so the attention call inside is not seen; the copy
