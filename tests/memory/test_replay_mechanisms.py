@@ -178,3 +178,22 @@ def test_checkpoint_binary_op_saving_two_inputs_of_one_shape_recreates_each_once
 
     truth = _truth(lambda: m.head(checkpoint(gated, x, use_reentrant=False)).pow(2).mean(), m, [x])
     _levels_and_peak(truth, level_tol=4096, peak_tol=0.01)
+
+
+def test_densenet_like_cat_sums_its_pieces_at_the_gradients_size():
+    # cat([h, h]) sends two pieces of one gradient to h; their sum has h's size and the cat's gradient
+    # is freed with its last piece (no drift after the first CatBackward0)
+    torch.manual_seed(0)
+    m = nn.Module()
+    m.a = nn.Linear(64, 64)
+    m.b = nn.Linear(128, 64)
+    m.c = nn.Linear(128, 64)
+    x = torch.randn(32, 64)
+
+    def forward():
+        h = m.a(x)
+        h = m.b(torch.cat([h, h], 1))
+        return m.c(torch.cat([h, torch.tanh(h)], 1)).pow(2).mean()
+
+    truth = _truth(forward, m, [x])
+    _levels_and_peak(truth)

@@ -307,7 +307,10 @@ def simulate(
                     unref(old)
                     slot[k] = g
                 else:
-                    new = alloc(max(st_bytes.get(impl_storage[old], 0), gbytes[u][k]))
+                    # ``old + new`` has the gradient's size, whatever storage the two view (a piece of
+                    # cat's gradient, sum()'s one-element expand)
+                    gb = gbytes[u][k] if unscaled else grad_scale(u, k, gbytes[u][k])
+                    new = alloc(gb or st_bytes.get(impl_storage[old], 0))
                     unref(old)
                     unref(g)
                     slot[k] = new
