@@ -51,6 +51,7 @@ __all__ = [
     "cancel_next_backward",
     "profiler_enabled",
     "PROFILER_ALLOCATION",
+    "engine_grad",
     "func_key",
     "resolve_func",
     "no_torch_function",
@@ -259,12 +260,24 @@ foreach_sub_: Callable[..., Any] = torch._foreach_sub_
 
 
 #: ``torch._C._autograd._profiler_enabled()``: whether a torch.profiler session is running on this thread
-#: (the memory replay's workspace measurement, memory/kernels/calibrate.py, runs its own profile only when not).
+#: (the in-node memory measurement, memory/kernels/measure.py, runs its own session only when not).
 profiler_enabled: Callable[[], bool] = torch._C._autograd._profiler_enabled
+
+
+def engine_grad(outputs: Any, grads: Any, inputs: Any) -> tuple:
+    """``torch.autograd.graph._engine_run_backward(outputs, grads, False, False, inputs, True, False)``: what
+    ``torch.autograd.grad(outputs, inputs, grads, allow_unused=True)`` runs after its checks (which import
+    sympy on first use, about 1.5 s), called on tensors gradscope made itself; the module's own name, not
+    the ``torch.autograd`` one that ``on_next_backward`` wraps. docs/internals.md#during-backward;
+    tests/walk/test_torch_facts.py::test_engine_grad_is_autograd_grad checks it."""
+    return torch.autograd.graph._engine_run_backward(
+        tuple(outputs), tuple(grads), False, False, tuple(inputs), True, False
+    )
+
 
 #: ``torch._C._profiler._EventType.Allocation``: the tag of an allocator event in
 #: ``prof.profiler.kineto_results.experimental_event_tree()`` (``node.typed == (tag, event)``, the event's
-#: ``alloc_size`` negative for a free). memory/kernels/calibrate.py sums them in time order for an op's workspace.
+#: ``alloc_size`` negative for a free). memory/kernels/measure.py sums them in time order for a node's in-node memory.
 PROFILER_ALLOCATION: Any = torch._C._profiler._EventType.Allocation
 
 

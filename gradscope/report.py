@@ -102,13 +102,14 @@ class Report:
         return memory(self, **kwargs)
 
     def backward_memory(
-        self, retain_graph: bool = False, optimizer: torch.optim.Optimizer | None = None
+        self, retain_graph: bool = False, optimizer: torch.optim.Optimizer | None = None, run_custom: bool = False
     ) -> BackwardMemory:
         """Replay ``backward()`` (and ``optimizer.step()``) over the graph: what it will allocate and free,
-        node by node, before it runs (see :func:`gradscope.memory.backward.backward_memory`)."""
+        node by node, before it runs (see :func:`gradscope.memory.backward.backward_memory`). With
+        ``run_custom=True`` custom autograd.Functions' backward is run on random tensors to measure it."""
         from gradscope.memory.replay.backward import backward_memory
 
-        return backward_memory(self, retain_graph=retain_graph, optimizer=optimizer)
+        return backward_memory(self, retain_graph=retain_graph, optimizer=optimizer, run_custom=run_custom)
 
     def what_if(
         self,

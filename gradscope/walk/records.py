@@ -84,6 +84,7 @@ class Records:
         "special",
         "param_nodes",
         "held_total",
+        "strides",
         "_dicts",
         "_digraph",
         "__weakref__",
@@ -106,6 +107,7 @@ class Records:
         self.special: list[int] = []  # nodes read by the general reader (NOTE [walk fast path])
         self.param_nodes: dict = {}  # parameter name -> node id
         self.held_total = 0
+        self.strides: dict = {}  # node index -> {slot: strides} of its non-contiguous saved tensors (fast path)
         self._dicts: dict = {}  # node index -> attribute dict already handed out
         self._digraph = None
 
@@ -169,6 +171,7 @@ class Records:
         if type(rec) is list:
             return rec
         sizes = self.sizes
+        strided = self.strides.get(i)
         out = []
         for k in range(0, len(rec), 5):
             sid = rec[k + 4]
@@ -186,6 +189,8 @@ class Records:
             }
             if scalar:
                 e["scalar"] = True
+            if strided is not None and rec[k] in strided:
+                e["stride"] = strided[rec[k]]
             out.append(e)
         return out
 

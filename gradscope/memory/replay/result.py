@@ -37,7 +37,11 @@ class BackwardMemory:
         unmodelled: reentrant checkpoint nodes whose recompute and nested backward are not replayed (the
             region has its own ``forward``: NOTE [reentrant checkpoint backward]); when not empty, ``peak``
             and ``absolute_peak`` are lower bounds. ``unmodelled_why``: for the traced ones, why the
-            recording could not be used (memory/replay/traced.py NOTE [traced reentrant regions]).
+            recording could not be used (memory/replay/traced.py NOTE [traced reentrant regions]). Nodes
+            whose in-node memory is not known are listed too (``innode_unknown``: node id -> why).
+        innode_unknown: node id -> why its in-node memory (kernel workspace, a formula's temporaries) is
+            neither measured nor modelled (memory/kernels/workspace.py NOTE [in-node memory]).
+        notes: sentences on how the numbers were obtained (extrapolated sizes, a running profiler).
     """
 
     order: list
@@ -56,6 +60,8 @@ class BackwardMemory:
     parts: dict = field(default_factory=dict)
     unmodelled: list = field(default_factory=list)
     unmodelled_why: dict = field(default_factory=dict)  # node id -> why a traced region was not replayed
+    innode_unknown: dict = field(default_factory=dict)  # node id -> why its in-node memory is not known
+    notes: list = field(default_factory=list)  # sentences about how the numbers were obtained
     # the rows, or a function computing them on first use
     _contributors: list[tuple[str, str, int]] | Callable[[], list[tuple[str, str, int]]] | None = field(
         default=None, repr=False, compare=False
@@ -148,4 +154,6 @@ class BackwardMemory:
 # peak_node, end, locations, the optimizer step, which reads the optimizer's current state); the fields
 # below are filled from the compiled graph on first access, with the same values (a report's records do
 # not change; tests/memory/test_backward_memory_compact.py checks them against a direct computation).
-_DEFERRED = frozenset({"base", "absolute_peak", "parts", "workspace", "names", "unmodelled", "unmodelled_why"})
+_DEFERRED = frozenset(
+    {"base", "absolute_peak", "parts", "workspace", "names", "unmodelled", "unmodelled_why", "innode_unknown", "notes"}
+)
