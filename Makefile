@@ -6,14 +6,18 @@ STAMP   := $(VENV)/.installed
 # torch is pinned to the CPU wheel that lies on these machines; an unpinned torch pulls a CUDA build.
 TORCH   := torch==2.13.0
 
-.PHONY: install demo test lint bench fuzz-slow clean system-deps
+.PHONY: install demo test lint bench fuzz-slow clean system-deps browser-deps
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
+# Graphviz's `dot` draws every picture (demo and tests).
 system-deps:
 	@command -v dot >/dev/null 2>&1 || { echo "installing Debian graphviz (dot)"; \
 	  (apt-get update -qq && apt-get install -y -qq graphviz) >/dev/null; }
+
+# A real browser for the viewer's tests only (`make test`); `make demo` never needs it.
+browser-deps:
 	@{ command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; } || { \
 	  echo "installing Debian chromium + chromium-driver (browser tests)"; \
 	  (apt-get update -qq && apt-get install -y -qq chromium chromium-driver) >/dev/null || \
@@ -35,7 +39,7 @@ lint: install
 	$(BIN)/ruff format --check gradscope
 	$(BIN)/mypy
 
-test: lint
+test: lint browser-deps
 	$(BIN)/python -m pytest
 
 bench: install

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["human_bytes", "shape_str", "lcp", "one_line"]
+__all__ = ["human_bytes", "shape_str", "lcp", "one_line", "plural"]
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``plural(1, "saved tensor") == '1 saved tensor'``, ``plural(2, "node") == '2 nodes'``; ``many`` for
+    an irregular plural (``plural(3, "parameter is", "parameters are")``)."""
+    return f"{n} {word if n == 1 else (many or word + 's')}"
 
 
 def one_line(v, limit: int = 60) -> str:

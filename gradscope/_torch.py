@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch.nn.modules import module as _nn_module
 
+from gradscope._torchcheck import check_torch
+
 __all__ = [
     "PARALLEL_WRAPPERS",
     "unwrap_parallel",
@@ -59,6 +61,8 @@ __all__ = [
     "SDPA_KEY",
     "cpu_flash_attention",
 ]
+
+check_torch()  # one sentence naming a missing private API, before the reads below
 
 # -- sequence numbers (forward creation order) -----------------------------------------------------
 #: ``torch._C._autograd._get_sequence_nr()``: the next autograd sequence number of this thread, peeked

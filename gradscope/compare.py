@@ -35,7 +35,7 @@ class Diff:
         ops: ``{op name: (count in a, count in b)}`` for the op kinds whose count changed.
         params_added, params_removed: parameters reached in only one of the two graphs.
         modules: ``{module: (row in a, row in b)}`` (:class:`~gradscope.memory.table.MemoryRow`, zeros when
-            absent) for the modules whose saved bytes, recomputed tensors or node count changed.
+            absent) for the modules whose saved bytes or recomputed tensors changed (op counts are in ``ops``).
         appeared, disappeared: findings present only in ``b`` / only in ``a``.
     """
 
@@ -229,7 +229,9 @@ def _size(r: MemoryRow) -> int:
 
 
 def _changed(a: MemoryRow, b: MemoryRow) -> bool:
-    return any(getattr(a, f) != getattr(b, f) for f in _BYTES + ("recomputed", "nodes"))
+    """Saved bytes or recomputed tensors changed (a module whose node count alone changed, ``0 B -> 0 B``,
+    is not listed: its ops are in ``Diff.ops``)."""
+    return any(getattr(a, f) != getattr(b, f) for f in _BYTES + ("recomputed",))
 
 
 def _take(mine: Counter, other: Counter, key) -> bool:

@@ -14,6 +14,7 @@ __all__ = [
     "UnknownParameterError",
     "RenderError",
     "GradientError",
+    "UnsupportedTorchError",
 ]
 
 
@@ -54,3 +55,8 @@ class GradientError(GradscopeError, RuntimeError):
     def __init__(self, message: str, findings=()):
         super().__init__(message)
         self.findings = tuple(findings)
+
+
+class UnsupportedTorchError(GradscopeError, ImportError):
+    """The installed torch lacks a private API gradscope relies on (``gradscope/_torch.py``): raised when
+    gradscope first imports torch, naming the API and the torch version."""

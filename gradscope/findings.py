@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
+from gradscope._format import plural
 from gradscope.errors import InputValueError
 
 __all__ = [
@@ -100,7 +101,7 @@ def severity_counts(findings: Iterable[Finding]) -> str:
     counts: dict[str, int] = {}
     for f in findings:
         counts[f.severity] = counts.get(f.severity, 0) + 1
-    return ", ".join(f"{n} {s}{'s' if n > 1 else ''}" for s, n in counts.items())
+    return ", ".join(plural(n, s) for s, n in counts.items())
 
 
 def sort_findings(findings) -> list[Finding]:

@@ -20,6 +20,8 @@ if TYPE_CHECKING:  # the answers' types; the packages are imported inside the me
     from gradscope.memory.planning.plan import Plan
     from gradscope.memory.planning.whatif import WhatIf
     from gradscope.memory.replay.result import BackwardMemory
+    from gradscope.memory.sharding.result import ShardedStep
+    from gradscope.memory.sharding.specs import DDP, FSDP
     from gradscope.memory.table import MemoryTable
 
 #: Module names to checkpoint or offload: one qualified name or fnmatch pattern, or several.
@@ -102,14 +104,22 @@ class Report:
         return memory(self, **kwargs)
 
     def backward_memory(
-        self, retain_graph: bool = False, optimizer: torch.optim.Optimizer | None = None, run_custom: bool = False
+        self,
+        retain_graph: bool = False,
+        optimizer: torch.optim.Optimizer | None = None,
+        inputs: Any = None,
+        run_custom: bool = False,
     ) -> BackwardMemory:
         """Replay ``backward()`` (and ``optimizer.step()``) over the graph: what it will allocate and free,
-        node by node, before it runs (see :func:`gradscope.memory.backward.backward_memory`). With
-        ``run_custom=True`` custom autograd.Functions' backward is run on random tensors to measure it."""
+        node by node, before it runs (see :func:`gradscope.memory.backward.backward_memory`). ``inputs``:
+        the batch you hold through the step (tensors, or lists / dicts of them): the absolute peak counts
+        it even when no op saved it. With ``run_custom=True`` custom autograd.Functions' backward is run on
+        random tensors to measure its in-node memory."""
         from gradscope.memory.replay.backward import backward_memory
 
-        return backward_memory(self, retain_graph=retain_graph, optimizer=optimizer, run_custom=run_custom)
+        return backward_memory(
+            self, retain_graph=retain_graph, optimizer=optimizer, inputs=inputs, run_custom=run_custom
+        )
 
     def what_if(
         self,
@@ -117,10 +127,17 @@ class Report:
         offload: Modules = None,
         batch: float = 1.0,
         optimizer: torch.optim.Optimizer | None = None,
+        shard: DDP | FSDP | None = None,
         **kwargs: Any,
-    ) -> WhatIf:
+    ) -> WhatIf | ShardedStep:
         """The step's predicted memory with modules checkpointed / offloaded or the batch scaled by ``batch``
-        (see :func:`gradscope.memory.whatif.what_if`; needs ``inspect(..., trace=tr)``)."""
+        (see :func:`gradscope.memory.whatif.what_if`; needs ``inspect(..., trace=tr)``); with ``shard=`` a
+        :class:`gradscope.DDP` / :class:`gradscope.FSDP`, the per-rank step (see
+        :func:`gradscope.memory.planning.sharded.sharded_what_if`)."""
+        if shard is not None:
+            from gradscope.memory.planning.sharded import sharded_what_if
+
+            return sharded_what_if(self, shard, checkpoint, offload, batch, optimizer, **kwargs)
         from gradscope.memory.planning.whatif import what_if
 
         return what_if(self, checkpoint, offload, batch, optimizer, **kwargs)

@@ -8,11 +8,16 @@ import pytest
 
 import gradscope
 from gradscope.report import Report
+from gradscope.watching.guard import Watch
 
 PUBLIC = [
     gradscope.inspect,
     gradscope.trace,
     gradscope.load,
+    gradscope.watch,
+    Watch.remove,
+    Watch.flow_svg,
+    Watch.__exit__,
     *(getattr(Report, name) for name in (
         "summary", "explain", "memory", "backward_memory", "what_if", "plan", "max_batch", "render", "to_dot",
         "to_json", "from_json", "load", "peek_graph",

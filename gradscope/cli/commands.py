@@ -17,7 +17,7 @@ import click
 
 from gradscope import __version__
 from gradscope.cli.common import TRACE_OPTION, UserError, status
-from gradscope.cli.rendering import output_path, render_file, render_kwargs, render_options
+from gradscope.cli.rendering import flag_options, output_path, render_file, render_options
 from gradscope.errors import GradscopeError
 from gradscope.findings import severity_counts
 
@@ -87,9 +87,9 @@ def render(target, output, fmt, collapse, expand, show_saved, legend, rankdir, s
       gradscope render train.py:make_loss -o graph.png --rankdir LR --dpi 150
     """
     output = output_path(output or f"graph.{(fmt or 'svg').lower().lstrip('.')}", fmt)
-    kwargs = render_kwargs(collapse, expand, show_saved, legend, (rankdir, size, dpi, max_pixels))
+    options = flag_options(collapse, expand, show_saved, legend, (rankdir, size, dpi, max_pixels))
     report = _report(target, use_trace)
-    render_file(report, output, kwargs)
+    render_file(report, output, options)
     if report.findings:
         status(f"{_counts(report)}; run `gradscope check {target}` for the details")
 
@@ -140,11 +140,11 @@ def demo(output, fmt, collapse, expand, show_saved, legend, rankdir, size, dpi, 
       gradscope demo -o demo.html      # interactive page
     """
     output = output_path(output or f"demo.{(fmt or 'svg').lower().lstrip('.')}", fmt)
-    kwargs = render_kwargs(
+    options = flag_options(
         collapse, expand, show_saved, True if legend is None else legend, (rankdir, size, dpi, max_pixels)
     )
     report = _report("gradscope.demo:buggy", use_trace)
-    render_file(report, output, kwargs)
+    render_file(report, output, options)
     click.echo(report.summary())
     click.echo(
         f"\nThe graph is in {output}. The fix is in gradscope/demo.py (TwoHeadClassifier, fixed=True); "

@@ -18,6 +18,7 @@ import sys
 import click
 
 from gradscope.cli.common import TRACE_OPTION, UserError, status
+from gradscope.cli.sharding import SHARD_OPTIONS, print_sharded, shard_spec
 from gradscope.errors import GradscopeError, InputValueError
 
 __all__ = ["memory_cmd", "OPTIMIZERS", "make_optimizer"]
@@ -56,7 +57,7 @@ def _options(fn):
     hook = _plan_hook()
     if hook is not None:
         fn = hook.PLAN_OPTION(fn)
-    return fn
+    return SHARD_OPTIONS(fn)
 
 
 @click.command("memory", short_help="Predict TARGET's backward and optimizer-step memory; exit 1 over --budget.")
@@ -77,7 +78,7 @@ def _options(fn):
 @click.option("--svg", "svg", default=None, metavar="PATH", help="Write the memory-over-backward curve to PATH.")
 @TRACE_OPTION
 @_options
-def memory_cmd(target, opt_name, budget, svg, use_trace, want_plan=False):
+def memory_cmd(target, opt_name, budget, svg, use_trace, want_plan=False, **shard):
     """Predict the memory of TARGET's backward() and training step, before running it.
 
     \b
@@ -85,21 +86,30 @@ def memory_cmd(target, opt_name, budget, svg, use_trace, want_plan=False):
       gradscope memory train.py:make_loss
       gradscope memory train.py:make_loss --optimizer adamw --budget 16GiB   # exit 1 when it won't fit
       gradscope memory train.py:make_loss --svg curve.svg
+      gradscope memory train.py:make_loss --optimizer adamw --budget 80GiB --fsdp 8   # per rank
     """
     from gradscope._format import human_bytes
     from gradscope.cli.target import load
     from gradscope.inspection import inspect
 
+    if want_plan and budget is None:  # before the replay: the plan cannot run without it
+        raise UserError("--plan needs --budget SIZE (the memory the plan must fit in), e.g. --budget 16GiB.")
     limit = None
     try:
         if budget is not None:
-            from gradscope.memory.planning.plan import parse_budget
+            from gradscope.memory.planning.plancode import budget_note, parse_budget
 
             limit = parse_budget(budget)
+            note = budget_note(budget)
+            if note:
+                status(note)
         with contextlib.redirect_stdout(sys.stderr):  # the target's prints must not mix with our output
             loaded = load(target, use_trace=use_trace)
         report = inspect(loaded.loss, model=loaded.model, trace=loaded.trace)
         opt = make_optimizer(opt_name.lower(), loaded.model) if opt_name else None
+        spec = shard_spec(**shard)
+        if spec is not None:
+            sys.exit(print_sharded(report, spec, opt, limit, svg=svg))
         bm = report.backward_memory(optimizer=opt)
     except GradscopeError as exc:
         raise UserError(str(exc)) from None
@@ -112,8 +122,6 @@ def memory_cmd(target, opt_name, budget, svg, use_trace, want_plan=False):
             raise UserError(f"cannot write {svg!r}: {exc.strerror or exc}.") from None
         click.echo(f"\ncurve: {svg}")
     if want_plan:
-        if limit is None:
-            raise UserError("--plan needs --budget SIZE (the memory the plan must fit in).")
         try:
             code = _plan_hook().print_plan(report, budget, opt, echo=click.echo)
         except GradscopeError as exc:

@@ -14,11 +14,13 @@ import click
 
 from gradscope.cli.common import UserError, status
 from gradscope.errors import GradscopeError
+from gradscope.views.formats import LAYOUT, NAMES
+from gradscope.views.options import RenderOptions, size_attr
 
-__all__ = ["FORMATS", "output_path", "render_kwargs", "render_file", "render_options"]
+__all__ = ["FORMATS", "output_path", "flag_options", "render_file", "render_options"]
 
-FORMATS = ("svg", "png", "pdf", "html", "dot", "json", "graphml")
-NEEDS_DOT = ("svg", "png", "pdf", "html")
+#: The output formats (the rows of gradscope.views.formats.FORMATS).
+FORMATS = NAMES
 
 
 def output_path(output: str, fmt: str | None) -> str:
@@ -49,7 +51,7 @@ def output_path(output: str, fmt: str | None) -> str:
             f"Cannot write {output!r}: it is a folder; give a file name such as {os.path.join(output, 'graph.svg')!r}."
         )
     fmt = os.path.splitext(output)[1].lstrip(".").lower()
-    if fmt in NEEDS_DOT and shutil.which("dot") is None:
+    if fmt in LAYOUT and shutil.which("dot") is None:
         raise UserError(
             f"Cannot write .{fmt}: the Graphviz 'dot' program is not on PATH; install Graphviz "
             "('apt-get install graphviz', 'brew install graphviz' or 'conda install graphviz'), or "
@@ -58,35 +60,33 @@ def output_path(output: str, fmt: str | None) -> str:
     return output
 
 
-def render_kwargs(collapse, expand, show_saved, legend, layout=None) -> dict:
-    """The renderer's keyword arguments for the options given (checked before running the target)."""
+def flag_options(collapse, expand, show_saved, legend, layout=None) -> RenderOptions:
+    """The render options the flags ask for (checked before running the target)."""
     if expand and collapse is not None:
         raise UserError(f"--expand and --collapse {collapse} contradict each other; pass one of them.")
-    kwargs: dict[str, object] = {"collapse": False} if expand else {}
     rankdir, size, dpi, max_pixels = layout or (None, None, None, None)
-    if rankdir:
-        kwargs["rankdir"] = rankdir.upper()
-    if size:
-        from gradscope.views.options import size_attr as _size_attr
-
-        try:
-            kwargs["size"] = _size_attr(size)
-        except GradscopeError as exc:
-            raise UserError(f"--size: {exc}") from None
-    if dpi:
-        kwargs["dpi"] = dpi
+    given = {
+        "collapse": False if expand else collapse,
+        "rankdir": rankdir or None,
+        "dpi": dpi or None,
+        "show_saved": show_saved,
+        "legend": legend,
+    }
+    kwargs = {k: v for k, v in given.items() if v is not None}
     if max_pixels is not None:
-        kwargs["max_pixels"] = max_pixels or None
-    if collapse is not None:
-        kwargs["collapse"] = collapse
-    if show_saved is not None:
-        kwargs["show_saved"] = show_saved
-    if legend is not None:
-        kwargs["legend"] = legend
-    return kwargs
+        kwargs["max_pixels"] = max_pixels or None  # 0: no cap
+    try:
+        if size:
+            kwargs["size"] = size_attr(size)
+    except GradscopeError as exc:
+        raise UserError(f"--size: {exc}") from None
+    try:
+        return RenderOptions.of(**kwargs)
+    except GradscopeError as exc:
+        raise UserError(str(exc)) from None
 
 
-def render_file(report, output: str, kwargs: dict) -> None:
+def render_file(report, output: str, options: RenderOptions) -> None:
     from gradscope.views.render import RenderWarning
 
     n = report.graph.number_of_nodes()
@@ -94,14 +94,14 @@ def render_file(report, output: str, kwargs: dict) -> None:
     t0 = time.perf_counter()
     try:
         with (
-            ticker(fmt in NEEDS_DOT, f"laying out {n:,} nodes with Graphviz dot"),
+            ticker(fmt in LAYOUT, f"laying out {n:,} nodes with Graphviz dot"),
             warnings.catch_warnings(record=True) as caught,
         ):
             warnings.simplefilter("always", RenderWarning)
-            report.render(output, **kwargs)
+            report.render(output, options=options)
         for w in caught:
             status(f"warning: {w.message}")
-        if "collapse" not in kwargs and fmt in NEEDS_DOT + ("dot",) and boxed_output(output, fmt, n):
+        if options.collapse is None and (fmt in LAYOUT or fmt == "dot") and boxed_output(output, fmt, n):
             status(
                 "collapsed automatically to fit a page (repeated blocks folded, modules boxed, findings "
                 "kept open); pass --expand to draw every node or --collapse N to keep modules to depth N"
@@ -118,7 +118,7 @@ def render_file(report, output: str, kwargs: dict) -> None:
 
 def boxed_output(output: str, fmt: str, n: int) -> bool:
     """Whether the picture written folded or boxed anything (read back from text formats)."""
-    from gradscope.views.render import AUTO_LIMIT
+    from gradscope.views.options import AUTO_LIMIT
 
     if fmt in ("png", "pdf"):
         return n > AUTO_LIMIT

@@ -1,4 +1,4 @@
-"""The parts of a report the navigating views draw: one box opened, and the drawing without a layout.
+"""The part of a report the navigating views draw when one box is opened.
 
 See :func:`gradscope.views.render.drawing` (``box=``).
 """
@@ -9,10 +9,8 @@ from types import SimpleNamespace
 
 from gradscope.errors import InputValueError
 from gradscope.graph import CALLED_MODULES, held_bytes
-from gradscope.views.dot import draw
-from gradscope.views.options import scale
 
-__all__ = ["box_part", "unmeasured"]
+__all__ = ["box_part"]
 
 
 def box_part(report, box, within, collapse, fold):
@@ -72,20 +70,3 @@ def box_part(report, box, within, collapse, fold):
     findings = [f for f in report.findings if f.node in inside]
     part = SimpleNamespace(graph=sub, findings=findings, saved_bytes=held_bytes(graph, members))
     return part, module_of, collapse, fold
-
-
-def unmeasured(report, collapse, fold, limit, rankdir, module_of, size, dpi, kw):
-    """Without dot to measure layouts: the first candidate of at most PAGE_ELEMENTS boxes."""
-    from gradscope.views.collapse import infer_modules
-    from gradscope.views.fit import PAGE_ELEMENTS, candidates
-
-    graph = report.graph
-    module_of = infer_modules(graph) if module_of is None else module_of
-    view = None
-    for view in candidates(graph, report.findings, fold=fold, collapse=collapse, module_of=module_of, cache={}):
-        if collapse is not None or graph.number_of_nodes() - len(view.owner) + len(view.groups) <= PAGE_ELEMENTS:
-            break
-    assert view is not None  # candidates() always yields a view
-    out = draw(report, view, rankdir=rankdir, limit=limit, **kw)
-    scale(out, size, dpi)
-    return out

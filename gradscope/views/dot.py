@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import graphviz
 import networkx as nx
 
-from gradscope._format import human_bytes, shape_str
+from gradscope._format import human_bytes, plural, shape_str
 from gradscope.graph.attribution import node_bytes
 from gradscope.views.clusters import calls, emit_clusters, unused_and_cuts
 from gradscope.views.collapse import View, depth, finding_nodes, truncate
@@ -230,7 +230,7 @@ class _Builder:
                 named = ".".join(grp.title.split(".")[-2 - named.count(".") :])
             call = gid.rpartition("#")[2] if "#" in gid else None
             lines = [f"{named}  (collapsed{', call ' + call if call else ''})"]
-        lines.append(f"{_count(grp.n_ops, 'op')}, {human_bytes(grp.saved_bytes)} saved")
+        lines.append(f"{plural(grp.n_ops, 'op')}, {human_bytes(grp.saved_bytes)} saved")
         if grp.worst is not None:
             lines.append(f"!! {grp.worst.kind}")
         classes, marks = ["gs-group", f"gs-{grp.kind}"], {}
@@ -400,8 +400,8 @@ class _Builder:
             else ""
         )
         lines = [
-            f"gradscope: {_count(g.number_of_nodes(), 'node')}, {held}, "
-            f"{_count(len(self.findings), 'finding')} ({_count(n_err, 'error')})"
+            f"gradscope: {plural(g.number_of_nodes(), 'node')}, {held}, "
+            f"{plural(len(self.findings), 'finding')} ({plural(n_err, 'error')})"
         ]
         kinds = list(dict.fromkeys(f.kind for f in self.findings))
         if kinds:
@@ -414,10 +414,6 @@ class _Builder:
                 f"(more than {self.limit} elements); see the .html view for saved tensors."
             )
         return [part for line in lines for part in textwrap.wrap(line, 110)]
-
-
-def _count(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def draw(

@@ -5,18 +5,16 @@ the notebook all come here, so no view calls another's private helpers."""
 from __future__ import annotations
 
 import shutil
+from typing import Any
 
 import graphviz
 
-from gradscope._format import one_line
-from gradscope.errors import InputValueError, RenderError
-from gradscope.views.boxes import box_part, unmeasured
-from gradscope.views.options import check, scale
+from gradscope.errors import RenderError
+from gradscope.views.boxes import box_part
+from gradscope.views.options import AUTO_LIMIT, RenderOptions, scale
 
 __all__ = ["drawing", "pipe", "AUTO_LIMIT"]
 
-#: The most elements the default drawing has (beyond it: short labels, no clusters).
-AUTO_LIMIT = 1000
 _DOT_INSTALL = (
     "the Graphviz 'dot' program is not installed or not on PATH; install it with "
     "'apt-get install graphviz' (Debian/Ubuntu), 'brew install graphviz' (macOS) or "
@@ -24,45 +22,22 @@ _DOT_INSTALL = (
 )
 
 
-def _laid_out(
-    report,
-    *,
-    collapse=None,
-    show_saved=None,
-    fold=None,
-    clusters=None,
-    legend=False,
-    limit=AUTO_LIMIT,
-    rankdir=None,
-    size=None,
-    dpi=None,
-    box=None,
-    within=None,
-    layout=True,
-):
+def _laid_out(report, options: RenderOptions, box=None, within=None, layout=True):
     """The :class:`~gradscope.views.dot.Drawing` to show (laid out when ``layout`` and dot is installed)."""
-    from gradscope.views.fit import choose
+    from gradscope.views.fit import choose, svg_size, unmeasured
 
-    check(collapse, rankdir, size, dpi, None)
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise InputValueError(f"limit must be a positive int (a node count), got {one_line(limit)}.")
-    rankdir = rankdir.upper() if rankdir else None
     module_of = None
     if box is not None:
         if within is None:
-            within = _laid_out(report, limit=limit, legend=False, layout=layout)
-        report, module_of, collapse, fold = box_part(report, box, within, collapse, fold)
-    kw = dict(show_saved=show_saved, clusters=clusters, legend=legend)
+            within = _laid_out(report, RenderOptions(limit=options.limit), layout=layout)
+        report, module_of, collapse, fold = box_part(report, box, within, options.collapse, options.fold)
+        options = options.replace(collapse=collapse, fold=fold)
     if not layout or shutil.which("dot") is None:
-        return unmeasured(report, collapse, fold, limit, rankdir or "TB", module_of, size, dpi, kw)
-    out = choose(
-        report, pipe=pipe, fold=fold, collapse=collapse, rankdir=rankdir, limit=limit, module_of=module_of, **kw
-    )
-    if size is not None or dpi is not None:
-        scale(out, size, dpi)
+        return unmeasured(report, options, module_of)
+    out = choose(report, options, pipe=pipe, module_of=module_of)
+    if options.size is not None or options.dpi is not None:
+        scale(out, options)
         out.svg = pipe(out.dot, "svg").decode("utf-8")
-        from gradscope.views.fit import svg_size
-
         out.size = svg_size(out.svg)
     return out
 
@@ -72,16 +47,9 @@ def drawing(
     *,
     box: str | None = None,
     within=None,
-    collapse=None,
-    fold=None,
-    show_saved=None,
-    clusters=None,
-    legend: bool = False,
-    limit: int = AUTO_LIMIT,
-    rankdir: str | None = None,
-    size=None,
-    dpi=None,
     layout: bool = True,
+    options: RenderOptions | None = None,
+    **kwargs: Any,
 ):
     """The laid-out drawing of ``report`` (the default one), or of one box of a drawing opened.
 
@@ -98,7 +66,11 @@ def drawing(
         within: the :class:`~gradscope.views.dot.Drawing` that holds ``box`` (default: the default
             drawing of ``report``; pass it when you have it, it saves a layout; for a box inside an
             opened box, pass the opened box's drawing).
-        collapse, fold, show_saved, clusters, legend, limit, rankdir, size, dpi: see :func:`to_dot`.
+        layout: ``False``: never run Graphviz (``svg`` and ``size`` stay ``None``; the default drawing
+            is then chosen by its box count, not measured).
+        options: a :class:`~gradscope.views.options.RenderOptions`; ``kwargs`` (``collapse``, ``fold``,
+            ``show_saved``, ``clusters``, ``legend``, ``limit``, ``rankdir``, ``size``, ``dpi``: see
+            :func:`to_dot`) replace its fields.
 
     Returns:
         :class:`~gradscope.views.dot.Drawing` with
@@ -117,7 +89,9 @@ def drawing(
 
     Raises:
         InputValueError: ``box`` is not a box of ``within``; a bad option value.
-        RenderError: Graphviz ``dot`` failed.
+        InputTypeError: an unknown option.
+        RenderError: Graphviz ``dot`` failed, or the drawing has more boxes than a layout manages
+            (:class:`~gradscope.views.fit.TooBigToLayOut`, raised before any layout).
 
     Example:
         >>> import torch, gradscope
@@ -129,21 +103,7 @@ def drawing(
         >>> d.elements[d.element_of[weight]]["params"]
         ['weight']
     """
-    return _laid_out(
-        report,
-        box=box,
-        within=within,
-        collapse=collapse,
-        fold=fold,
-        show_saved=show_saved,
-        clusters=clusters,
-        legend=legend,
-        limit=limit,
-        rankdir=rankdir,
-        size=size,
-        dpi=dpi,
-        layout=layout,
-    )
+    return _laid_out(report, RenderOptions.of(options, **kwargs), box, within, layout)
 
 
 def pipe(dot: graphviz.Digraph, fmt: str) -> bytes:
@@ -155,6 +115,8 @@ def pipe(dot: graphviz.Digraph, fmt: str) -> bytes:
     except graphviz.CalledProcessError as exc:
         err = (exc.stderr or b"").decode("utf-8", "replace").strip().splitlines()
         raise RenderError(
-            f"Graphviz 'dot' failed to lay out the graph ({err[-1] if err else exc}); "
-            "write a .dot file instead, or render with a smaller collapse=N."
+            f"Graphviz 'dot' failed to lay out the graph ({err[-1] if err else exc}); write .dot, .json "
+            "or .graphml, which need no layout."
         ) from None
+    except OSError as exc:  # dot died before reading its input (a broken pipe)
+        raise RenderError(f"Graphviz 'dot' could not be run ({exc}); write .dot, .json or .graphml instead.") from None

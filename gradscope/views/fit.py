@@ -8,10 +8,26 @@ from __future__ import annotations
 
 import re
 
+from gradscope.errors import RenderError
 from gradscope.views.collapse import MIN_OPS, MIN_REPS, build_view, depth, infer_modules
 from gradscope.views.dot import FINDING_FONT, draw
+from gradscope.views.options import scale
 
-__all__ = ["PAGE_PT", "MAX_ASPECT", "WINDOW_PX", "MIN_TEXT_PX", "legible", "svg_size", "choose"]
+__all__ = [
+    "PAGE_PT",
+    "MAX_ASPECT",
+    "WINDOW_PX",
+    "MIN_TEXT_PX",
+    "MAX_LAYOUT",
+    "TooBigToLayOut",
+    "legible",
+    "svg_size",
+    "choose",
+    "unmeasured",
+    "draw_with",
+    "elements",
+    "caption_note",
+]
 
 # NOTE [fitting a page]
 # The default drawing is the most detailed one that passes `legible` on its actual dot layout: at most
@@ -30,6 +46,11 @@ MAX_ASPECT = 4.0
 WINDOW_PX = 1600
 MIN_TEXT_PX = 10
 PAGE_ELEMENTS = 400
+# NOTE [layout limit]: Graphviz 2.43's dot crashes (glibc "malloc(): invalid size") on an expanded chain of
+# 35,000 ops and lays out 30,000 in 4 s; a graph with many joins is slower (an expanded diamond stack: 5,000
+# ops in 29 s, 10,000 over 4 minutes). Above MAX_LAYOUT boxes no layout is tried: the picture formats fail
+# at once with what works instead (docs/pictures.md, "Big graphs").
+MAX_LAYOUT = 25_000
 _LOOSE = (2, 8)
 CHAIN = 3
 _SIZE = re.compile(rb'<svg width="([\d.]+)pt" height="([\d.]+)pt"')
@@ -97,52 +118,121 @@ def candidates(graph, findings, *, fold, collapse, module_of, cache):
             yield view
 
 
-def choose(report, *, pipe, fold=None, collapse=None, rankdir=None, limit=1000, module_of=None, **draw_kw):
-    """The drawing to show: laid out, with ``.svg`` and ``.size`` set (see NOTE [fitting a page]).
+def elements(graph, view) -> int:
+    """How many boxes ``view`` draws (ops, leaves and groups; before shared-leaf stubs)."""
+    return _elements(graph, view)
 
-    ``collapse``/``fold`` given explicitly fix the view (no search); ``rankdir`` given fixes the
-    direction. ``pipe(dot, "svg")`` runs Graphviz.
-    """
-    graph = report.graph
-    module_of = infer_modules(graph) if module_of is None else module_of
-    cache: dict = {}
-    directions = [rankdir] if rankdir else ["TB", "LR"]
-    fixed = collapse is not None
-    budget = min(limit, PAGE_ELEMENTS)
-    best = None  # (longer side, view, direction, drawing) of the smallest layout seen
-    tried = []
-    for view in candidates(graph, report.findings, fold=fold, collapse=collapse, module_of=module_of, cache=cache):
-        if not fixed and _elements(graph, view) > budget:
-            tried.append(view)
-            continue
-        if not fixed and (view.groups or view.depth is not None):
-            view.note = _note(graph, view)
-        for direction in directions:
-            drawing = draw(report, view, rankdir=direction, limit=limit, **draw_kw)
-            drawing.svg = pipe(drawing.dot, "svg").decode("utf-8")
-            drawing.size = svg_size(drawing.svg)
-            w, h = drawing.size
-            if fixed or legible(w, h) is None:
-                return drawing
-            if best is None or max(w, h) < best[0]:
-                best = (max(w, h), view, direction, drawing)
-            if h >= w:  # LR swaps the sides: a drawing too tall in TB is too wide in LR
-                break
-    if best is None:  # every candidate was over budget: draw the smallest one
-        view = min(tried, key=lambda v: _elements(graph, v))
-        direction = directions[0]
-    else:
-        _, view, direction, _ = best
-    view.note = (_note(graph, view) if view.groups else "") + (
-        " No drawing of this graph fits one page: zoom in, or open the .html view."
-    )
-    drawing = draw(report, view, rankdir=direction, limit=limit, **draw_kw)
+
+class TooBigToLayOut(RenderError):
+    """A drawing with more boxes than :data:`MAX_LAYOUT`: refused before Graphviz runs."""
+
+    def __init__(self, boxes: int, fixed: bool):
+        self.boxes, self.fixed = boxes, fixed
+        super().__init__(
+            f"{boxes:,} boxes are more than a Graphviz layout manages ({MAX_LAYOUT:,}; above it dot crashes "
+            "or runs for hours), so no picture was drawn: write .dot, .json or .graphml, which need no layout."
+        )
+
+
+def _guard(graph, view, fixed: bool) -> None:
+    boxes = _elements(graph, view)
+    if boxes > MAX_LAYOUT:
+        raise TooBigToLayOut(boxes, fixed)
+
+
+def _lay_out(report, view, options, direction, pipe):
+    drawing = draw_with(report, view, options, direction)
     drawing.svg = pipe(drawing.dot, "svg").decode("utf-8")
     drawing.size = svg_size(drawing.svg)
     return drawing
 
 
-def _note(graph, view) -> str:
+def draw_with(report, view, options, rankdir):
+    """:func:`~gradscope.views.dot.draw` of ``view`` with ``options`` (no layout)."""
+    return draw(
+        report,
+        view,
+        show_saved=options.show_saved,
+        clusters=options.clusters,
+        legend=options.legend,
+        limit=options.limit,
+        rankdir=rankdir,
+    )
+
+
+def choose(report, options, *, pipe, module_of=None):
+    """The drawing to show: laid out, with ``.svg`` and ``.size`` set (see NOTE [fitting a page]).
+
+    ``options.collapse`` given explicitly fixes the view (no search); ``options.rankdir`` given fixes the
+    direction. ``pipe(dot, "svg")`` runs Graphviz.
+
+    Raises:
+        TooBigToLayOut: the drawing to lay out has more than :data:`MAX_LAYOUT` boxes (before any layout).
+    """
+    graph = report.graph
+    module_of = infer_modules(graph) if module_of is None else module_of
+    directions = [options.rankdir] if options.rankdir else ["TB", "LR"]
+    fixed = options.collapse is not None
+    budget = min(options.limit, PAGE_ELEMENTS)
+    best = None  # (longer side, view, direction) of the smallest layout seen
+    tried = []
+    views = candidates(
+        graph, report.findings, fold=options.fold, collapse=options.collapse, module_of=module_of, cache={}
+    )
+    for view in views:
+        if not fixed and _elements(graph, view) > budget:
+            tried.append(view)
+            continue
+        _guard(graph, view, fixed)
+        if not fixed and (view.groups or view.depth is not None):
+            view.note = caption_note(graph, view)
+        for direction in directions:
+            drawing = _lay_out(report, view, options, direction, pipe)
+            w, h = drawing.size
+            if fixed or legible(w, h) is None:
+                return drawing
+            if best is None or max(w, h) < best[0]:
+                best = (max(w, h), view, direction)
+            if h >= w:  # LR swaps the sides: a drawing too tall in TB is too wide in LR
+                break
+    if best is None:  # every candidate was over budget: draw the smallest one
+        view = min(tried, key=lambda v: _elements(graph, v))
+        direction = directions[0]
+        _guard(graph, view, fixed)
+    else:
+        _, view, direction = best
+    view.note = (caption_note(graph, view) if view.groups else "") + (
+        " No drawing of this graph fits one page: zoom in, or open the .html view."
+    )
+    return _lay_out(report, view, options, direction, pipe)
+
+
+def unmeasured(report, options, module_of=None):
+    """Without a layout to measure: the first candidate of at most PAGE_ELEMENTS (or ``limit``) boxes,
+    or the smallest when none is that small; not laid out (``.svg`` is None)."""
+    graph = report.graph
+    module_of = infer_modules(graph) if module_of is None else module_of
+    fixed = options.collapse is not None
+    budget = min(options.limit, PAGE_ELEMENTS)
+    tried = []
+    views = candidates(
+        graph, report.findings, fold=options.fold, collapse=options.collapse, module_of=module_of, cache={}
+    )
+    for view in views:
+        tried.append(view)
+        if fixed or _elements(graph, view) <= budget:
+            break
+    else:
+        view = min(tried, key=lambda v: _elements(graph, v))
+    if not fixed and (view.groups or view.depth is not None):
+        view.note = caption_note(graph, view)
+    out = draw_with(report, view, options, options.rankdir or "TB")
+    scale(out, options)
+    return out
+
+
+def caption_note(graph, view) -> str:
+    """The caption of a drawing that folds or boxes: what was folded, and how to see everything."""
     what = []
     folds = [g for g in view.groups.values() if g.kind == "fold"]
     if folds:

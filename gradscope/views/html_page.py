@@ -15,8 +15,9 @@ import itertools
 import json
 from importlib import resources
 
-from gradscope._format import human_bytes
+from gradscope._format import human_bytes, plural
 from gradscope.views.collapse import finding_nodes
+from gradscope.views.options import RenderOptions
 from gradscope.views.scenes import scenes as _scenes
 from gradscope.views.scenes import search_index, svg_text
 
@@ -72,7 +73,7 @@ def summary_line(report) -> str:
     return (
         f'<p class="gs-summary" style="text-align:left"><b>gradscope</b>: '
         f"{report.graph.number_of_nodes()} nodes, {html.escape(human_bytes(report.saved_bytes))} saved for "
-        f"backward, {n} finding{'s' if n != 1 else ''}</p>"
+        f"backward, {plural(n, 'finding')}</p>"
     )
 
 
@@ -144,22 +145,25 @@ def widget(report, all_scenes, *, height: str = "100%", page: bool = False) -> s
     )
 
 
-def build(report, **kwargs) -> list:
-    """The viewer's scenes for ``report`` (``kwargs``: the options of :func:`gradscope.views.render.render`)."""
+def build(report, options: RenderOptions | None = None) -> list:
+    """The viewer's scenes for ``report`` (``options``: see :func:`gradscope.views.render.render`)."""
     from gradscope.views.drawing import drawing, pipe
 
-    top = drawing(report, **kwargs)
-    opts = {k: v for k, v in kwargs.items() if k in ("show_saved", "clusters", "limit", "rankdir")}
-    return _scenes(report, top, lambda box, within: drawing(report, box=box, within=within, **opts), pipe)
+    options = options if options is not None else RenderOptions()
+    top = drawing(report, options=options)
+    inner = RenderOptions(
+        show_saved=options.show_saved, clusters=options.clusters, limit=options.limit, rankdir=options.rankdir
+    )
+    return _scenes(report, top, lambda box, within: drawing(report, box=box, within=within, options=inner), pipe)
 
 
-def page(report, **kwargs) -> str:
+def page(report, options: RenderOptions | None = None) -> str:
     """A complete, self-contained HTML page of ``report`` (see :func:`gradscope.views.render.render`)."""
     title = f"gradscope: {report.graph.number_of_nodes()} nodes, {len(report.findings)} findings"
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}</title>"
         "<style>html,body{margin:0;height:100%}body{padding:8px;box-sizing:border-box}</style></head>"
-        f"<body>{widget(report, build(report, **kwargs), height='calc(100vh - 16px)', page=True)}"
+        f"<body>{widget(report, build(report, options), height='calc(100vh - 16px)', page=True)}"
         "</body></html>\n"
     )

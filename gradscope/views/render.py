@@ -41,43 +41,47 @@ a page]); the caption says what was folded or boxed and how to see everything (`
 
 from __future__ import annotations
 
-import json
 import os
+from typing import Any
 
 import graphviz
-import networkx as nx
 
 from gradscope.errors import InputTypeError, InputValueError, RenderError
-from gradscope.views.drawing import AUTO_LIMIT, drawing, pipe
-from gradscope.views.options import MAX_PIXELS, RANKDIRS, RenderWarning, cap_pixels, check
+from gradscope.views.drawing import drawing, pipe
+from gradscope.views.fit import MAX_LAYOUT, TooBigToLayOut
+from gradscope.views.formats import NAMES, find, graphml_ready, too_big, unknown
+from gradscope.views.options import AUTO_LIMIT, MAX_PIXELS, RANKDIRS, RenderOptions, RenderWarning
 
-__all__ = ["render", "to_dot", "drawing", "FORMATS", "RANKDIRS", "AUTO_LIMIT", "MAX_PIXELS", "RenderWarning"]
+__all__ = [
+    "render",
+    "to_dot",
+    "drawing",
+    "pipe",
+    "graphml_ready",
+    "FORMATS",
+    "RANKDIRS",
+    "AUTO_LIMIT",
+    "MAX_PIXELS",
+    "RenderOptions",
+    "RenderWarning",
+]
 
-#: Suffixes :func:`render` understands.
-FORMATS = ("svg", "png", "pdf", "html", "dot", "json", "graphml")
+#: Suffixes :func:`render` understands (the rows of :data:`gradscope.views.formats.FORMATS`).
+FORMATS = NAMES
 
 
-def to_dot(
-    report,
-    *,
-    collapse=None,
-    show_saved=None,
-    fold=None,
-    clusters=None,
-    legend: bool = False,
-    limit: int = AUTO_LIMIT,
-    rankdir: str | None = None,
-    size=None,
-    dpi=None,
-) -> graphviz.Digraph:
-    """The report's graph as a ``graphviz.Digraph`` (deterministic: same model, same source).
+def to_dot(report, *, options: RenderOptions | None = None, **kwargs: Any) -> graphviz.Digraph:
+    """The report's graph as a ``graphviz.Digraph`` (deterministic: same model, same source; no layout runs).
 
     Args:
         report: a :class:`~gradscope.Report`.
+        options: a :class:`~gradscope.views.options.RenderOptions`; the keywords below replace its fields.
         collapse: ``None`` (default): the drawing that fits a page (see :mod:`gradscope.views.fit`:
             repeated blocks folded, modules boxed to the depth that fits, the module of every finding
             open down to the finding's node); ``N`` keeps module clusters down to depth ``N`` and draws
-            each deeper module as one box; ``False`` expands everything.
+            each deeper module as one box; ``False`` expands everything. DOT is made without a layout:
+            its default is the most detailed candidate of at most 400 boxes, where the picture formats
+            measure the layouts of candidates to pick one.
         show_saved: list saved tensors (shape, dtype, bytes) on op labels; ``None`` (default): unless
             more than ``limit`` elements are drawn (long labels make dot several times slower).
         fold: fold unrolled repetition into ``xN`` boxes; ``None`` (default): when that is needed to fit
@@ -98,6 +102,7 @@ def to_dot(
 
     Raises:
         InputValueError: ``collapse`` is not None, False or a non-negative int; a bad rankdir/size/dpi.
+        InputTypeError: an unknown option.
 
     Example:
         >>> import torch, gradscope
@@ -106,42 +111,18 @@ def to_dot(
         >>> "AddmmBackward0" in report.to_dot().source
         True
     """
-    return drawing(
-        report,
-        collapse=collapse,
-        show_saved=show_saved,
-        fold=fold,
-        clusters=clusters,
-        legend=legend,
-        limit=limit,
-        rankdir=rankdir,
-        size=size,
-        dpi=dpi,
-    ).dot
+    return drawing(report, options=RenderOptions.of(options, **kwargs), layout=False).dot
 
 
-def render(
-    report,
-    path,
-    *,
-    format: str | None = None,
-    collapse=None,
-    show_saved=None,
-    fold=None,
-    clusters=None,
-    legend: bool = False,
-    limit: int = AUTO_LIMIT,
-    rankdir: str | None = None,
-    size=None,
-    dpi=None,
-    max_pixels: int | None = MAX_PIXELS,
-) -> str:
+def render(report, path, *, format: str | None = None, options: RenderOptions | None = None, **kwargs: Any) -> str:
     """Write the report's graph to ``path``; the format comes from the suffix (or ``format=``).
 
     Args:
         report: a :class:`~gradscope.Report`.
-        path: ``str`` or ``os.PathLike``; suffix ``.svg .png .pdf .html .dot .json .graphml``.
+        path: ``str`` or ``os.PathLike``; suffix ``.svg .png .pdf .html .dot .json .graphml``
+            (:data:`gradscope.views.formats.FORMATS`; only .svg .png .pdf .html run a Graphviz layout).
         format: one of :data:`FORMATS`, overriding the suffix.
+        options: a :class:`~gradscope.views.options.RenderOptions`; the keywords below replace its fields.
         collapse, show_saved, fold, clusters, legend, limit, rankdir, size, dpi: see :func:`to_dot`.
         max_pixels: a .png whose longer side would pass this many pixels is scaled down to it, with a
             :class:`RenderWarning` (a 10,000 x 30,000 px image helps no one and takes gigabytes to
@@ -152,8 +133,10 @@ def render(
 
     Raises:
         InputValueError: the format is unknown (the message lists the supported ones).
-        InputTypeError: ``path`` is not a str or os.PathLike.
-        RenderError: Graphviz ``dot`` is missing or failed (for .svg/.png/.pdf/.html).
+        InputTypeError: ``path`` is not a str or os.PathLike; an unknown option.
+        RenderError: Graphviz ``dot`` is missing or failed (for .svg/.png/.pdf/.html), or the drawing
+            has more than :data:`~gradscope.views.fit.MAX_LAYOUT` boxes (refused before any layout,
+            saying what works instead).
 
     Example:
         >>> import torch, gradscope, tempfile, os
@@ -171,48 +154,16 @@ def render(
     path = os.fspath(path)
     if not isinstance(path, str) or "\0" in path:
         raise InputValueError(f"cannot render to {path!r:.80}: a file name must be text without NUL bytes.")
-    fmt = (format or os.path.splitext(path)[1]).lower().lstrip(".")
-    if fmt == "gv":
-        fmt = "dot"
-    if fmt not in FORMATS:
-        got = (
-            repr(format) if format else (repr(os.path.splitext(path)[1]) if os.path.splitext(path)[1] else "no suffix")
-        )
-        raise InputValueError(
-            f"cannot render {path!r}: unknown format {got}. Supported: "
-            f"{', '.join('.' + f for f in FORMATS)} (or pass format='svg')."
-        )
-    check(collapse, rankdir, size, dpi, max_pixels)
-    kw = dict(
-        collapse=collapse,
-        show_saved=show_saved,
-        fold=fold,
-        clusters=clusters,
-        legend=legend,
-        limit=limit,
-        rankdir=rankdir,
-        size=size,
-        dpi=dpi,
-    )
-    if fmt == "json":
-        _write(path, json.dumps(report.to_json(), default=str).encode("utf-8"))
-    elif fmt == "graphml":
-        buf = "\n".join(nx.generate_graphml(graphml_ready(report.graph))) + "\n"
-        _write(path, buf.encode("utf-8"))
-    elif fmt == "dot":
-        _write(path, drawing(report, **kw).dot.source.encode("utf-8"))
-    elif fmt == "html":
-        from gradscope.views.html_page import page
-
-        _write(path, page(report, **kw).encode("utf-8"))
-    else:
-        out = drawing(report, **kw)
-        if fmt == "svg" and out.svg is not None:
-            _write(path, out.svg.encode("utf-8"))
-        else:
-            if fmt == "png":
-                cap_pixels(out, dpi, max_pixels, path)
-            _write(path, pipe(out.dot, fmt))
+    suffix = os.path.splitext(path)[1]
+    fmt = find(format or suffix)
+    if fmt is None:
+        raise unknown(path, repr(format) if format else (repr(suffix) if suffix else "no suffix"))
+    opts = RenderOptions.of(options, **kwargs)
+    try:
+        data = fmt.write(report, opts, path)
+    except TooBigToLayOut as exc:
+        raise too_big(fmt.suffix, exc.boxes, exc.fixed, MAX_LAYOUT) from None
+    _write(path, data)
     return path
 
 
@@ -224,23 +175,3 @@ def _write(path: str, data: bytes) -> None:
         raise RenderError(
             f"cannot write {path!r}: {exc.strerror}. Check that the folder exists and is writable."
         ) from None
-
-
-def _plain(value):
-    """A GraphML-safe value: scalars as is, None dropped, everything else JSON-encoded."""
-    if value is None:
-        return None
-    if isinstance(value, (bool, int, float, str)):
-        return value
-    return json.dumps(value, default=str, sort_keys=True)
-
-
-def graphml_ready(graph) -> nx.DiGraph:
-    """A copy of ``graph`` whose attributes GraphML can hold (lists/dicts JSON-encoded, None omitted)."""
-    out = nx.DiGraph()
-    out.graph.update({k: v for k, v in ((k, _plain(v)) for k, v in graph.graph.items()) if v is not None})
-    for n, d in graph.nodes(data=True):
-        out.add_node(n, **{k: v for k, v in ((k, _plain(v)) for k, v in d.items()) if v is not None})
-    for u, v, d in graph.edges(data=True):
-        out.add_edge(u, v, **{k: x for k, x in ((k, _plain(x)) for k, x in d.items()) if x is not None})
-    return out

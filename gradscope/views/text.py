@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from gradscope._format import human_bytes, one_line, shape_str
+from gradscope._format import human_bytes, one_line, plural, shape_str
 from gradscope.findings import severity_counts
 from gradscope.graph import HELD, PARAMS, ROOT_SHAPES, ROOTS
 from gradscope.graph.attribution import node_bytes, storage_uses
@@ -58,7 +58,7 @@ def summary(report, top: int = 5) -> str:
     )
     lines = [
         f"gradscope: {g.number_of_nodes()} nodes ({kinds['op']} ops, {kinds['param']} parameters, "
-        f"{kinds['input']} inputs), {human_bytes(report.saved_bytes)} held by {saved_count} saved tensors",
+        f"{kinds['input']} inputs), {human_bytes(report.saved_bytes)} held by {plural(saved_count, 'saved tensor')}",
     ]
     acts = sum(node_bytes(g).values())
     if acts != report.saved_bytes:

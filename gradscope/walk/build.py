@@ -164,6 +164,7 @@ def build(
                 "input_storages": _input_storages(records.leaves, ids, storages),
             }
         )
+        records.storage_ptrs = _storage_ptrs(records.leaves, ids, storages)
         if len(ids) >= _DEEP:
             keep_until_dead([t for i, t in enumerate(roots) if i not in no_grad_roots], list(ids))
         del ids
@@ -188,6 +189,23 @@ def _input_storages(leaves: dict, ids: dict, storages: StorageIds) -> dict:
             continue
         if sid is not None:
             out[node_id(i)] = sid
+    return out
+
+
+def _storage_ptrs(leaves: dict, ids: dict, storages: StorageIds) -> dict:
+    """``{StorageImpl pointer: storage id}`` of every storage the walk saw, and ``-1 - i`` for input leaf
+    ``i``'s: plain integers (nothing is kept alive) that let ``backward_memory(inputs=...)`` tell which of the
+    caller's tensors the budget already counts (``memory/replay/accounting.py``); never saved to JSON."""
+    out = dict(storages.ids)
+    nodes = None
+    for i, leaf in leaves.items():
+        if leaf[0] != "input":
+            continue
+        nodes = list(ids) if nodes is None else nodes
+        try:
+            out.setdefault(nodes[i].variable.untyped_storage()._cdata, -1 - i)
+        except (RuntimeError, NotImplementedError, TypeError, AttributeError):
+            continue
     return out
 
 

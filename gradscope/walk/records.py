@@ -85,6 +85,7 @@ class Records:
         "param_nodes",
         "held_total",
         "strides",
+        "storage_ptrs",
         "_dicts",
         "_digraph",
         "__weakref__",
@@ -108,6 +109,7 @@ class Records:
         self.param_nodes: dict = {}  # parameter name -> node id
         self.held_total = 0
         self.strides: dict = {}  # node index -> {slot: strides} of its non-contiguous saved tensors (fast path)
+        self.storage_ptrs: dict = {}  # StorageImpl pointer -> storage id (build.py's _storage_ptrs)
         self._dicts: dict = {}  # node index -> attribute dict already handed out
         self._digraph = None
 

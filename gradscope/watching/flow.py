@@ -1,11 +1,19 @@
 """Gradient flow: one batched pass gives the NaN/Inf check and the per-module gradient norms.
 
-Per device, ``torch._foreach_norm`` reduces every gradient to its float32 L2 norm (NaN or Inf exactly when
-the gradient holds one, or when a finite gradient's norm overflows float32), read with one ``.tolist()``;
-the squares are then summed per owning module in Python floats (double precision). One read of the
-gradients and one sync per device give both ``guard.history`` and the non-finite test, in three torch calls
-whatever the number of parameters (the fixed cost that shows on sub-millisecond steps). Culprits are
-counted (exact NaN/Inf counts) only when a norm is not finite.
+Per device and dtype family, ``torch._foreach_norm`` reduces every gradient to its L2 norm (NaN or Inf
+exactly when the gradient holds one, or when a finite gradient's norm overflows), read with one
+``.tolist()``; the squares are then summed per owning module in Python floats (double precision). One read
+of the gradients and one sync per group give both ``guard.history`` and the non-finite test, in three
+torch calls per group whatever the number of parameters (the fixed cost that shows on sub-millisecond
+steps). Culprits are counted (exact NaN/Inf counts) only when a norm is not finite.
+
+NOTE [norms of any dtype]
+``_foreach_norm(..., dtype=torch.float32)`` refuses a float64 gradient (it would narrow) and a complex one
+(a complex input needs a complex ``dtype``), and raised out of ``backward()`` for such models. Gradients
+are grouped by device and by what their norm is computed in: float16, bfloat16 and float32 in float32
+(one group, as ``clip_grad_norm_`` does); any other dtype (float64, complex64, complex128) in its own group
+without ``dtype=``, which gives a real norm of the right precision. Sparse gradients are normed over their
+stored values.
 """
 
 from __future__ import annotations
@@ -18,12 +26,35 @@ import torch
 from gradscope._torch import foreach_mul, foreach_norm, foreach_sub_, sparse_values
 from gradscope.watching.step import BadGrad, WatchedParam
 
-__all__ = ["Flow"]
+__all__ = ["Flow", "UpdateRatios", "group_norms"]
 
 
 def _local(g):
     to_local = getattr(g, "to_local", None)  # DTensor (FSDP2): this rank's shard
     return to_local() if callable(to_local) else g
+
+
+_IN_FLOAT32 = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def group_norms(tensors: list[torch.Tensor]) -> list[float]:
+    """The L2 norm of each tensor as a Python float, one fused call and one sync per device and dtype
+    family (NOTE [norms of any dtype])."""
+    groups: dict[tuple[torch.device, torch.dtype | None], list[int]] = {}
+    for i, t in enumerate(tensors):
+        key = (t.device, None if t.dtype in _IN_FLOAT32 else t.dtype)
+        group = groups.get(key)
+        if group is None:
+            groups[key] = [i]
+        else:
+            group.append(i)
+    out = [0.0] * len(tensors)
+    for (_device, dtype), idx in groups.items():
+        ts = [tensors[i] for i in idx]
+        norms = foreach_norm(ts, 2, dtype=torch.float32) if dtype is None else foreach_norm(ts, 2)
+        for i, n in zip(idx, torch.stack(norms).tolist()):
+            out[i] = n
+    return out
 
 
 class Flow:
@@ -41,8 +72,9 @@ class Flow:
 
     def measure(self, got: list[WatchedParam], backward: int, scale: float | None) -> list[BadGrad]:
         """Norms of the fresh gradients of ``got``; returns the gradients holding NaN/Inf."""
-        groups: dict[torch.device, tuple[list[WatchedParam], list[torch.Tensor], list[int]]] = {}
         index = self._index
+        wps: list[WatchedParam] = []
+        grads: list[torch.Tensor] = []
         for wp in got:
             g = wp.param.grad
             if g is None:
@@ -51,24 +83,18 @@ class Flow:
                 g = _local(g)
             if g.is_sparse:
                 g = sparse_values(g)
-            if not g.numel():
-                continue
-            group = groups.get(g.device)
-            if group is None:
-                group = groups[g.device] = ([], [], [])
-            group[0].append(wp)
-            group[1].append(g)
-            group[2].append(index[wp.module])
+            if g.numel():
+                wps.append(wp)
+                grads.append(g)
+        norms = group_norms(grads)
         sums = [0.0] * len(self.modules)
         seen = [False] * len(self.modules)
+        for wp, n in zip(wps, norms):
+            i = index[wp.module]
+            sums[i] += n * n
+            seen[i] = True
         bad: list[BadGrad] = []
-        for wps, grads, idx in groups.values():
-            norms = torch.stack(foreach_norm(grads, 2, dtype=torch.float32)).tolist()  # one sync
-            for i, n in zip(idx, norms):
-                sums[i] += n * n
-                seen[i] = True
-            if math.isfinite(sum(norms)):
-                continue
+        if not math.isfinite(sum(norms)):
             for wp, g, n in zip(wps, grads, norms):
                 if not math.isfinite(n):
                     nan, inf = int(torch.isnan(g).sum().item()), int(torch.isinf(g).sum().item())
@@ -92,11 +118,14 @@ class UpdateRatios:
     """``||w_after - w_before|| / ||w_before||`` per module around ``optimizer.step()``, every ``every``
     steps (a copy of the parameters is taken only on those steps)."""
 
-    def __init__(self, optimizer, params: list[WatchedParam], flow: Flow, every: int):
+    def __init__(self, optimizer, params: list[WatchedParam], flow: Flow, every: int, safety):
         self._flow, self._every, self._params = flow, every, params
         self._calls = 0
         self._before: tuple[list[torch.Tensor], list[torch.Tensor], list[float]] | None = None
-        self._handles = [optimizer.register_step_pre_hook(self._pre), optimizer.register_step_post_hook(self._post)]
+        self._handles = [  # NOTE [never break training]
+            optimizer.register_step_pre_hook(lambda *a: safety.run("update ratio", self._pre, *a)),
+            optimizer.register_step_post_hook(lambda *a: safety.run("update ratio", self._post, *a)),
+        ]
 
     def _pre(self, _opt, _args, _kwargs):
         self._calls += 1
@@ -105,7 +134,7 @@ class UpdateRatios:
             return
         with torch.no_grad():
             tensors = [_local(wp.param.detach()) for wp in self._params]
-            wn = torch.stack(foreach_norm(tensors, 2, dtype=torch.float32)).double().square().tolist()
+            wn = [n * n for n in group_norms(tensors)]
             self._before = (tensors, foreach_mul(tensors, 1.0), wn)
 
     def _post(self, _opt, _args, _kwargs):
@@ -115,7 +144,7 @@ class UpdateRatios:
         self._before = None
         with torch.no_grad():
             foreach_sub_(before, tensors)  # in place: -(update), same norm
-            dn = torch.stack(foreach_norm(before, 2, dtype=torch.float32)).double().square().tolist()
+            dn = [n * n for n in group_norms(before)]
         del before
         num: dict = {}
         den: dict = {}

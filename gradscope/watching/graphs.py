@@ -67,7 +67,8 @@ def _tensors(value, depth=1):
 class GraphWatch:
     """The cross-step checks of one guard (see NOTE [step boundary]); ``report(findings)`` delivers."""
 
-    def __init__(self, root, model_name, param_ids, params, report, before_forward, enabled=True):
+    def __init__(self, root, model_name, param_ids, params, report, before_forward, safety, enabled=True):
+        self._safety = safety  # NOTE [never break training]
         self._root_name = model_name
         self._param_ids = param_ids  # id(param) -> name; shared with the guard
         self._params = params  # () -> the watched parameters (tensors)
@@ -90,22 +91,28 @@ class GraphWatch:
         except (TypeError, ValueError):
             self._arg_names = []
         self._handles = [
-            root.register_forward_pre_hook(self._pre, with_kwargs=True),
-            root.register_forward_hook(self._post),
+            root.register_forward_pre_hook(self._pre_hook, with_kwargs=True),
+            root.register_forward_hook(self._post_hook),
         ]
+
+    def _pre_hook(self, module, args, kwargs):
+        self._safety.run("forward", self._before_forward)
+        self._safety.run("graphs", self._pre, module, args, kwargs)
+
+    def _post_hook(self, module, args, output):
+        self._safety.run("graphs", self._post, module, args, output)
 
     def _pstores(self) -> set[int]:
         out = set()
         for p in self._params():
             try:
                 out.add(storage_key(p))
-            except (RuntimeError, NotImplementedError, TypeError):
+            except (RuntimeError, NotImplementedError, TypeError, ValueError):  # ValueError: a lazy parameter
                 pass
         return out
 
     # -- forward hooks ---------------------------------------------------------------------------
     def _pre(self, module, args, kwargs):
-        self._before_forward()
         self._seq0 = peek_sequence_nr()
         if not self._enabled or not torch.is_grad_enabled():
             return None

@@ -39,11 +39,15 @@ NaN was born in :mod:`gradscope.watching.origin`; every private torch API they u
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
+
+import torch
 
 from gradscope._torch import current_autograd_node, current_graph_task_id, queue_engine_callback
 from gradscope.errors import InputValueError
-from gradscope.findings import sort_findings
+from gradscope.findings import ERROR, Finding, sort_findings
 from gradscope.watching.flow import Flow, UpdateRatios
 from gradscope.watching.fsdp import FsdpStamps, is_fsdp2
 from gradscope.watching.graphs import GraphWatch
@@ -51,27 +55,31 @@ from gradscope.watching.options import select, validate
 from gradscope.watching.origin import Origin
 from gradscope.watching.params import ParamHooks
 from gradscope.watching.quiet import Delivery, options_text
+from gradscope.watching.safety import Safety
 from gradscope.watching.step import WatchedParam, error_message, none_grad_findings, nonfinite_findings, rank_text
 
 __all__ = ["watch", "Watch"]
 
+#: ``on_error``: ``"raise"``, ``"warn"`` or a callable that receives the list of findings.
+OnError = Literal["raise", "warn"] | Callable[[list[Finding]], Any]
+
 
 def watch(
-    model,
+    model: torch.nn.Module,
     *,
-    on_error="raise",
-    check_nonfinite=True,
-    ignore=(),
-    every=1,
-    accumulate=1,
-    scaler=None,
-    graphs=True,
-    history=1000,
-    vanishing=1e-7,
-    exploding=1e3,
-    optimizer=None,
-    ratio_every=100,
-    find_origin=True,
+    on_error: OnError = "raise",
+    check_nonfinite: bool = True,
+    ignore: str | Iterable[str] = (),
+    every: int = 1,
+    accumulate: int = 1,
+    scaler: Any = None,
+    graphs: bool = True,
+    history: int = 1000,
+    vanishing: float = 1e-7,
+    exploding: float = 1e3,
+    optimizer: torch.optim.Optimizer | None = None,
+    ratio_every: int = 100,
+    find_origin: bool = True,
 ) -> Watch:
     """Check every backward through ``model``: missing and non-finite gradients, graphs across steps.
 
@@ -173,6 +181,7 @@ class Watch(ParamHooks):
         self._slots = [(inner.get_submodule(wp.module)._parameters, wp.name.rpartition(".")[2]) for wp in self._params]
         self._param_ids = {id(wp.param): wp.name for wp in self._params}
         self._model_name = type(inner).__name__
+        self._safety = Safety(self._model_name)  # NOTE [never break training]
         self._ddp_strict = ddp and not getattr(model, "find_unused_parameters", False)
         self._check_nonfinite, self._scaler = check_nonfinite, scaler
         self._every, self._accumulate, self._ignore = every, accumulate, patterns
@@ -185,14 +194,23 @@ class Watch(ParamHooks):
         self._removed = False
         self.backwards = self.checks = self.skipped_by_scaler = 0
         self._flow = Flow(self._params, history=history, vanishing=vanishing, exploding=exploding)
-        self._delivery = Delivery(on_error, self._model_name)
-        self._origin = Origin(inner) if find_origin and check_nonfinite else None
+        self._delivery = Delivery(on_error, self._model_name, self._safety)
+        self._origin = Origin(inner, self._safety) if find_origin and check_nonfinite else None
         self._options = options_text(on_error, check_nonfinite, every, accumulate, patterns, scaler, graphs, optimizer)
         self._handles = self._install()
         self._graphs = GraphWatch(
-            inner, self._model_name, self._param_ids, self._tensors, self._deliver, self._before_forward, enabled=graphs
+            inner,
+            self._model_name,
+            self._param_ids,
+            self._tensors,
+            self._deliver,
+            self._before_forward,
+            self._safety,
+            enabled=graphs,
         )
-        self._ratios = UpdateRatios(optimizer, self._params, self._flow, ratio_every) if optimizer else None
+        self._ratios = (
+            UpdateRatios(optimizer, self._params, self._flow, ratio_every, self._safety) if optimizer else None
+        )
         self._fsdp = FsdpStamps(self) if is_fsdp2(inner) else None
         if self._fsdp is not None:
             self._graphs.on_outputs = self._fsdp.forward
@@ -204,7 +222,7 @@ class Watch(ParamHooks):
     flags = property(lambda self: list(self._flow.flags))
     update_ratios = property(lambda self: list(self._flow.ratios))
 
-    def flow_svg(self, path=None, *, log=True) -> str:
+    def flow_svg(self, path: str | os.PathLike[str] | None = None, *, log: bool = True) -> str:
         """The gradient-flow picture: one row per module, one column per checked step (see ``history``)."""
         from gradscope.watching.flowchart import flow_chart
 
@@ -229,6 +247,12 @@ class Watch(ParamHooks):
             self._origin.before_forward()
 
     def _on_end(self) -> None:
+        self._safety.run("gradient", self._end)
+
+    def _on_last(self) -> None:
+        self._safety.run("gradient", self._last)
+
+    def _end(self) -> None:
         tid = current_graph_task_id()
         self._pending.discard(tid)
         if self._removed:
@@ -251,7 +275,7 @@ class Watch(ParamHooks):
             return
         queue_engine_callback(self._on_last)  # NOTE [last callback]
 
-    def _on_last(self) -> None:
+    def _last(self) -> None:
         if self._removed:
             return
         self._pending.clear()  # ids of earlier backwards that raised half-way
@@ -278,11 +302,13 @@ class Watch(ParamHooks):
             self._deliver(late)
             return
         self.checks += 1
-        self._check(start, n, late)
+        self._check(start, n, tid, late)
 
-    def _check(self, start: int, n: int, late=()) -> None:
+    def _check(self, start: int, n: int, tid: int, late=()) -> None:
         if not self._forwards:  # no forward of the root seen: refresh here instead
-            self._refresh()
+            self._refresh(tid)
+        elif self._lazy:
+            self._materialized(tid)
         self._forwards = 0
         got: list = []
         missing: list = []
@@ -324,12 +350,11 @@ class Watch(ParamHooks):
             + nonfinite_findings(bad, context, scale, birth, armed)
             + list(late)
         )
-        extra = "".join(f"\n- {f.kind} ({f.severity}): {f.message}" for f in late)
+        extra = "".join(f"\n- {f.kind} ({f.severity}): {f.message}" for f in late if f.severity == ERROR)
         message = error_message(missing, bad, context, self._ddp_strict, scale, birth, armed) + extra
-        quiet = (
-            error_message(missing, bad, stable + (f" ({rank})" if rank else ""), self._ddp_strict, scale, birth, armed)
-            + extra
-        )
+        quiet = error_message(
+            missing, bad, stable + (f" ({rank})" if rank else ""), self._ddp_strict, scale, birth, armed
+        ) + "".join(f"\n- {f.kind} ({f.severity}): {f.message}" for f in late)
         self._delivery.deliver(findings, message, quiet)
 
     def _deliver(self, findings) -> None:
@@ -367,7 +392,7 @@ class Watch(ParamHooks):
     def __enter__(self) -> Watch:
         return self
 
-    def __exit__(self, exc_type, *exc) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         if exc_type is not None:
             self._delivery.hold = True  # do not hide the exception in flight
         self.remove()

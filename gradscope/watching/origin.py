@@ -132,8 +132,11 @@ def _traceback_location(node) -> str | None:
 class Origin:
     """The armed per-node search of one guard (NOTE [armed backward])."""
 
-    def __init__(self, root):
+    def __init__(self, root, safety):
         self._root = root
+        # NOTE [never break training]: every hook goes through the guard's Safety
+        self._roots_hook = lambda roots: safety.run("NaN origin", self._on_roots, roots)
+        self._node_hook = lambda gi, go: safety.run("NaN origin", self._post, gi, go)
         self.armed = False
         self._tracing = None  # anomaly state to restore while the armed forward records
         self._segments: list[tuple[int, str | None]] = []
@@ -146,11 +149,11 @@ class Origin:
     def arm(self) -> None:
         if not self.armed:
             self.armed = True
-            _torch.on_next_backward(self._on_roots)
+            _torch.on_next_backward(self._roots_hook)
 
     def disarm(self) -> None:
         self.armed = False
-        _torch.cancel_next_backward(self._on_roots)
+        _torch.cancel_next_backward(self._roots_hook)
         self._stop_tracing()
         self._drop_node_hooks()
 
@@ -211,7 +214,7 @@ class Origin:
                     "loss); check the inputs and the loss with torch.isfinite before backward.",
                     None,
                 )
-        hook = self._post
+        hook = self._node_hook
 
         def hook_node(n) -> bool:
             self._node_hooks.append(n.register_hook(hook))

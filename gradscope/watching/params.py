@@ -7,6 +7,14 @@ NOTE [replaced parameters]
 the new one has none of our hooks. Before each forward of the watched model (and at each check) every
 watched slot is compared by identity with its dict entry, and a replaced parameter is re-hooked and
 watched under the same name from then on; a deleted one is dropped.
+
+NOTE [lazy parameters]
+A lazy module's parameters (``nn.LazyLinear``) are ``UninitializedParameter``s until its first forward,
+and torch refuses a hook on them (``ValueError``). Such a parameter is watched from the start but hooked
+only once materialized: at each forward and at each check. Materializing turns the same object into a
+plain ``Parameter`` (in place, so the slot keeps it); the check of the backward that follows counts it as
+received when its ``.grad`` is set, since a parameter that did not exist before this step cannot hold an
+older one.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch.nn.parameter import is_lazy
 from torch.utils.hooks import RemovableHandle
 
 from gradscope._torch import current_graph_task_id, queue_engine_callback
@@ -30,6 +39,7 @@ class ParamHooks:
     _handles: list[list[RemovableHandle]]
     _stamp: list[int]
     _pending: set[int]
+    _lazy: set[int]  # indices of parameters not materialized yet (NOTE [lazy parameters])
     _on_end: Callable[[], None]
 
     @staticmethod
@@ -56,15 +66,32 @@ class ParamHooks:
         return arrived, accumulated
 
     def _hook_one(self, i: int) -> list:
-        arrived, accumulated = self._hooks(i)
         p = self._params[i].param
+        if is_lazy(p):  # NOTE [lazy parameters]
+            self._lazy.add(i)
+            return []
+        arrived, accumulated = self._hooks(i)
         return [p.register_hook(arrived), p.register_post_accumulate_grad_hook(accumulated)]
 
     def _install(self) -> list:
+        self._lazy = set()
         return [self._hook_one(i) for i in range(len(self._params))]
 
-    def _refresh(self) -> None:
-        """NOTE [replaced parameters]."""
+    def _materialized(self, tid: int = -1) -> None:
+        """Hook the lazy parameters materialized since (NOTE [lazy parameters]); at a check (``tid`` of its
+        backward), one whose ``.grad`` is set counts as received in it."""
+        for i in sorted(self._lazy):
+            p = self._params[i].param
+            if not is_lazy(p):
+                self._lazy.discard(i)
+                self._handles[i] = self._hook_one(i)
+                if tid >= 0 and p.grad is not None:
+                    self._stamp[i] = tid
+
+    def _refresh(self, tid: int = -1) -> None:
+        """NOTE [replaced parameters], NOTE [lazy parameters]."""
+        if self._lazy:
+            self._materialized(tid)
         params, slots = self._params, self._slots
         for i in [i for i, (d, key) in enumerate(slots) if d.get(key) is not params[i].param]:
             new = slots[i][0].get(slots[i][1])

@@ -441,3 +441,38 @@ def test_python_dash_m(targets):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "No findings" in done.stdout
+
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.parametrize("args", [["--help"], ["memory", "--help"], ["--version"]])
+def test_help_does_not_import_torch(args):
+    """``gradscope --help`` answers without importing torch (about 2 s): the package's names are lazy
+    (PEP 562) and the commands import the library inside their bodies."""
+    code = (
+        "import sys\n"
+        "from gradscope.cli.commands import main\n"
+        f"try:\n    main({args!r}, prog_name='gradscope')\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "print('torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": _ROOT})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "False", done.stdout
+    assert "Usage: gradscope" in done.stdout or "version" in done.stdout
+
+
+def test_the_lazy_package_still_answers_every_public_name():
+    code = (
+        "import sys, gradscope\n"
+        "assert 'torch' not in sys.modules\n"
+        "names = [getattr(gradscope, n) for n in gradscope.__all__]\n"
+        "assert 'torch' in sys.modules and gradscope.inspect.__module__ == 'gradscope.inspection'\n"
+        "assert callable(gradscope.memory.cpu_kernels_on_meta) and 'memory' in dir(gradscope)\n"
+        "try:\n    gradscope.nope\nexcept AttributeError as e:\n    print(e)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": _ROOT})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "module 'gradscope' has no attribute 'nope'"

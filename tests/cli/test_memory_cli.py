@@ -106,3 +106,31 @@ def test_first_measurement_prints_no_profiler_noise(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "in-node memory" in done.stdout and any((tmp_path / "cache").iterdir())  # it did measure
     assert "USDT" not in done.stderr and "profiler_start" not in done.stderr, done.stderr
+
+
+def test_plan_without_budget_refuses_before_the_replay(target, monkeypatch):
+    import gradscope.memory.replay.backward as backward
+
+    def no_replay(*a, **k):
+        raise AssertionError("the replay ran before --plan was refused")
+
+    monkeypatch.setattr(backward, "backward_memory", no_replay)
+    monkeypatch.setattr(backward, "replay", no_replay)
+    res = _run(f"{target}:step", "--plan")
+    assert res.exit_code == 2, res.output
+    assert res.output.strip().splitlines() == [
+        "Error: --plan needs --budget SIZE (the memory the plan must fit in), e.g. --budget 16GiB."
+    ]
+
+
+@pytest.mark.parametrize("size,said", [("16GB", "budget 16GB read as 16,000,000,000 bytes = 14.9 GiB"),
+                                       ("300 kB", "budget 300 kB read as 300,000 bytes = 293.0 KiB"),
+                                       ("16GiB", None)])
+def test_a_decimal_budget_says_how_it_was_read(target, size, said):
+    res = CliRunner().invoke(main, ["memory", f"{target}:step", "--budget", size])
+    assert res.exit_code in (0, 1), res.output
+    if said is None:
+        assert "read as" not in res.stderr
+    else:
+        assert said in res.stderr and "1 " + size.split()[-1][-2:].upper() + " = 10^" in res.stderr
+        assert f"budget {said.split('= ')[-1]}:" in res.stdout  # the verdict uses the bytes it said

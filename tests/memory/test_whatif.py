@@ -275,3 +275,51 @@ def test_meta_device_what_if_and_accelerator_offload():
                 and all((meta.graph.nodes[n].get("module") or "").startswith("blocks.0") for n in u.users))
     assert 0 < off.before - off.peak <= held0 and not off.notes
     assert cpu.what_if(offload=["blocks.0"]).peak == cpu.what_if().peak
+
+
+def _tiny():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+
+    def loss_fn(m, x, y):
+        return torch.nn.functional.mse_loss(m(x), y)
+
+    return model, loss_fn
+
+
+def test_max_batch_on_a_tiny_model_is_the_measured_limit(monkeypatch):
+    """A model of a few KiB answers a batch the profiler confirms (fits at it, not 5% above), with a
+    bounded number of replays however large the answer."""
+    from gradscope.memory.planning import maxbatch
+
+    model, loss_fn = _tiny()
+    x, y = torch.randn(8, 16), torch.randn(8, 1)
+    with gradscope.trace() as tr:
+        loss = loss_fn(model, x, y)
+    report = gradscope.inspect(loss, model=model, trace=tr)
+    calls = []
+    real = maxbatch.what_if
+    monkeypatch.setattr(maxbatch, "what_if", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
+    huge = report.max_batch(budget="12GiB")
+    assert huge.fits and huge.peak <= 12 * 2**30 * 0.98 and len(calls) <= 80, (huge, len(calls))
+    budget = 2**20
+    mb = report.max_batch(budget=budget)
+    assert 100 < mb.batch < 10_000 and mb.peak <= 0.98 * budget
+    del report, loss
+    measured = {}
+    for n in (mb.batch, int(mb.batch * 1.05), 2 * mb.batch):
+        model.zero_grad(set_to_none=True)
+        measured[n] = measure_step(model, (torch.randn(n, 16), torch.randn(n, 1)), loss_fn)["peak"]
+    assert measured[mb.batch] <= budget < measured[int(mb.batch * 1.05)]
+    per_sample = (measured[2 * mb.batch] - measured[mb.batch]) / mb.batch   # the model's own growth
+    assert abs(mb.per_sample - per_sample) <= 0.02 * per_sample, (mb.per_sample, per_sample)
+    assert abs(mb.peak - measured[mb.batch]) <= TOL * measured[mb.batch]
+
+
+def test_max_batch_refuses_when_nothing_grows_with_the_batch():
+    model = torch.nn.Linear(4, 4)
+    with gradscope.trace(model) as tr:
+        loss = model.weight.pow(2).sum()         # saves the weight only: no activation has a batch
+    report = gradscope.inspect(loss, model=model, trace=tr)
+    with pytest.raises(InputValueError, match="nothing in the step grows with the batch"):
+        report.max_batch(budget="1GiB", batch_size=8)

@@ -192,3 +192,43 @@ def test_diff_svg_pairs_before_and_after(x):
     first, second = list(d.modules)[:2]
     for name in (first, second):
         assert f"{name} before" in text and f"{name} after" in text
+
+
+class _Scaled(nn.Module):
+    """``scale`` runs ``times`` multiplications by a Python number: ops that save nothing."""
+
+    def __init__(self, times):
+        super().__init__()
+        self.body = nn.Linear(16, 16)
+        self.scale = _Times(times)
+
+    def forward(self, x):
+        return self.scale(self.body(x)).sum()
+
+
+class _Times(nn.Module):
+    def __init__(self, times):
+        super().__init__()
+        self.times = times
+
+    def forward(self, x):
+        for _ in range(self.times):
+            x = x * 2.0
+        return x
+
+
+def test_a_module_whose_ops_changed_but_not_its_bytes_is_not_listed(x):
+    torch.manual_seed(0)
+    one, three = _Scaled(1), _Scaled(3)
+    three.load_state_dict(one.state_dict())
+    with gradscope.trace() as t1:
+        loss1 = one(x)
+    with gradscope.trace() as t3:
+        loss3 = three(x)
+    a, b = gradscope.inspect(loss1, model=one, trace=t1), gradscope.inspect(loss3, model=three, trace=t3)
+    rows_a, rows_b = a.memory(), b.memory()
+    assert rows_a.row("scale").nodes < rows_b.row("scale").nodes        # the module did change its ops
+    assert rows_a.row("scale").held == rows_b.row("scale").held == 0    # ... and holds nothing either way
+    d = gradscope.diff(a, b)
+    assert d.ops == {"MulBackward0": (1, 3)} and "scale" not in d.modules
+    assert "0 B -> " not in str(d) and "MulBackward0 (1 -> 3)" in str(d)

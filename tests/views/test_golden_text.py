@@ -51,3 +51,25 @@ def test_golden_json():
     for i, p in enumerate(data["graph"]["params"].values()):
         p["pid"] = i  # id() of the parameter tensor: an address
     _golden("planted.json", json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
+
+
+@pytest.mark.parametrize("n,word", [(1, "saved tensor"), (2, "saved tensors")])
+def test_counts_agree_with_their_noun(n, word):
+    import torch
+
+    x = torch.randn(3, requires_grad=True)
+    y = x.exp() if n == 1 else x * x              # exp saves its result; mul saves both operands
+    report = gradscope.inspect(y.sum(), params={"x": x})
+    saved = sum(len(d["saved"]) for _, d in report.graph.nodes(data=True))
+    assert saved == n
+    first = report.summary().splitlines()[0]
+    assert f"held by {n} {word}" in first and f"held by {n} {word}s" not in first
+    assert "1 saved tensors" not in report.summary()
+
+
+def test_plural_helper():
+    from gradscope._format import plural
+
+    assert [plural(0, "node"), plural(1, "node"), plural(2, "node")] == ["0 nodes", "1 node", "2 nodes"]
+    assert plural(1, "parameter is", "parameters are") == "1 parameter is"
+    assert plural(4, "parameter is", "parameters are") == "4 parameters are"

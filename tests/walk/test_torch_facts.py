@@ -255,3 +255,18 @@ def test_foreach_norm_is_a_norm_per_tensor():
     ts = [torch.randn(3, 4), torch.randn(5)]
     got = _torch.foreach_norm(ts, 2.0)
     assert all(torch.allclose(g, torch.linalg.vector_norm(t)) for g, t in zip(got, ts))
+
+
+def test_foreach_norm_dtype_refuses_float64_and_complex():
+    for dtype in (torch.float64, torch.complex64):
+        t = torch.ones(4, dtype=dtype)
+        try:
+            _torch.foreach_norm([t], 2, dtype=torch.float32)
+        except RuntimeError:
+            pass
+        else:
+            raise AssertionError(f"_foreach_norm(dtype=float32) accepts {dtype} now")
+        (norm,) = _torch.foreach_norm([t], 2)
+        assert not norm.is_complex() and norm.item() == 2.0
+    (half,) = _torch.foreach_norm([torch.ones(4, dtype=torch.bfloat16)], 2, dtype=torch.float32)
+    assert half.dtype == torch.float32 and half.item() == 2.0

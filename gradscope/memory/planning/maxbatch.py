@@ -46,8 +46,13 @@ def max_batch(
     """The largest integer batch whose predicted peak fits ``budget`` less ``margin`` (the prediction's
     tolerance, as in :func:`plan`), with the given changes applied.
 
-    The peak is a replay per candidate batch: two points give the bytes per sample, then the neighbours of
-    the linear estimate are replayed until the largest fitting batch is pinned down.
+    The peak is a replay per candidate batch: two points give the bytes per sample, the linear estimate is
+    bracketed by doubling steps and the largest fitting batch found by bisection (about
+    ``2 * log2(error)`` replays, never one per batch size).
+
+    Raises:
+        InputValueError: a bad budget or margin, no activation that shows the batch, or a step in which
+            nothing grows with the batch (any batch would fit).
     """
     budget = parse_budget(budget)
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 0.5:
@@ -61,25 +66,40 @@ def max_batch(
             "pass batch_size= (the batch of the traced forward)."
         )
 
-    def at(n):
-        return what_if(report, checkpoint, offload, n / b0, optimizer, b0)
+    peaks = {b0: one.peak}
 
-    two = at(2 * b0)
-    per = max(1, (two.peak - one.peak) // b0)
-    n = max(1, b0 + (limit - one.peak) // per)
-    cache = {b0: one, 2 * b0: two}
+    def peak(n: int) -> int:  # a replay per new batch; only the number is kept
+        if n not in peaks:
+            peaks[n] = what_if(report, checkpoint, offload, n / b0, optimizer, b0).peak
+        return peaks[n]
 
-    def peak(n):
-        if n not in cache:
-            cache[n] = at(n)
-        return cache[n].peak
-
-    while n > 1 and peak(n) > limit:
-        n -= 1
-    while peak(n + 1) <= limit:
-        n += 1
-    if peak(n) > limit:
-        return MaxBatch(0, peak(1), budget, b0, per, one.checkpoint, one.offload)
-    if n != b0:  # the growth actually seen between the traced batch and the answer (the peak may move phase)
-        per = max(0, round((peak(n) - one.peak) / (n - b0)))
+    growth = (peak(2 * b0) - one.peak) / b0  # bytes per sample, unrounded: a rounded one drifts far at large n
+    if growth <= 0:
+        raise InputValueError(
+            "max_batch(): nothing in the step grows with the batch (no saved activation has the batch as its "
+            f"first dimension {b0}), so no batch size is the limit; pass batch_size= if {b0} is not the batch."
+        )
+    lo, hi = _bracket(peak, max(1, b0 + int((limit - one.peak) // growth)), limit)
+    while hi - lo > 1:  # peak(lo) <= limit < peak(hi), lo = 0 meaning "not even 1"
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if peak(mid) <= limit else (lo, mid)
+    n = lo
+    if n == 0:
+        return MaxBatch(0, peak(1), budget, b0, max(1, round(growth)), one.checkpoint, one.offload)
+    per = max(0, round((peak(n) - one.peak) / (n - b0))) if n != b0 else max(1, round(growth))
     return MaxBatch(n, peak(n), budget, b0, per, one.checkpoint, one.offload)
+
+
+def _bracket(peak, guess: int, limit: int) -> tuple[int, int]:
+    """``(lo, hi)`` with ``peak(lo) <= limit < peak(hi)`` (``lo`` 0 when batch 1 does not fit), galloping
+    from ``guess``: a bounded number of replays however far the linear estimate is off."""
+    step = 1
+    if peak(guess) <= limit:
+        lo = guess
+        while peak(lo + step) <= limit:
+            lo, step = lo + step, step * 2
+        return lo, lo + step
+    hi = guess
+    while hi - step >= 1 and peak(hi - step) > limit:
+        hi, step = hi - step, step * 2
+    return max(0, hi - step), hi

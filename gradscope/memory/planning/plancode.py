@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 
+from gradscope._format import human_bytes
 from gradscope.errors import InputTypeError, InputValueError
 
-__all__ = ["parse_budget", "span_names", "plan_code"]
+__all__ = ["parse_budget", "budget_note", "span_names", "plan_code"]
 
 _UNITS = {
     "": 1,
@@ -40,6 +41,22 @@ def parse_budget(budget) -> int:
     if not budget > 0:
         raise InputValueError(f"budget= must be positive, got {budget!r}.")
     return int(budget)
+
+
+def budget_note(budget) -> str | None:
+    """For a budget written in decimal units (``"16GB"``), the sentence that says how it was read
+    (``budget 16GB read as 16,000,000,000 bytes = 14.9 GiB ...``); None for binary units and plain bytes."""
+    m = _SIZE.match(budget) if isinstance(budget, str) else None
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit in ("", "b") or unit.endswith("ib") or unit not in _UNITS:
+        return None
+    n = parse_budget(budget)
+    k = "kmgt".index(unit[0]) + 1
+    dec, binary = unit[0].upper() + "B", unit[0].upper() + "iB"
+    return (
+        f"budget {budget.strip()} read as {n:,} bytes = {human_bytes(n)} (1 {dec} = 10^{3 * k} bytes; "
+        f"write {m.group(1)}{binary} for units of 2^{10 * k})."
+    )
 
 
 def span_names(names: list[str]) -> str:

@@ -10,7 +10,15 @@ from gradscope.graph import BUFFERS, INPUT_STORAGES, PARAMS, ROOT_SHAPES, ROOT_S
 from gradscope.memory.replay.engine import Program, numel_bytes
 from gradscope.memory.replay.reentrant import ctx_state_bytes
 
-__all__ = ["Overrides", "storage_sizes", "offloaded_keys", "grad_names", "step_base", "peak_by_module"]
+__all__ = [
+    "Overrides",
+    "storage_sizes",
+    "offloaded_keys",
+    "grad_names",
+    "step_base",
+    "batch_bytes",
+    "peak_by_module",
+]
 
 
 @dataclass
@@ -105,6 +113,51 @@ def step_base(prog: Program, graph, sizes: dict, drop, has_grad: dict, scale) ->
         "leaf inputs": inputs,
         "loss": loss,
     }
+
+
+def _tensors(value, out: list) -> list:
+    """The tensors in ``value`` (a tensor, or lists / tuples / dicts of them, nested), in order."""
+    import torch
+
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            stack.extend(reversed(v))
+        elif isinstance(v, dict):
+            stack.extend(reversed(list(v.values())))
+    return out
+
+
+def batch_bytes(prog: Program, graph, inputs, sizes: dict, drop, ptrs: dict | None, scale) -> int:
+    """Bytes of the caller's ``inputs`` (the batch, held across the step) that no other part of the budget
+    counts: a storage an op saved is among the activations, an input leaf that requires grad among the
+    leaf inputs, a parameter or buffer in its own row; the rest is added once per storage. ``ptrs``: the
+    walk's ``{storage pointer: storage id}`` (None after loading a report from JSON: every input counted,
+    never fewer bytes than are alive)."""
+    from gradscope._torch import storage_key_and_bytes
+
+    params = graph.graph.get(PARAMS, {})
+    counted = {("s", p.get("storage")) for p in params.values() if p.get("storage") is not None}
+    counted.update(("s", sid) for sid, _ in graph.graph.get(BUFFERS, ()) if sid is not None)
+    counted.update(key for key in sizes if key not in drop)
+    seen: set = set()
+    total = 0
+    for t in _tensors(inputs, []):
+        try:
+            ptr, nbytes = storage_key_and_bytes(t)
+        except (RuntimeError, NotImplementedError, TypeError):
+            continue
+        if ptr in seen:
+            continue
+        seen.add(ptr)
+        sid = ptrs.get(ptr) if ptrs else None
+        if sid is not None and (sid < 0 or ("s", sid) in counted):
+            continue
+        total += int(scale(list(t.shape), "float32", nbytes)) if scale else nbytes
+    return total
 
 
 def peak_by_module(prog: Program, snapshot: dict, origin: dict, sizes: dict, drop) -> list[tuple[str, str, int]]:

@@ -48,6 +48,7 @@ from gradscope.graph.attribution import node_modules
 from gradscope.memory.kernels.workspace import InNode, innode, scaled
 from gradscope.memory.replay.accounting import (
     Overrides,
+    batch_bytes,
     grad_names,
     offloaded_keys,
     peak_by_module,
@@ -143,9 +144,12 @@ def replay(
     retain_graph: bool = False,
     workspace: bool = True,
     run_custom: bool = False,
+    inputs=None,
 ) -> BackwardMemory:
     """Replay backward (and the optimizer step) over ``report``'s graph with ``overrides`` applied.
 
+    ``inputs``: the caller's batch (tensors, or lists / dicts of them), alive through the step: counted in
+    the budget once, unless an op saved it or it is an input leaf (see :func:`accounting.batch_bytes`).
     See the module docstring for the fields; raises :class:`InputTypeError` for an optimizer that is not a
     ``torch.optim.Optimizer`` and :class:`InputValueError` for a graph already freed by backward.
     """
@@ -214,6 +218,9 @@ def replay(
 
     def deferred() -> dict:  # NOTE [deferred fields]: read from the compiled graph only, which nothing changes
         parts = step_base(prog, graph, sizes, drop, has_grad, ov.scale)
+        if inputs is not None:
+            ptrs = getattr(getattr(graph, "compact", None), "storage_ptrs", None)
+            parts["leaf inputs"] += batch_bytes(prog, graph, inputs, sizes, drop, ptrs, ov.scale)
         if step is not None:
             parts["optimizer state"] = step.state_before
         base = sum(parts.values())
@@ -281,13 +288,18 @@ def _unmodelled_regions(prog: Program) -> tuple[list, dict]:
     return out, why
 
 
-def backward_memory(report, retain_graph: bool = False, optimizer=None, run_custom: bool = False) -> BackwardMemory:
-    """``report.backward_memory()``: the unchanged step (see :class:`BackwardMemory`); ``run_custom=True``
-    runs custom autograd.Functions' backward on random tensors to measure their in-node memory."""
+def backward_memory(
+    report, retain_graph: bool = False, optimizer=None, inputs=None, run_custom: bool = False
+) -> BackwardMemory:
+    """``report.backward_memory()``: the unchanged step (see :class:`BackwardMemory`); ``inputs``: the batch
+    the caller holds through the step, for the absolute peak (:func:`replay`); ``run_custom=True`` runs
+    custom autograd.Functions' backward on random tensors to measure their in-node memory."""
     enabled = gc.isenabled()
     gc.disable()  # the replay allocates many small objects; generational passes would dominate its time
     try:
-        return replay(report, None, optimizer=optimizer, retain_graph=retain_graph, run_custom=run_custom)
+        return replay(
+            report, None, optimizer=optimizer, retain_graph=retain_graph, inputs=inputs, run_custom=run_custom
+        )
     finally:
         if enabled:
             gc.enable()

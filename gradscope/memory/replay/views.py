@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from gradscope._format import human_bytes
+from gradscope._format import human_bytes, plural
 from gradscope.graph.attribution import NO_MODULE
 
 __all__ = ["text", "budget_rows", "curve_svg", "repr_html", "BAND_COLOURS"]
@@ -48,8 +48,8 @@ def text(bm, top: int = 5) -> str:
     if bm.workspace:
         ws = sum(bm.workspace.values())
         lines.append(
-            f"  in-node memory (kernel workspace and temporaries, measured per op signature): {len(bm.workspace)} "
-            f"node{'s' if len(bm.workspace) > 1 else ''}, up to "
+            f"  in-node memory (kernel workspace and temporaries, measured per op signature): "
+            f"{plural(len(bm.workspace), 'node')}, up to "
             f"{human_bytes(max(bm.workspace.values()))} in one node ({human_bytes(ws)} in all)."
         )
     unknown = bm.innode_unknown

@@ -1,0 +1,54 @@
+"""``what_if(shard=...)``: the per-rank step under DDP or FSDP2, from the single-process replay.
+
+The change (checkpoint, offload, batch) is applied as in :func:`what_if`; the sharding rules in
+``memory/sharding/`` then turn the changed step's replay into one ``(low, high)`` peak per rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gradscope.errors import InputTypeError, InputValueError
+from gradscope.memory.planning.select import Scaler
+from gradscope.memory.planning.whatif import change_overrides, context, replay_change, what_if
+from gradscope.memory.sharding.ddp import ddp_step
+from gradscope.memory.sharding.result import ShardedStep
+from gradscope.memory.sharding.specs import DDP, FSDP
+
+__all__ = ["sharded_what_if", "check_spec"]
+
+
+def check_spec(shard) -> DDP | FSDP:
+    """``shard`` when it is a spec, else one sentence saying what to pass."""
+    if not isinstance(shard, (DDP, FSDP)):
+        raise InputTypeError(
+            f"shard= takes gradscope.DDP(world_size) or gradscope.FSDP(world_size, modules=[...]), got {shard!r:.60}."
+        )
+    return shard
+
+
+def sharded_what_if(
+    report, shard, checkpoint=None, offload=None, batch: float = 1.0, optimizer=None, batch_size=None, baseline=None
+) -> ShardedStep:
+    """The step with the change applied and sharded by ``shard`` (see :func:`gradscope.memory.sharding`)."""
+    spec = check_spec(shard)
+    wi = what_if(report, checkpoint, offload, batch, optimizer, batch_size, baseline)
+    ov, _, regions, off_nodes = change_overrides(
+        report, wi.checkpoint, wi.offload, wi.batch, Scaler(report.graph, wi.batch_size) if wi.batch != 1 else None
+    )
+    grown = 0
+    if wi.batch != 1:  # what_if adds the loss buffer's growth to its replay; the runs below add it too
+        grown = wi.peak - replay_change(report, ov, regions, off_nodes, optimizer).absolute_peak
+
+    def run(has_grad=None):
+        if has_grad is None:
+            return wi.memory
+        mem = replay_change(report, replace(ov, has_grad=has_grad), regions, off_nodes, optimizer)
+        mem.absolute_peak += grown
+        return mem
+
+    device = context(report)["device"]
+    change = wi.change()
+    if isinstance(spec, DDP):
+        return ddp_step(report.graph, spec, run, before=wi.before, single=wi.peak, change=change, device=device)
+    raise InputValueError(f"what_if(shard={spec!r}) is not predicted yet: FSDP2's per-rank timeline is not built.")

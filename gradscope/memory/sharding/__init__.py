@@ -1,0 +1,1 @@
+"""Per-rank memory of DDP and FSDP2 training steps, predicted from one process on top of ``replay()``."""

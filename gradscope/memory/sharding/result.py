@@ -1,0 +1,105 @@
+"""The answer of ``what_if(shard=...)``: :class:`ShardedStep`, one ``(low, high)`` peak per rank and its parts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gradscope._format import human_bytes
+
+__all__ = ["ShardedStep"]
+
+
+@dataclass
+class ShardedStep:
+    """The predicted per-rank memory of one training step under DDP or FSDP2.
+
+    Attributes:
+        spec: the :class:`gradscope.DDP` / :class:`gradscope.FSDP` it was predicted for.
+        ranks: one ``(low, high)`` peak per rank, in bytes: ``low`` with every free as early as the program
+            allows, ``high`` with the collectives the engine may keep in flight (equal for DDP).
+        parts: per rank, what is alive at its ``low`` peak, by kind (bytes; they sum to ``low``).
+        before: the unchanged single-process step's peak (``backward_memory(optimizer=...).absolute_peak``).
+        single: the single-process step with the same change (checkpoint, batch) and no sharding.
+        change: the what-if change in words (``"checkpoint blocks.*"``), ``"no change"`` without one.
+        device: the device the step runs on; notes: sentences about what is modelled and what is not.
+    """
+
+    spec: Any
+    ranks: list[tuple[int, int]]
+    parts: list[dict[str, int]]
+    before: int
+    single: int
+    change: str = "no change"
+    device: str = "cpu"
+    notes: list[str] = field(default_factory=list)
+    phase: list[str] = field(default_factory=list)  # per rank: where the low peak is ("backward", ...)
+
+    @property
+    def peak_range(self) -> tuple[int, int]:
+        """``(low, high)`` of the rank that peaks highest (the highest low and the highest high)."""
+        return max(lo for lo, _ in self.ranks), max(hi for _, hi in self.ranks)
+
+    @property
+    def peak(self) -> int:
+        """The floor of the highest rank's peak: ``peak_range[0]``."""
+        return self.peak_range[0]
+
+    @property
+    def high(self) -> int:
+        return self.peak_range[1]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def saved(self) -> int:
+        """Bytes the sharding (and change) saves on the peak against the unchanged single process."""
+        return self.before - self.peak
+
+    def __str__(self) -> str:
+        b = human_bytes
+        lo, hi = self.peak_range
+        span = b(lo) if lo == hi else f"{b(lo)} .. {b(hi)}"
+        lines = [
+            f"what if: {type(self.spec).__name__} on {self.world_size} ranks"
+            + ("" if self.change == "no change" else f"; {self.change}"),
+            f"  per-rank peak {span} on {self.device} (one process, unsharded: {b(self.before)})",
+        ]
+        for first, last in _runs(self.ranks):
+            lo_r, hi_r = self.ranks[first]
+            where = f" in {self.phase[first]}" if first < len(self.phase) and self.phase[first] else ""
+            label = (
+                "every rank"
+                if last - first + 1 == self.world_size
+                else (f"rank {first}" if first == last else f"ranks {first}..{last}")
+            )
+            rng = b(lo_r) if lo_r == hi_r else f"{b(lo_r)} .. {b(hi_r)}"
+            lines.append(f"  {label}: {rng}{where}")
+            for what, n in sorted(self.parts[first].items(), key=lambda kv: -kv[1]):
+                if n:
+                    lines.append(f"    {what:<36} {b(n):>10}")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        lo, hi = self.peak_range
+        return f"<gradscope.ShardedStep {self.spec!r}: per-rank peak {human_bytes(lo)} .. {human_bytes(hi)}>"
+
+    def to_svg(self, path=None, *, width: int = 640) -> str:
+        """One stacked bar per rank (its parts at the low peak) with the high end marked; writes ``path``."""
+        from gradscope.memory.sharding.views import ranks_svg
+
+        return ranks_svg(self, path, width=width)
+
+
+def _runs(ranks: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``(first, last)`` rank of each run of equal ``(low, high)``."""
+    out: list[tuple[int, int]] = []
+    for r, v in enumerate(ranks):
+        if out and ranks[out[-1][0]] == v:
+            out[-1] = (out[-1][0], r)
+        else:
+            out.append((r, r))
+    return out

@@ -1,0 +1,59 @@
+"""The guard never breaks training: a failure in its own bookkeeping becomes one warning and that check
+switches off (NOTE [never break training]).
+
+NOTE [never break training]
+Every hook and callback the guard installs runs inside the user's ``forward()``, ``backward()`` or
+``optimizer.step()``. An exception of ours there would stop a healthy run, so each one runs through
+:meth:`Safety.run`: our own :class:`~gradscope.errors.GradientError` (a finding, under
+``on_error="raise"``) and whatever the user's ``on_error`` callable raises go through; anything else is
+a failure of gradscope's bookkeeping: it is warned once, naming the check and the error, and that check
+is switched off for the rest of the run (the others go on). The gradients are never touched.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from gradscope.errors import GradientError
+
+__all__ = ["Safety"]
+
+
+class Safety:
+    """Which of a guard's checks are still on, and the one warning when one fails."""
+
+    def __init__(self, model_name: str):
+        self._model_name = model_name
+        self.off: dict[str, str] = {}  # check -> the error that switched it off
+        self.passing: BaseException | None = None  # raised by the user's on_error callable: let it through
+
+    def run(self, check: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, or None once ``check`` is off; a failure of ours switches ``check`` off."""
+        if check in self.off:
+            return None
+        try:
+            return fn(*args)
+        except GradientError:
+            raise
+        except Exception as exc:
+            if exc is self.passing:
+                self.passing = None
+                raise
+            self.failed(check, exc)
+            return None
+
+    def failed(self, check: str, exc: BaseException) -> None:
+        """Switch ``check`` off with one ``RuntimeWarning`` (training goes on)."""
+        if check in self.off:
+            return
+        self.off[check] = f"{type(exc).__name__}: {exc}"
+        warnings.warn(
+            f"gradscope.watch {self._model_name}: its {check} check failed inside gradscope "
+            f"({type(exc).__name__}: {str(exc)[:300]}) and is switched off for the rest of this run; training "
+            f"and the gradients are not affected, the other checks go on. Please report this error to "
+            f"gradscope with the model's layout.",
+            RuntimeWarning,
+            stacklevel=2,
+        )

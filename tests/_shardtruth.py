@@ -1,0 +1,131 @@
+"""Per-rank memory of one DDP / FSDP2 training step, measured: gloo ranks spawned on this machine, each under
+torch.profiler from before the model is built; the truth is the running sum of the trace's ``[memory]``
+events (CPU, all threads), its highest value from the step's start to the end of ``optimizer.step()``."""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import json
+import os
+import socket
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from tests._shardmodels import batch, build, loss_of
+
+__all__ = ["measure", "free_port"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wrap(model, cfg: dict, world: int):
+    kind = cfg["kind"]
+    if kind == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        # init_sync=False: every rank builds the same seeded model, and the initial broadcast's flat buffer is
+        # freed by whichever thread drops it last; a free on gloo's worker thread is missing from the trace
+        return DistributedDataParallel(model, gradient_as_bucket_view=cfg.get("bucket_view", False),
+                                       bucket_cap_mb=cfg.get("bucket_cap_mb", 25), init_sync=False)
+    if kind == "single":
+        return model
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    kw: dict = {"mesh": mesh, "reshard_after_forward": cfg.get("reshard", True)}
+    if cfg.get("mp"):
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if cfg.get("offload"):
+        kw["offload_policy"] = CPUOffloadPolicy()
+    if cfg.get("ckpt"):
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper  # noqa: F401
+    for name, sub in model.named_modules():
+        if any(__import__("fnmatch").fnmatchcase(name, p) for p in cfg.get("modules", ["blocks.*"])):
+            fully_shard(sub, **kw)
+    root = dict(kw)
+    root.pop("reshard_after_forward")
+    fully_shard(model, **root)
+    return model
+
+
+def _curve(prof, marker: str) -> dict:
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    finally:
+        os.unlink(path)
+    mem = [e for e in events if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
+    mem.sort(key=lambda e: e["ts"])
+    start = min(e["ts"] for e in events if e.get("name") == marker)
+    level, peak, at_start = 0, 0, None
+    for e in mem:
+        if at_start is None and e["ts"] >= start:
+            at_start = level
+        level += int(e["args"]["Bytes"])
+        if e["ts"] >= start:
+            peak = max(peak, level)
+    if os.environ.get("GS_SHARD_DIAG"):
+        main = mem[0]["tid"]
+        big = [(round(e["ts"] - start), e["tid"] == main, e["args"]["Bytes"], e["args"].get("Addr")) for e in mem
+               if abs(int(e["args"]["Bytes"])) > 200_000 and e["ts"] >= start - 1e6]
+        print(os.getpid(), peak, big, flush=True)
+    return {"peak": peak, "start": at_start or level, "end": level}
+
+
+def _one(rank: int, world: int, model_name: str, model_kw: dict, cfg: dict, n: int) -> dict:
+    gc.collect()  # the previous run's model (DDP and FSDP2 objects hold reference cycles) goes now
+    gc.disable()  # and no collection runs inside the step
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        model = _wrap(build(model_name, **model_kw), cfg, world)
+        opt = torch.optim.AdamW(model.parameters()) if cfg.get("opt", True) else None
+        x = batch(model_name, n, seed=1 + rank, **model_kw)
+        with record_function("gradscope-test::step"):
+            loss = loss_of(model(x))
+            loss.backward()
+            if opt is not None:
+                opt.step()
+        del loss, model, opt
+    gc.enable()
+    return _curve(prof, "gradscope-test::step")
+
+
+def _worker(rank: int, port: int, world: int, model_name: str, model_kw: dict, cfgs: list, runs: int, n: int,
+            out: str):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    torch.set_num_threads(1)
+    try:
+        res = [[_one(rank, world, model_name, model_kw, cfg, n) for _ in range(runs)] for cfg in cfgs]
+    finally:
+        dist.destroy_process_group()
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(res, f)
+
+
+def measure(model_name: str, cfgs: list[dict], world: int = 2, runs: int = 1, n: int = 8,
+            model_kw: dict | None = None) -> list[list[list[int]]]:
+    """Per config, per run, each rank's peak (bytes): ``out[config][run][rank]``; one process group for all."""
+    with tempfile.TemporaryDirectory() as out:
+        mp.spawn(_worker, args=(free_port(), world, model_name, model_kw or {}, cfgs, runs, n, out), nprocs=world)
+        per_rank = [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(world)]
+    return [[[per_rank[r][c][k]["peak"] for r in range(world)] for k in range(runs)] for c in range(len(cfgs))]
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(measure("mlp", json.loads(sys.argv[1]), world=int(sys.argv[2]) if len(sys.argv) > 2 else 2,
+                  runs=int(sys.argv[3]) if len(sys.argv) > 3 else 1))

@@ -1,0 +1,92 @@
+"""``gradscope memory TARGET --ddp N`` / ``--fsdp N``: the per-rank step, its budget gate and its errors."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import gradscope
+from gradscope._format import human_bytes
+from gradscope.cli.commands import main
+
+_TARGET = """
+import torch
+from torch import nn
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Linear(64, 256), nn.Linear(256, 64)
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(x)))
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(3))
+        self.head = nn.Linear(64, 4)
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+def step():
+    torch.manual_seed(0)
+    m = Net()
+    return m(torch.randn(16, 64)).pow(2).mean(), m
+"""
+
+
+@pytest.fixture()
+def target(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRADSCOPE_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(_TARGET))
+    return str(path)
+
+
+def _run(*args):
+    return CliRunner().invoke(main, ["memory", *args])
+
+
+def _library_peak(target, spec) -> int:
+    import importlib.util
+
+    s = importlib.util.spec_from_file_location("shard_target", target)
+    mod = importlib.util.module_from_spec(s)
+    s.loader.exec_module(mod)
+    torch.manual_seed(0)
+    m = mod.Net()
+    x = torch.randn(16, 64)
+    with gradscope.trace(m) as tr:
+        loss = m(x).pow(2).mean()
+    report = gradscope.inspect(loss, model=m, trace=tr)
+    return report.what_if(optimizer=torch.optim.AdamW(m.parameters()), shard=spec).peak
+
+
+def test_ddp_prints_the_library_per_rank_peak_and_gates_the_budget(target, tmp_path):
+    svg = str(tmp_path / "r.svg")
+    res = _run(f"{target}:step", "--optimizer", "adamw", "--ddp", "4", "--budget", "1GiB", "--svg", svg)
+    assert res.exit_code == 0, res.output
+    assert "DDP on 4 ranks" in res.output and "DDP gradient buckets" in res.output and "fits" in res.output
+    assert human_bytes(_library_peak(target, gradscope.DDP(4))) in res.output
+    assert (tmp_path / "r.svg").read_text().count('class="gs-shard-high"') == 4
+    res = _run(f"{target}:step", "--optimizer", "adamw", "--ddp", "4", "--budget", "100KiB")
+    assert res.exit_code == 1 and "does NOT fit" in res.output, res.output
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--ddp", "2", "--fsdp", "2"], "not both"),
+        (["--bucket-view"], "go with --fsdp N / --ddp N"),
+        (["--ddp", "0"], "0"),
+    ],
+)
+def test_shard_option_mistakes_are_one_line_usage_errors(target, args, words):
+    res = _run(f"{target}:step", *args)
+    assert res.exit_code == 2, res.output
+    assert words in res.output and "Traceback" not in res.output
