@@ -220,6 +220,11 @@ def test_engine_grad_is_autograd_grad():
     got = _torch.engine_grad([x @ w], [g], [x, w])
     assert len(got) == 2 and all(torch.equal(a, b) for a, b in zip(got, want))
     assert x.grad is None and w.grad is None  # captured, not accumulated
+    # the in-node measurement finds a node's operator among these (names, overloads, argument names)
+    schemas = {s.overload_name: s for s in _torch.operator_schemas("aten::addmm")}
+    assert [a.name for a in schemas[""].arguments] == ["self", "mat1", "mat2", "beta", "alpha"]
+    assert schemas[""] == torch.ops.aten.addmm.default._schema
+    assert _torch.operator_schemas("aten::no_such_operator") == []
 
 
 def test_current_node_during_backward():

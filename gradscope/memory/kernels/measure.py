@@ -23,7 +23,7 @@ import sys
 
 import torch
 
-from gradscope._torch import PROFILER_ALLOCATION, profiler_enabled
+from gradscope._torch import PROFILER_ALLOCATION, profiler_enabled, storage_key, storage_key_and_bytes
 from gradscope.memory.kernels.rebuild import Unmeasurable, prepare
 from gradscope.memory.kernels.signature import tensors_of
 
@@ -124,14 +124,14 @@ def _peaks(tree) -> dict:
 
 def _new_bytes(got, run) -> int:
     """Bytes of the distinct storages the backward returned that it allocated (not a gradient passed in)."""
-    given = {t.untyped_storage()._cdata for t in getattr(run, "grads", ())}
+    given = {storage_key(t) for t in getattr(run, "grads", ())}
     seen, total = set(), 0
     for t in got if isinstance(got, (tuple, list)) else (got,):
         if isinstance(t, torch.Tensor):
-            st = t.untyped_storage()
-            if st._cdata not in given and st._cdata not in seen:
-                seen.add(st._cdata)
-                total += st.nbytes()
+            key, nbytes = storage_key_and_bytes(t)
+            if key not in given and key not in seen:
+                seen.add(key)
+                total += nbytes
     return total
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from gradscope._torch import engine_grad
+from gradscope._torch import engine_grad, operator_schemas
 
 __all__ = ["Unmeasurable", "prepare"]
 
@@ -61,11 +61,7 @@ def _candidates(node_name: str) -> list:
     names = [base, "_" + base, base + "_forward", "_" + base + "_forward"]
     out = []
     for n in names:
-        try:
-            schemas = torch._C._jit_get_schemas_for_operator("aten::" + n)
-        except RuntimeError:
-            continue
-        for s in schemas:
+        for s in operator_schemas("aten::" + n):
             if s.returns and all(str(r.type) == "Tensor" for r in s.returns) and not _writes(s):
                 out.append((n, s))
     return out
