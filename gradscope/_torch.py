@@ -53,8 +53,6 @@ __all__ = [
     "cancel_next_backward",
     "profiler_enabled",
     "PROFILER_ALLOCATION",
-    "engine_grad",
-    "operator_schemas",
     "func_key",
     "resolve_func",
     "no_torch_function",
@@ -267,29 +265,6 @@ foreach_sub_: Callable[..., Any] = torch._foreach_sub_
 #: ``torch._C._autograd._profiler_enabled()``: whether a torch.profiler session is running on this thread
 #: (the in-node memory measurement, memory/kernels/measure.py, runs its own session only when not).
 profiler_enabled: Callable[[], bool] = torch._C._autograd._profiler_enabled
-
-
-def operator_schemas(qualified: str) -> list:
-    """``torch._C._jit_get_schemas_for_operator("aten::mm")``: every overload's ``FunctionSchema`` of one
-    operator (argument names, types, defaults; ``overload_name``), ``[]`` when there is none, as
-    ``torch.ops.aten.mm.<overload>._schema`` gives one by one. docs/internals.md#during-backward;
-    tests/walk/test_torch_facts.py::test_engine_grad_is_autograd_grad checks it."""
-    try:
-        return list(torch._C._jit_get_schemas_for_operator(qualified))
-    except RuntimeError:
-        return []
-
-
-def engine_grad(outputs: Any, grads: Any, inputs: Any) -> tuple:
-    """``torch.autograd.graph._engine_run_backward(outputs, grads, False, False, inputs, True, False)``: what
-    ``torch.autograd.grad(outputs, inputs, grads, allow_unused=True)`` runs after its checks (which import
-    sympy on first use, about 1.5 s), called on tensors gradscope made itself; the module's own name, not
-    the ``torch.autograd`` one that ``on_next_backward`` wraps. docs/internals.md#during-backward;
-    tests/walk/test_torch_facts.py::test_engine_grad_is_autograd_grad checks it."""
-    return torch.autograd.graph._engine_run_backward(
-        tuple(outputs), tuple(grads), False, False, tuple(inputs), True, False
-    )
-
 
 #: ``torch._C._profiler._EventType.Allocation``: the tag of an allocator event in
 #: ``prof.profiler.kineto_results.experimental_event_tree()`` (``node.typed == (tag, event)``, the event's

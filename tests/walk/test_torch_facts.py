@@ -212,21 +212,6 @@ def test_engine_callback_runs_once_after_the_backward():
     assert order == ["acc", "end"]
 
 
-def test_engine_grad_is_autograd_grad():
-    x = torch.randn(4, 3, requires_grad=True)
-    w = torch.randn(3, 2, requires_grad=True)
-    g = torch.randn(4, 2)
-    want = torch.autograd.grad(x @ w, [x, w], g)
-    got = _torch.engine_grad([x @ w], [g], [x, w])
-    assert len(got) == 2 and all(torch.equal(a, b) for a, b in zip(got, want))
-    assert x.grad is None and w.grad is None  # captured, not accumulated
-    # the in-node measurement finds a node's operator among these (names, overloads, argument names)
-    schemas = {s.overload_name: s for s in _torch.operator_schemas("aten::addmm")}
-    assert [a.name for a in schemas[""].arguments] == ["self", "mat1", "mat2", "beta", "alpha"]
-    assert schemas[""] == torch.ops.aten.addmm.default._schema
-    assert _torch.operator_schemas("aten::no_such_operator") == []
-
-
 def test_current_node_during_backward():
     seen = []
     x = torch.randn(3, requires_grad=True)

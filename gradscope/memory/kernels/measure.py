@@ -23,7 +23,7 @@ import sys
 
 import torch
 
-from gradscope._torch import PROFILER_ALLOCATION, profiler_enabled, storage_key, storage_key_and_bytes
+from gradscope._torch import PROFILER_ALLOCATION, profiler_enabled
 from gradscope.memory.kernels.rebuild import Unmeasurable, prepare
 from gradscope.memory.kernels.signature import tensors_of
 
@@ -99,40 +99,64 @@ def shrink(sig: dict, f: float) -> dict:
     return out
 
 
-def _peaks(tree) -> dict:
-    """``{marker index: highest running sum}`` of the allocator events under each marker, in time order."""
-    out = {}
-    stack = list(tree)
+_EVAL = "autograd::engine::evaluate_function: "
+
+
+def _window(marker, op: str | None):
+    """The event whose allocations are the node's: its ``evaluate_function`` under the marker (a built-in
+    node; the gradient it receives was made before it), or the marker itself (a custom backward, called
+    directly)."""
+    if op is None:
+        return marker
+    stack = list(marker.children)
     while stack:
-        node = stack.pop()
-        if not node.name.startswith(_MARK):
-            stack.extend(node.children)
-            continue
-        events, sub = [], [node]
-        while sub:
-            n = sub.pop()
-            if n.typed[0] == PROFILER_ALLOCATION:
-                events.append((n.start_time_ns, int(n.typed[1].alloc_size)))
-            sub.extend(n.children)
-        run = high = 0
-        for _, b in sorted(events):
-            run += b
-            high = max(high, run)
-        out[int(node.name[len(_MARK) :])] = high
+        n = stack.pop()
+        if n.name == _EVAL + op:
+            return n
+        stack.extend(n.children)
+    return None
+
+
+def _in_node(window, returned: set) -> int:
+    """The highest running sum of the window's allocator events, minus the blocks it allocated that it
+    returned (the gradients it sends on, which the replay counts as the node's outputs)."""
+    events, sub = [], [window]
+    while sub:
+        n = sub.pop()
+        if n.typed[0] == PROFILER_ALLOCATION:
+            e = n.typed[1]
+            events.append((n.start_time_ns, int(e.alloc_size), int(e.ptr)))
+        sub.extend(n.children)
+    run = high = 0
+    live: dict = {}
+    for _, b, ptr in sorted(events):
+        run += b
+        high = max(high, run)
+        if b > 0:
+            live[ptr] = b
+        else:
+            live.pop(ptr, None)
+    return max(0, high - sum(b for ptr, b in live.items() if ptr in returned))
+
+
+def _returned(got) -> set:
+    """Data pointers of the storages of the tensors a backward returned."""
+    out = set()
+    for t in got if isinstance(got, (tuple, list)) else (got,):
+        if isinstance(t, torch.Tensor):
+            out.add(t.untyped_storage().data_ptr())
     return out
 
 
-def _new_bytes(got, run) -> int:
-    """Bytes of the distinct storages the backward returned that it allocated (not a gradient passed in)."""
-    given = {storage_key(t) for t in getattr(run, "grads", ())}
-    seen, total = set(), 0
-    for t in got if isinstance(got, (tuple, list)) else (got,):
-        if isinstance(t, torch.Tensor):
-            key, nbytes = storage_key_and_bytes(t)
-            if key not in given and key not in seen:
-                seen.add(key)
-                total += nbytes
-    return total
+def _markers(tree) -> dict:
+    out, stack = {}, list(tree)
+    while stack:
+        node = stack.pop()
+        if node.name.startswith(_MARK):
+            out[int(node.name[len(_MARK) :])] = node
+        else:
+            stack.extend(node.children)
+    return out
 
 
 def _session(jobs: list, run_custom: bool) -> dict:
@@ -140,7 +164,7 @@ def _session(jobs: list, run_custom: bool) -> dict:
     from torch.autograd.profiler import profile, record_function
 
     results: dict = {}
-    kept: dict = {}  # index -> bytes of the gradients the backward returned (they outlive it)
+    info: dict = {}  # index -> (the node's name or None for a direct call, returned data pointers)
     # torch.autograd.profiler's session: torch.profiler.profile would import torch._inductor (seconds)
     prof = profile(profile_memory=True, use_kineto=True)
     quiet(prof.__enter__)
@@ -151,7 +175,7 @@ def _session(jobs: list, run_custom: bool) -> dict:
                 run = prepare(sig, run_custom)
                 with record_function(f"{_MARK}{i}"):
                     got = run()
-                kept[i] = _new_bytes(got, run)
+                info[i] = (None if getattr(run, "direct", False) else sig["op"], _returned(got))
                 del got, run
             except Unmeasurable as e:
                 results[i] = str(e)
@@ -160,9 +184,10 @@ def _session(jobs: list, run_custom: bool) -> dict:
     finally:
         quiet(lambda: prof.__exit__(None, None, None))
     results_of = prof.kineto_results
-    tree = results_of.experimental_event_tree() if results_of is not None else []
-    for i, high in _peaks(tree).items():
-        results.setdefault(i, max(0, high - kept.get(i, 0)))
+    markers = _markers(results_of.experimental_event_tree() if results_of is not None else [])
+    for i, (op, returned) in info.items():
+        window = _window(markers[i], op) if i in markers else None
+        results[i] = "the profiler recorded no such node" if window is None else _in_node(window, returned)
     return results
 
 

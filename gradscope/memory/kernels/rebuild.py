@@ -18,8 +18,6 @@ from typing import Any
 
 import torch
 
-from gradscope._torch import engine_grad, operator_schemas
-
 __all__ = ["Unmeasurable", "prepare"]
 
 
@@ -61,10 +59,19 @@ def _candidates(node_name: str) -> list:
     names = [base, "_" + base, base + "_forward", "_" + base + "_forward"]
     out = []
     for n in names:
-        for s in operator_schemas("aten::" + n):
+        for s in _schemas(n):
             if s.returns and all(str(r.type) == "Tensor" for r in s.returns) and not _writes(s):
                 out.append((n, s))
     return out
+
+
+def _schemas(name: str) -> list:
+    """Every overload's schema of ``torch.ops.aten.<name>`` (``[]`` when there is no such operator)."""
+    try:
+        packet = getattr(torch.ops.aten, name)
+        return [getattr(packet, ov)._schema for ov in packet.overloads()]
+    except (AttributeError, RuntimeError):
+        return []
 
 
 def _writes(schema) -> bool:
@@ -250,9 +257,11 @@ def _builtin(sig: dict):
         raise Unmeasurable(f"{sig['op']}'s outputs receive no gradient")
 
     def run():
-        return engine_grad([o for o, _ in pairs], [g for _, g in pairs], leaves)
+        # a scalar root (no grad_outputs: torch.autograd.grad would import sympy to check them): sum() sends
+        # an expanded gradient itself; (out * g).sum() sends one laid out as g (TensorIterator follows g)
+        root = sum((o.sum() if g.dim() and not any(g.stride()) else (o * g).sum()) for o, g in pairs)
+        return torch.autograd.grad(root, leaves, allow_unused=True)
 
-    run.grads = [g for _, g in pairs]  # type: ignore[attr-defined]
     return run
 
 
@@ -282,6 +291,7 @@ def _custom(sig: dict):
             return cls.backward(ctx, *g)
 
     run.grads = g  # type: ignore[attr-defined]
+    run.direct = True  # type: ignore[attr-defined]  # no engine node: the whole marker is the backward
     return run
 
 
