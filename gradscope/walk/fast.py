@@ -34,9 +34,8 @@ Read = tuple[tuple, int, tuple | None]
 
 
 def fast_reader(storages: StorageIds, shapes: dict, slot_outs: dict, held_add: Callable, strides: dict) -> Callable:
-    """The per-node fast reader over the walk's tables (``shapes`` and ``slot_outs`` intern what it reads;
-    ``held_add`` collects the held storage ids of the whole graph; ``strides`` gets node index -> {slot:
-    strides} of the saved tensors that are not contiguous, which in-node memory depends on)."""
+    """The per-node fast reader over the walk's tables (``shapes``/``slot_outs`` intern what it reads; ``held_add``
+    collects held storage ids; ``strides``: node index -> {slot: strides} of non-contiguous saved tensors)."""
     sids = storages.ids
     sids_get = sids.get
     sizes = storages.sizes

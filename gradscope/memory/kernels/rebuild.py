@@ -160,6 +160,26 @@ def _value(arg, value):
 _NEUTRAL = {"float": 1e-5, "number": 1e-5, "bool": False, "int": 0}
 
 
+def _list_shapes(sig: dict, start: int) -> list:
+    """Shapes of a tensor list argument (``cat``) from the inputs that need a gradient; the others share
+    what is left of the output along ``dim``."""
+    known = {i[0] - start: i[1] for i in sig["inputs"] if i[0] >= start}
+    out = sig["grads"][0][1] if sig["grads"] else None
+    if not known or out is None:
+        raise Unmeasurable(f"the sizes of {sig['op']}'s tensor list are not recorded")
+    n = max(known) + 1
+    dim = int(sig["attrs"].get("dim", 0)) % max(len(out), 1)
+    rest = int(out[dim]) - sum(int(known[j][dim]) for j in known if len(known[j]) == len(out))
+    missing = [j for j in range(n) if j not in known] or ([n] if rest > 0 else [])
+    shapes = []
+    for j in range(max(n, max(missing, default=0) + 1)):
+        if j in known:
+            shapes.append(known[j])
+        else:
+            shapes.append([max(1, rest // len(missing)) if d == dim else int(x) for d, x in enumerate(out)])
+    return shapes
+
+
 def _sizes(attrs: dict, name: str) -> list | None:
     """The recorded sizes of a tensor argument that was not saved (``bias_sym_sizes_opt``...)."""
     for key in (name + "_sym_sizes", name + "_sizes", name + "_sym_sizes_opt"):
@@ -191,7 +211,7 @@ def _args(sig: dict, schema) -> tuple[list, dict, list]:
             shapes = attrs.get(a.name + "_args_sizes_symint") or attrs.get(a.name + "_args_sizes")
             dts = attrs.get(a.name + "_args_scalartypes") or []
             if not isinstance(shapes, list):
-                raise Unmeasurable(f"the sizes of {sig['op']}'s tensor list are not recorded")
+                shapes = _list_shapes(sig, pos)
             lst = []
             for j, shp in enumerate(shapes):
                 need = pos + j in inputs
