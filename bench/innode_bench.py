@@ -1,7 +1,7 @@
 """In-node memory at LLM scale: a Llama-7B-shaped model on the meta device, cold and warm cache.
 
 ``backward_memory(optimizer=AdamW)`` on a model built on ``meta`` (no memory used) measures each distinct
-node signature's in-node memory once on CPU. Signatures with a tensor above ``measure.LIMIT`` (8 MiB) are
+node signature's in-node memory once on CPU. Signatures with a tensor above ``measure.LIMIT`` (1 MiB) are
 measured at two smaller sizes and extrapolated; the "full size" column measures them as they are (what
 the previous calibration did, about 85 s on a loaded machine for the 7B shape), on a smaller Llama shape
 that fits this machine's memory. Each row: cold (empty cache folder), warm (the cache file read again by

@@ -13,7 +13,7 @@ gradient, the layout of the gradients it receives) is run again on fresh random 
 distinct signatures in one torch.profiler session (``measure.py``), and the highest point above what the
 backward leaves behind is the node's in-node memory. Results are cached per signature in
 ``~/.cache/gradscope/innode-<torch>.json`` (``GRADSCOPE_CACHE`` sets the folder). A signature with a
-tensor above ``measure.LIMIT`` (8 MiB) is measured at two smaller sizes and extrapolated (``measure.py``
+tensor above ``measure.LIMIT`` (1 MiB) is measured at two smaller sizes and extrapolated (``measure.py``
 says how), so a 7B-parameter model's shapes cost seconds. What cannot be measured (a custom Function's
 backward unless ``run_custom=True``, an op the rebuild cannot match, custom Functions under a running
 torch.profiler) is returned as unmodelled with the reason: the peak is then a lower bound.

@@ -232,7 +232,7 @@ def replay(
             n = len(inn.extrapolated)
             notes.append(
                 f"In-node memory of {n} node{'s' if n > 1 else ''} was extrapolated from measurements at smaller "
-                "sizes (tensors above 8 MiB)."
+                "sizes (tensors above 1 MiB)."
             )
         return {
             "base": base,
@@ -267,8 +267,14 @@ def replay(
 
 
 def _innode(prog: Program, run_custom: bool) -> InNode:
-    """In-node memory of every op node but views (their gradient is a view of the incoming one)."""
-    nodes = [v for v, (lf, name) in enumerate(zip(prog.leaf, prog.name)) if not lf and name not in VIEW_OPS]
+    """In-node memory of every op node but views (their gradient is a view of the incoming one) and reentrant
+    checkpoint regions (their recompute and nested backward: reentrant.py, or listed as unmodelled)."""
+    regions = {v for v, _ in reentrant_nodes(prog)}
+    nodes = [
+        v
+        for v, (lf, name) in enumerate(zip(prog.leaf, prog.name))
+        if not lf and name not in VIEW_OPS and v not in regions
+    ]
     return innode(prog, nodes, run_custom)
 
 
