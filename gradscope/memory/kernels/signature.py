@@ -84,7 +84,7 @@ def _grad_stride(prog, consumers: dict, v: int, k: int, shape: list, depth: int 
         if up is not None and not any(up):
             return [0] * len(shape)
         return _own_output_stride(prog, v, shape)
-    if out is None or list(out) != list(shape):
+    if out is None or list(out) != list(shape) or not _pointwise(prog, c, shape):
         return None
     up = _grad_stride(prog, consumers, c, 0, list(out), depth + 1)
     if up is None or any(up):
@@ -93,6 +93,18 @@ def _grad_stride(prog, consumers: dict, v: int, k: int, shape: list, depth: int 
         if e.get("shape") == list(shape):
             return list(e["stride"]) if e.get("stride") else None
     return up
+
+
+def _pointwise(prog, c: int, shape: list) -> bool:
+    """Whether node ``c`` looks like a pointwise formula at ``shape``: every tensor it saved broadcasts to
+    it (an RNN's weights or a convolution's do not), so TensorIterator lays its gradient out as its inputs."""
+    for e in prog.attrs[c].get("saved") or ():
+        sh = e.get("shape")
+        if sh is None or len(sh) > len(shape):
+            return False
+        if any(int(a) not in (1, int(b)) for a, b in zip(reversed(sh), reversed(shape))):
+            return False
+    return True
 
 
 def _own_output_stride(prog, v: int, shape: list) -> list | None:
@@ -165,8 +177,9 @@ def consumers_of(prog) -> dict:
 
 
 def tensors_of(sig: dict) -> list:
-    """``[(shape, dtype)]`` of every tensor the signature makes (saved, inputs, gradients)."""
-    out = [(s[1], s[3]) for s in sig["saved"]]
+    """``[(shape, dtype)]`` of every tensor the signature makes (saved, inputs, gradients); saved outputs
+    (``result``...) are left out: the rebuilt forward makes them again (an RNN's reserve buffer)."""
+    out = [(s[1], s[3]) for s in sig["saved"] if not s[0].startswith("result")]
     out += [(i[1], i[2]) for i in sig["inputs"]]
     out += [(g[1], g[3]) for g in sig["grads"]]
     return out
