@@ -201,7 +201,7 @@ def sdp_choice(args, kwargs) -> int | None:
     """``torch._fused_sdp_choice(...)`` for an ``F.scaled_dot_product_attention`` call: the kernel it picks
     from the arguments' metadata (0 math, 1 flash: on CPU ``_scaled_dot_product_flash_attention_for_cpu``,
     whose single backward node saves the output and logsumexp); ``meta`` always answers math. None when
-    torch refuses the arguments. Reads metadata only."""
+    torch refuses the arguments. Reads metadata only. docs/internals.md#attention-kernel-choice."""
     try:
         return int(torch._fused_sdp_choice(*args, **kwargs))
     except (RuntimeError, TypeError, ValueError):

@@ -12,7 +12,8 @@ from gradscope.errors import InputValueError
 __all__ = [
     "Finding", "SEVERITIES", "KINDS", "sort_findings", "severity_counts", "ERROR", "WARNING", "INFO",
     "UNUSED_PARAMETER", "DETACHED_BRANCH", "INPLACE_HAZARD", "NONE_GRAD", "NONFINITE_GRAD", "NON_SCALAR_ROOT",
-    "NO_GRAD_ROOT", "FREED_GRAPH", "CARRIED_GRAPH", "RETAINED_GRAPH", "GRAPH_WITHOUT_BACKWARD",
+    "NO_GRAD_ROOT", "FREED_GRAPH", "CARRIED_GRAPH", "RETAINED_GRAPH", "GRAPH_WITHOUT_BACKWARD", "NOT_OPTIMIZED",
+    "NONFINITE_PARAM",
 ]  # fmt: skip
 
 # -- severities, most severe first ------------------------------------------------------------------
@@ -31,6 +32,8 @@ FREED_GRAPH = "freed-graph"  #: a graph whose saved tensors a backward already f
 CARRIED_GRAPH = "carried-graph"  #: watch(): a graph of an earlier step reached this step's backward
 RETAINED_GRAPH = "retained-graph"  #: watch(): graphs of earlier forwards kept alive by a variable
 GRAPH_WITHOUT_BACKWARD = "graph-without-backward"  #: watch(): a training forward with no backward
+NOT_OPTIMIZED = "not-optimized"  #: watch(): a parameter with gradients that no stepping optimizer holds
+NONFINITE_PARAM = "nonfinite-param"  #: watch(): a parameter already NaN/Inf before a forward
 
 #: The stable finding kinds, in the order findings of one severity are listed.
 KINDS = (
@@ -39,12 +42,14 @@ KINDS = (
     INPLACE_HAZARD,
     NONE_GRAD,
     NONFINITE_GRAD,
+    NONFINITE_PARAM,
     NON_SCALAR_ROOT,
     NO_GRAD_ROOT,
     FREED_GRAPH,
     CARRIED_GRAPH,
     RETAINED_GRAPH,
     GRAPH_WITHOUT_BACKWARD,
+    NOT_OPTIMIZED,
 )
 
 

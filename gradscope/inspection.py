@@ -70,3 +70,24 @@ def _annotate(trace, graph, model, names) -> None:
     if annotate is None:
         raise InputTypeError(f"trace= must be the object returned by gradscope.trace(), got {type(trace).__name__}.")
     annotate(graph, model, names=names)
+    hf = _hf_checkpointing(model)
+    if hf:
+        from gradscope.graph import HF_CHECKPOINTING
+
+        graph.graph[HF_CHECKPOINTING] = hf
+
+
+def _hf_checkpointing(model) -> dict | None:
+    """A Hugging Face model's own checkpointing switch and the layers it wraps (class names only: no import
+    of transformers), or None."""
+    if model is None or not getattr(model, "supports_gradient_checkpointing", False):
+        return None
+    method = next(
+        (m for m in ("activation_checkpointing_enable", "gradient_checkpointing_enable") if hasattr(model, m)), None
+    )
+    layers = [
+        name
+        for name, m in model.named_modules()
+        if name and any(c.__name__ == "GradientCheckpointingLayer" for c in type(m).__mro__)
+    ]
+    return {"layers": layers, "method": method} if method and layers else None

@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # the answers' types; the packages are imported inside the me
     from gradscope.memory.sharding.result import ShardedStep
     from gradscope.memory.sharding.specs import DDP, FSDP
     from gradscope.memory.table import MemoryTable
+    from gradscope.memory.targets import Target
 
 #: Module names to checkpoint or offload: one qualified name or fnmatch pattern, or several.
 Modules = str | Iterable[str] | None
@@ -108,17 +109,24 @@ class Report:
         retain_graph: bool = False,
         optimizer: torch.optim.Optimizer | None = None,
         inputs: Any = None,
+        target: str | Target | None = None,
         run_custom: bool = False,
     ) -> BackwardMemory:
         """Replay ``backward()`` (and ``optimizer.step()``) over the graph: what it will allocate and free,
         node by node, before it runs (see :func:`gradscope.memory.backward.backward_memory`). ``inputs``:
         the batch you hold through the step (tensors, or lists / dicts of them): the absolute peak counts
-        it even when no op saved it. With ``run_custom=True`` custom autograd.Functions' backward is run on
-        random tensors to measure its in-node memory."""
+        it even when no op saved it. ``target``: ``"cpu"`` (default), ``"cuda"`` (modelled, not measured)
+        or a ``gradscope.memory.targets.Target``. With ``run_custom=True`` custom autograd.Functions'
+        backward is run on random tensors to measure its in-node memory."""
         from gradscope.memory.replay.backward import backward_memory
 
         return backward_memory(
-            self, retain_graph=retain_graph, optimizer=optimizer, inputs=inputs, run_custom=run_custom
+            self,
+            retain_graph=retain_graph,
+            optimizer=optimizer,
+            inputs=inputs,
+            target=target,
+            run_custom=run_custom,
         )
 
     def what_if(

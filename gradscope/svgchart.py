@@ -1,12 +1,15 @@
-"""A dependency-free horizontal stacked bar chart as an SVG string (for ``MemoryTable.to_svg``)."""
+"""A dependency-free horizontal stacked bar chart as an SVG string (for ``MemoryTable.to_svg``), and what
+every ``to_svg(path=None)`` returns (:func:`svg_or_path`)."""
 
 from __future__ import annotations
 
+import os
 from html import escape
 
 from gradscope._format import human_bytes
+from gradscope.errors import RenderError
 
-__all__ = ["bar_chart", "SERIES"]
+__all__ = ["bar_chart", "SERIES", "svg_or_path"]
 
 #: (row attribute, legend label, fill colour), stacked left to right.
 SERIES = (
@@ -68,3 +71,21 @@ def bar_chart(rows, *, title: str = "", width: int = 640, bar: int = 18) -> str:
         out.append(f'<text x="{x + 4:.1f}" y="{y + bar - 5}">{escape(human_bytes(total))}</text>')
     out.append("</svg>")
     return "\n".join(out)
+
+
+def svg_or_path(svg: str, path: str | os.PathLike[str] | None) -> str:
+    """What every ``to_svg(path=None)`` returns: the SVG text without ``path``; with it, the text written
+    there and the path (as a string), as ``report.render(path)`` does.
+
+    Raises:
+        RenderError: the file cannot be written (one sentence with the reason).
+    """
+    if path is None:
+        return svg
+    out = os.fspath(path)
+    try:
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(svg)
+    except OSError as exc:
+        raise RenderError(f"cannot write {out!r}: {exc.strerror or exc}. Check that the folder exists.") from None
+    return out

@@ -45,7 +45,9 @@ def existing_bytes(model, inputs, optimizer=None) -> int:
     return sum(_storages(ts).values())
 
 
-def _memory_curve(prof) -> tuple[list[int], int]:
+def _memory_curve(prof) -> tuple[list[int], int, dict]:
+    """The running level after each ``[memory]`` event, the highest level before backward, and the highest
+    level inside each ``gradscope-test::<phase>`` range (``backward``, ``optimizer``)."""
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     try:
@@ -56,21 +58,30 @@ def _memory_curve(prof) -> tuple[list[int], int]:
         os.unlink(path)
     mem = [e for e in events if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
     mem.sort(key=lambda e: e["ts"])
-    starts = [e["ts"] for e in events if e.get("name") == "gradscope-test::backward"]
+    ranges = {e["name"].split("::")[1]: (e["ts"], e["ts"] + e.get("dur", 0)) for e in events
+              if e.get("name") in ("gradscope-test::backward", "gradscope-test::optimizer") and e.get("ph") == "X"}
+    starts = [ranges["backward"][0]] if "backward" in ranges else []
     level, curve, fwd = 0, [], 0
+    phases: dict[str, int] = {}
     for e in mem:
+        before = level
         level += int(e["args"]["Bytes"])
         curve.append(level)
         if starts and e["ts"] < starts[0]:
             fwd = max(fwd, level)
-    return curve, fwd
+        for name, (a, b) in ranges.items():
+            if a <= e["ts"] <= b:
+                phases[name] = max(phases.get(name, before), level)
+    return curve, fwd, phases
 
 
 def measure_step(model, inputs, loss_fn, optimizer=None) -> dict:
     """Run one step of ``loss_fn(model, *inputs)`` under the profiler; the absolute peak and its parts.
 
-    Returns ``{"peak", "existing", "step_peak", "end", "forward_peak"}``: ``peak = existing + step_peak``;
-    ``forward_peak`` is the absolute peak before backward starts.
+    Returns ``{"peak", "existing", "step_peak", "end", "forward_peak", "backward_peak", "optimizer_peak"}``:
+    ``peak = existing + step_peak``; ``forward_peak`` is the absolute peak before backward starts,
+    ``backward_peak`` / ``optimizer_peak`` the absolute peak inside ``backward()`` / ``optimizer.step()``
+    (``optimizer_peak`` None without an optimizer).
     """
     gc.collect()
     base = existing_bytes(model, inputs, optimizer)
@@ -80,12 +91,14 @@ def measure_step(model, inputs, loss_fn, optimizer=None) -> dict:
             with record_function("gradscope-test::backward"):
                 loss.backward()
             if optimizer is not None:
-                optimizer.step()
+                with record_function("gradscope-test::optimizer"):
+                    optimizer.step()
     del loss
-    curve, fwd = _memory_curve(prof)
+    curve, fwd, phases = _memory_curve(prof)
     step_peak = max([0] + curve)
     return {"peak": base + step_peak, "existing": base, "step_peak": step_peak, "end": curve[-1] if curve else 0,
-            "forward_peak": base + fwd}
+            "forward_peak": base + fwd, "backward_peak": base + phases.get("backward", 0),
+            "optimizer_peak": base + phases["optimizer"] if "optimizer" in phases else None}
 
 
 def _checkpointed(forward):

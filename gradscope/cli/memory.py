@@ -76,9 +76,17 @@ def _options(fn):
     help="Exit 1 when the predicted absolute peak exceeds SIZE (e.g. 16GiB, '16 GB', 512MiB).",
 )
 @click.option("--svg", "svg", default=None, metavar="PATH", help="Write the memory-over-backward curve to PATH.")
+@click.option(
+    "--target",
+    "device",
+    type=click.Choice(["cpu", "cuda"], case_sensitive=False),
+    default=None,
+    help="The device to predict for (default cpu; cuda is modelled, not measured). A forward on meta "
+    "tensors then takes that device's kernels.",
+)
 @TRACE_OPTION
 @_options
-def memory_cmd(target, opt_name, budget, svg, use_trace, want_plan=False, **shard):
+def memory_cmd(target, opt_name, budget, svg, use_trace, device=None, want_plan=False, **shard):
     """Predict the memory of TARGET's backward() and training step, before running it.
 
     \b
@@ -86,11 +94,13 @@ def memory_cmd(target, opt_name, budget, svg, use_trace, want_plan=False, **shar
       gradscope memory train.py:make_loss
       gradscope memory train.py:make_loss --optimizer adamw --budget 16GiB   # exit 1 when it won't fit
       gradscope memory train.py:make_loss --svg curve.svg
+      gradscope memory train.py:make_loss --target cuda --budget 80GiB      # modelled, not measured
       gradscope memory train.py:make_loss --optimizer adamw --budget 80GiB --fsdp 8   # per rank
     """
     from gradscope._format import human_bytes
     from gradscope.cli.target import load
     from gradscope.inspection import inspect
+    from gradscope.memory.meta import kernels_on_meta
 
     if want_plan and budget is None:  # before the replay: the plan cannot run without it
         raise UserError("--plan needs --budget SIZE (the memory the plan must fit in), e.g. --budget 16GiB.")
@@ -103,14 +113,15 @@ def memory_cmd(target, opt_name, budget, svg, use_trace, want_plan=False, **shar
             note = budget_note(budget)
             if note:
                 status(note)
-        with contextlib.redirect_stdout(sys.stderr):  # the target's prints must not mix with our output
+        kernels = kernels_on_meta(device.lower()) if device else contextlib.nullcontext()
+        with contextlib.redirect_stdout(sys.stderr), kernels:  # the target's prints must not mix with our output
             loaded = load(target, use_trace=use_trace)
         report = inspect(loaded.loss, model=loaded.model, trace=loaded.trace)
         opt = make_optimizer(opt_name.lower(), loaded.model) if opt_name else None
         spec = shard_spec(**shard)
         if spec is not None:
             sys.exit(print_sharded(report, spec, opt, limit, svg=svg))
-        bm = report.backward_memory(optimizer=opt)
+        bm = report.backward_memory(optimizer=opt, target=device and device.lower())
     except GradscopeError as exc:
         raise UserError(str(exc)) from None
     status(f"replayed {len(bm.order):,} nodes")
@@ -123,7 +134,7 @@ def memory_cmd(target, opt_name, budget, svg, use_trace, want_plan=False, **shar
         click.echo(f"\ncurve: {svg}")
     if want_plan:
         try:
-            code = _plan_hook().print_plan(report, budget, opt, echo=click.echo)
+            code = _plan_hook().print_plan(report, budget, opt, echo=click.echo, target=device and device.lower())
         except GradscopeError as exc:
             raise UserError(str(exc)) from None
         sys.exit(code)

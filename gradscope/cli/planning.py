@@ -19,18 +19,22 @@ PLAN_OPTION = click.option(
 )
 
 
-def print_plan(report, budget, optimizer=None, *, svg: str | None = None, echo=click.echo) -> int:
+def print_plan(report, budget, optimizer=None, *, svg: str | None = None, echo=click.echo, target=None) -> int:
     """Print ``report.plan(budget, optimizer)`` and the largest batch that fits; return the exit code.
 
     Raises:
         gradscope.errors.InputValueError: the target was not traced or the budget does not parse (the
             command turns it into a one-line usage error).
     """
-    plan = report.plan(budget=budget, optimizer=optimizer)
+    plan = report.plan(budget=budget, optimizer=optimizer, target=target)
     echo(str(plan))
     try:
         mb = report.max_batch(
-            budget=budget, optimizer=optimizer, checkpoint=plan.checkpoint or None, offload=plan.offload or None
+            budget=budget,
+            optimizer=optimizer,
+            checkpoint=plan.checkpoint or None,
+            offload=plan.offload or None,
+            target=target,
         )
     except ValueError:  # no activation shows the batch size: say nothing about batches
         mb = None

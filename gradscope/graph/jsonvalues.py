@@ -54,6 +54,8 @@ def expect_str(where, v, null=False, choices=None):
     if v is None and null:
         return
     if type(v) is not str or (choices is not None and v not in choices):
+        if choices and len(choices) > 8:  # one sentence of a readable length: the first few, and how many
+            fail(where, f"one of {', '.join(choices[:4])}, ... ({len(choices)} values)", v)
         fail(where, ("one of " + ", ".join(choices)) if choices else "a string" + (" or null" if null else ""), v)
 
 

@@ -36,12 +36,14 @@ __all__ = [
     "PARAMS",
     "EVENTS",
     "CALLED_MODULES",
+    "MODULE_CALLS",
     "EVENTS_DROPPED",
     "ROOT_STORAGE_BYTES",
     "EXTERNAL",
     "BUFFERS",
     "CHECKPOINT_PARAMS",
     "INPUT_STORAGES",
+    "HF_CHECKPOINTING",
 ]
 
 # -- node kinds ------------------------------------------------------------------------------------
@@ -67,12 +69,17 @@ STORAGE_BYTES = "storage_bytes"  #: storage id -> whole-storage size in bytes (a
 PARAMS = "params"  #: qualified name -> ParamInfo, every named parameter
 EVENTS = "events"  #: list of TraceEvent (only with trace=)
 CALLED_MODULES = "called_modules"  #: sorted names of the modules the traced forward called (trace=)
+MODULE_CALLS = "module_calls"  #: traced: [name, parent, class, first seq, end seq] per call (NOTE [module calls])
 EVENTS_DROPPED = "events_dropped"  #: how many events the trace did not keep (only when > 0)
 ROOT_STORAGE_BYTES = "root_storage_bytes"  #: whole-storage bytes of each root (None: unknown), parallel to ROOTS
 EXTERNAL = "external"  #: storage ids a holder outside the graph keeps alive (NOTE [holder counts])
 BUFFERS = "buffers"  #: ``[storage id or None, bytes]`` per distinct buffer storage of model=
 CHECKPOINT_PARAMS = "checkpoint_params"  #: traced: parameter -> seqs of the reentrant checkpoint regions using it
 INPUT_STORAGES = "input_storages"  #: input leaf node id -> the storage id an op saved it under
+#: traced with a Hugging Face ``model=`` that supports gradient checkpointing: ``{"layers": [names of its
+#: GradientCheckpointingLayer modules], "method": "activation_checkpointing_enable" or
+#: "gradient_checkpointing_enable"}`` (plans say the model's own switch when they amount to it)
+HF_CHECKPOINTING = "hf_checkpointing"
 
 
 class SavedEntry(TypedDict, total=False):
@@ -167,6 +174,7 @@ class GraphAttrs(TypedDict, total=False):
     params: dict[str, ParamInfo]
     events: list[TraceEvent]
     called_modules: list[str]
+    module_calls: list[list]  # [name or None, parent index or -1, class name, first seq, end seq]
     events_dropped: int
     checkpoint_params: dict[
         str, list[int]

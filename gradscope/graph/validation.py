@@ -220,6 +220,15 @@ def _graph(g, ids: set) -> None:
             expect_int(f"{w}.region", ev["region"], low=-1)
     for i, m in enumerate(expect_list("graph.called_modules", g.get("called_modules"), null=True)):
         expect_str(f"graph.called_modules[{i}]", m)
+    for i, c in enumerate(expect_list("graph.module_calls", g.get("module_calls"), null=True)):
+        w = f"graph.module_calls[{i}]"
+        if type(c) is not list or len(c) != 5:
+            raise Bad(f"{w}: expected [name, parent, class, first seq, end seq], got {c!r:.80}")
+        expect_str(f"{w}[0]", c[0], null=True)
+        expect_int(f"{w}[1]", c[1], low=-1)
+        expect_str(f"{w}[2]", c[2])
+        expect_int(f"{w}[3]", c[3], low=-MAX_INT)
+        expect_int(f"{w}[4]", c[4], low=-MAX_INT)
     for name, seqs in (expect_obj("graph.checkpoint_params", g.get("checkpoint_params") or {})).items():
         for i, s in enumerate(expect_list(f"graph.checkpoint_params[{name!r}]", seqs)):
             expect_int(f"graph.checkpoint_params[{name!r}][{i}]", s, low=-1)

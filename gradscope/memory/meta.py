@@ -1,14 +1,25 @@
-"""``gradscope.memory.cpu_kernels_on_meta()``: build on the ``meta`` device the graph CPU would build.
+"""``gradscope.memory.kernels_on_meta(target)``: build on the ``meta`` device the graph the target device would.
 
 NOTE [meta graphs]
-A forward on meta tensors builds the same autograd graph as on CPU for ordinary ops, so
-``backward_memory()`` predicts the same bytes (tests/memory/test_backward_memory.py checks it). Fused kernels are
-chosen by device, though: ``F.scaled_dot_product_attention`` on CPU runs the flash kernel
-(``ScaledDotProductFlashAttentionForCpuBackward0``, which saves q, k, v, the output and a log-sum-exp),
-while on meta it falls back to the math path that saves the whole attention matrix, so a meta prediction
-of an attention model is too high. Inside this context, attention on meta tensors calls the CPU flash
-kernel's own meta implementation instead, giving the CPU graph. Only the forward you run inside it is
-affected, and only for meta tensors; everything else dispatches as usual.
+A forward on meta tensors builds the same autograd graph as on CPU for ordinary ops, so ``backward_memory()``
+predicts the same bytes (tests/memory/test_meta_equals_cpu.py checks it against the same model on CPU). Fused
+kernels are chosen by device, though, and ``meta`` always answers "math" for
+``F.scaled_dot_product_attention``: the composite path that saves the whole attention matrix. CPU runs its
+flash kernel (``ScaledDotProductFlashAttentionForCpuBackward0``: q, k, v, the output, a log-sum-exp and the
+mask) for every call without dropout, masks of either kind and grouped-query heads included, and the math
+path as soon as ``dropout_p > 0``; CUDA has flash and memory-efficient kernels with their own rules. Inside
+this context each attention call on meta tensors asks the target which kernel the device would run
+(:meth:`Target.sdpa_backend`: for CPU, torch's own ``_fused_sdp_choice`` on CPU stand-ins) and calls that
+kernel's meta implementation, with the conversions torch makes around it (a boolean mask turned additive;
+on CUDA, the head size padded to a multiple of 8 for flash and the mask's last dimension to 16 for the
+memory-efficient kernel). Only calls on meta tensors inside the context change; everything else dispatches
+as usual. Other ops whose CPU kernel depends on layout or flags (a channels-last convolution, ``max_pool``)
+build the same nodes with the same saved shapes on meta. Recurrent layers do not: CPU runs oneDNN's RNN
+layer for ``nn.LSTM`` and computes the input projections of every step at once for ``nn.GRU`` / ``nn.RNN``,
+CUDA runs cuDNN, meta the cell-by-cell path; inside this context such a call on meta tensors raises
+:class:`~gradscope.errors.InputValueError` naming the layer, rather than answer for another graph.
+Measured on torch 2.13 (tests/memory/test_meta_equals_cpu.py): the ops that differ are these and
+``F.embedding_bag`` (its ``max_indices`` has one entry per bag on CPU and none on meta: 8 bytes a bag).
 """
 
 from __future__ import annotations
@@ -16,47 +27,109 @@ from __future__ import annotations
 import contextlib
 
 import torch
+import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["cpu_kernels_on_meta"]
+from gradscope._torch import cpu_flash_attention
+from gradscope.errors import InputValueError
+from gradscope.memory.targets import EFFICIENT, FLASH, Target, resolve
 
-_SDPA = torch.nn.functional.scaled_dot_product_attention
+__all__ = ["kernels_on_meta", "cpu_kernels_on_meta"]
+
+_SDPA = F.scaled_dot_product_attention
+#: The recurrent kernels (``torch._VF``) whose meta graph is not the device's, with the layer that calls each.
+_RNN = {torch._VF.lstm: "nn.LSTM", torch._VF.gru: "nn.GRU", torch._VF.rnn_tanh: "nn.RNN", torch._VF.rnn_relu: "nn.RNN"}
+_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 
-class _MetaAsCPU(TorchFunctionMode):
+class _MetaAs(TorchFunctionMode):
+    def __init__(self, target: Target):
+        super().__init__()
+        self.target = target
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        layer = _RNN.get(func)
+        if layer is not None and any(isinstance(a, torch.Tensor) and a.device.type == "meta" for a in args[:1]):
+            raise InputValueError(
+                f"{layer} builds a different graph on meta than on {self.target.name} (the cell-by-cell path "
+                f"instead of the {self.target.name} kernel), so its memory cannot be asked from the meta "
+                "device: build the model on the CPU with the real shapes, or run the forward outside "
+                "kernels_on_meta() to accept the meta graph's answer."
+            )
         if func is _SDPA:
-            out = _flash(*args, **kwargs)
-            if out is not None:
-                return out
+            call = dict(zip(_NAMES, args), **kwargs)
+            q = call.get("query")
+            if isinstance(q, torch.Tensor) and q.device.type == "meta":
+                out = _attention(self.target, call)
+                if out is not None:
+                    return out
         return func(*args, **kwargs)
 
 
-def _flash(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    """The CPU flash kernel on meta tensors when CPU would pick it (no mask, same heads), else None."""
-    if query.device.type != "meta" or attn_mask is not None or enable_gqa or query.dim() != 4:
+def _attention(target: Target, call: dict):
+    """The target's attention kernel on meta tensors, or None for the math path (meta's own)."""
+    try:
+        backend = target.sdpa_backend(**call)
+    except TypeError:  # an argument this torch does not know: leave the call to torch
         return None
-    if key.shape[1] != query.shape[1] or query.dtype not in (
-        torch.float32,
-        torch.float64,
-        torch.bfloat16,
-        torch.float16,
-    ):
-        return None
-    return torch._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal, scale=scale)[0]
+    if backend == FLASH and target.name == "cpu":
+        return cpu_flash_attention(**call)
+    if backend == FLASH:
+        return _cuda_flash(**call)
+    if backend == EFFICIENT:
+        return _cuda_efficient(**call)
+    return None
+
+
+def _cuda_flash(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """CUDA's flash kernel on meta tensors: the head size padded to a multiple of 8 first, as torch does."""
+    d = query.shape[-1]
+    pad = -d % 8
+    if scale is None:
+        scale = d**-0.5
+    if pad:
+        query, key, value = (F.pad(t, (0, pad)) for t in (query, key, value))
+    op = torch.ops.aten._scaled_dot_product_flash_attention
+    out = op(query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+    return out[..., :d] if pad else out
+
+
+def _cuda_efficient(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """CUDA's memory-efficient kernel on meta tensors: a boolean mask made additive and its last dimension
+    padded to a multiple of 16 (then sliced back and expanded), as torch does."""
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            attn_mask = torch.where(attn_mask.logical_not(), float("-inf"), 0.0).to(query.dtype)
+        n = attn_mask.shape[-1]
+        if n % 16:
+            attn_mask = F.pad(attn_mask, (0, -n % 16))[..., :n]
+        b, h, lq = query.shape[0], query.shape[1], query.shape[2]
+        attn_mask = attn_mask.expand(b, h, lq, key.shape[2])
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    op = torch.ops.aten._scaled_dot_product_efficient_attention
+    return op(query, key, value, attn_mask, grad, dropout_p, is_causal, scale=scale)[0]
 
 
 @contextlib.contextmanager
-def cpu_kernels_on_meta():
-    """Run a forward on meta tensors with the kernels CPU would choose (see NOTE [meta graphs]).
+def kernels_on_meta(target="cpu"):
+    """Run a forward on meta tensors with the kernels ``target`` would choose (see NOTE [meta graphs]).
+
+    Args:
+        target: ``"cpu"`` (default), ``"cuda"`` or a :class:`gradscope.memory.targets.Target`; pass the same
+            target to ``backward_memory(target=...)``.
 
     Example:
         >>> with torch.device("meta"):                                  # doctest: +SKIP
         ...     model = GPT(); tokens = torch.randint(0, 50_000, (64, 1024))
-        >>> with gradscope.memory.cpu_kernels_on_meta():                # doctest: +SKIP
+        >>> with gradscope.memory.kernels_on_meta("cuda"):              # doctest: +SKIP
         ...     loss = model(tokens).logsumexp(-1).mean()
-        >>> gradscope.inspect(loss, model=model).backward_memory().peak # doctest: +SKIP
+        >>> gradscope.inspect(loss, model=model).backward_memory(target="cuda").peak  # doctest: +SKIP
     """
-    with _MetaAsCPU():
+    with _MetaAs(resolve(target)):
         yield
+
+
+def cpu_kernels_on_meta():
+    """``kernels_on_meta("cpu")``: a forward on meta tensors builds the graph CPU would (NOTE [meta graphs])."""
+    return kernels_on_meta("cpu")

@@ -25,7 +25,8 @@ from gradscope import _torch
 from gradscope._format import one_line
 from gradscope._torch import unwrap_parallel
 from gradscope.errors import InputTypeError, InputValueError
-from gradscope.graph import CALLED_MODULES, CHECKPOINT_PARAMS, EVENTS, EVENTS_DROPPED, PARAMS
+from gradscope.graph import CALLED_MODULES, CHECKPOINT_PARAMS, EVENTS, EVENTS_DROPPED, MODULE_CALLS, PARAMS
+from gradscope.tracing.calls import call_names, live_modules, module_calls
 from gradscope.tracing.lines import NodeLines
 from gradscope.tracing.modes import MAX_EVENTS, CutMode
 from gradscope.tracing.regions import RegionRecorder
@@ -268,11 +269,13 @@ class Trace:
                 "autograd nodes behind this loss was created inside its `with gradscope.trace()` block. "
                 "Compute the loss inside the block you pass as trace=."
             )
-        call_names = self._names(model)
-        starts = self._seg_seq
+        live = self._live_map(model)
+        call_names = self._names(model, live)
+        starts, op_calls = self._seg_seq, []
         for data in ops:
             i = bisect_right(starts, data["seq"]) - 1
-            data["module"] = call_names.get(self._seg_call[i]) if i >= 0 else None
+            op_calls.append((data["seq"], self._seg_call[i] if i >= 0 else -1))
+            data["module"] = call_names.get(op_calls[-1][1])
         self.node_lines.annotate(ops)
         pnames = self._param_names(model, names)
         graph.graph[EVENTS] = self._event_dicts(call_names, pnames)
@@ -283,28 +286,19 @@ class Trace:
         if model is not None or self._live_model() is not None:
             called = {call_names[i] for i in range(len(self._calls))} - {None}
             graph.graph[CALLED_MODULES] = sorted(c for c in called if c is not None)
+            graph.graph[MODULE_CALLS] = module_calls(self._calls, self._refs, live, op_calls)
         if self._dropped:
             graph.graph[EVENTS_DROPPED] = self._dropped
 
     def _live_model(self):
         return None if self._model is None else self._model()
 
-    def _names(self, model) -> dict[int, str | None]:
+    def _names(self, model, live=None) -> dict[int, str | None]:
         """call index -> qualified name of the innermost named module of that call (-1 -> None)."""
-        model = unwrap_parallel(model) if model is not None else self._live_model()
-        live: dict = {}
-        if model is not None:
-            for name, m in model.named_modules(remove_duplicate=False):
-                live.setdefault(id(m), (name, m))
-        out: dict[int, str | None] = {-1: None}
-        for index, (key, parent) in enumerate(self._calls):
-            entry = live.get(key)
-            ref = self._refs.get(key)
-            if entry is not None and ref is not None and ref() is entry[1]:
-                out[index] = entry[0] or None  # the model itself: ops in its own forward
-            else:
-                out[index] = out[parent]  # not part of the model: the enclosing module's
-        return out
+        return call_names(self._calls, self._refs, self._live_map(model) if live is None else live)
+
+    def _live_map(self, model) -> dict:
+        return live_modules(unwrap_parallel(model) if model is not None else self._live_model())
 
     def _param_names(self, model, names) -> dict[int, str]:
         model = unwrap_parallel(model) if model is not None else self._live_model()

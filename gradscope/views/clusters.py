@@ -9,8 +9,8 @@ import math
 
 from gradscope._format import shape_str
 from gradscope.findings import DETACHED_BRANCH
-from gradscope.graph import EVENTS, PARAMS
-from gradscope.views.collapse import depth, truncate
+from gradscope.graph import PARAMS
+from gradscope.views.collapse import cut_site, depth, truncate
 from gradscope.views.style import COLORS, esc
 from gradscope.views.style import attrs as _attrs
 from gradscope.views.style import dot_id as _q
@@ -106,18 +106,18 @@ def unused_and_cuts(b) -> None:
         )
         for name in names:
             b.out.element_of[name] = eid
-    events = [e for e in b.g.graph.get(EVENTS, ()) if e.get("kind") != "inplace"]
     for f in b.findings:
         if f.kind != DETACHED_BRANCH:
             continue
-        ev = next((e for e in events if set(f.params) & set(e.get("params", ()))), None)
+        ev, consumer = cut_site(b.g, f)
         loc = f.location or (ev or {}).get("location") or "?"
         eid = f"cut:{loc}"
         if eid not in b.items:
             op = (ev or {}).get("op") or "cut"
+            near = b.out.element_of.get(consumer) if consumer is not None else None
             b.add(
                 eid,
-                None,
+                b.cluster_of(near) if near is not None else None,
                 _label([f"CUT: {op}", loc]),
                 ["gs-cut"],
                 {"kind": "cut", "name": op, "location": loc, "bytes": "0 B", "saved": []},
@@ -126,8 +126,7 @@ def unused_and_cuts(b) -> None:
                 fillcolor=COLORS["finding_fill"],
                 color=COLORS["finding"],
             )
-            consumer = (ev or {}).get("node")
-            if consumer in b.out.element_of:
+            if consumer in b.out.element_of:  # next to the op made right after the cut
                 b.edges[(eid, b.out.element_of[consumer])] = {"style": "dashed", "color": COLORS["finding"]}
         for p in f.params:
             if p in b.out.element_of:

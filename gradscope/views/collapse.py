@@ -11,15 +11,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gradscope._format import lcp, one_line
-from gradscope.findings import INPLACE_HAZARD, SEVERITIES
-from gradscope.graph import forward_order
+from gradscope.findings import DETACHED_BRANCH, INPLACE_HAZARD, SEVERITIES
+from gradscope.graph import EVENTS, forward_order
 from gradscope.graph import node_modules as infer_modules
 from gradscope.views.folds import MIN_OPS, MIN_REPS, Group, find_folds
 from gradscope.views.folds import chains as _chains
-from gradscope.views.folds import runs as _runs
-from gradscope.views.folds import tokens as _tokens
+from gradscope.views.repeats import fold_runs
 
-__all__ = ["Group", "View", "infer_modules", "find_folds", "build_view", "finding_nodes", "lcp", "depth"]
+__all__ = [
+    "Group",
+    "View",
+    "infer_modules",
+    "find_folds",
+    "build_view",
+    "finding_nodes",
+    "lcp",
+    "depth",
+    "fold_lines",
+    "cut_site",
+]
 
 # Module attribution: NOTE [inferring modules] in gradscope/graph.py (one answer for the picture and
 # report.memory()).
@@ -90,6 +100,23 @@ def finding_nodes(graph, finding) -> list:
     return [finding.node]
 
 
+def cut_site(graph, finding, order=None) -> tuple[dict | None, str | None]:
+    """A ``detached-branch`` finding's cut event (from ``trace()``) and the op it sits before.
+
+    The op is the first node of the graph created after the cut (the next sequence number): the
+    drawing links the cut's octagon to it, and never folds or boxes it away.
+    """
+    events = [e for e in graph.graph.get(EVENTS, ()) if e.get("kind") != "inplace"]
+    ev = next((e for e in events if set(finding.params) & set(e.get("params", ()))), None)
+    if ev is None or not isinstance(ev.get("seq"), int):
+        return ev, None
+    for n in forward_order(graph) if order is None else order:
+        seq = graph.nodes[n].get("seq")
+        if seq is not None and seq >= ev["seq"]:
+            return ev, n
+    return ev, None
+
+
 def build_view(
     graph,
     findings=(),
@@ -130,6 +157,10 @@ def build_view(
         for n in finding_nodes(graph, f):
             by_node.setdefault(n, []).append(f)
             protected.add(n)
+        if f.kind == DETACHED_BRANCH:
+            site = cut_site(graph, f, order)[1]
+            if site is not None:
+                protected.add(site)
     keep_open = {truncate(module_of.get(n), k) for n in protected for k in range(1, depth(module_of.get(n)) + 1)}
     roots = {n for n, d in graph.nodes(data=True) if d.get("root")}
     owner: dict = {}
@@ -137,23 +168,15 @@ def build_view(
     if fold:
         key = ("runs", min_reps, min_ops)
         if cache is None or key not in cache:
-            runs = list(_runs(_tokens(graph, order, module_of), order, protected, min_reps, min_ops))
+            runs = fold_runs(graph, order, module_of, protected, min_reps, min_ops)
             if cache is not None:
                 cache[key] = runs
         else:
             runs = cache[key]
-        for start, period, reps in runs:
-            members = [n for n in order[start : start + period * reps] if n not in roots]
-            mod = module_of.get(members[0])
-            for n in members[1:]:
-                mod = lcp(mod, module_of.get(n))
-            names = tuple(graph.nodes[n]["name"] for n in order[start : start + period])
-            g = Group(f"fold:{order[start]}", "fold", f"x{reps}", mod, members, reps=reps, pattern=names)
-            ends = [truncate(module_of.get(n), depth(mod) + 1) for n in (members[0], members[-1])]
-            if all(ends) and ends[0] != ends[1]:
-                g.span = tuple(ends)
+        for run in runs:
+            g = _fold_group(graph, order, module_of, roots, run)
             groups[g.gid] = g
-            for n in members:
+            for n in g.members:
                 owner[n] = g.gid
     _absorb_leaves(graph, owner, groups)
     depth_kept = None if collapse is None or collapse is False else int(collapse)
@@ -192,6 +215,37 @@ def build_view(
         if g.kind in ("fold", "chain") and depth_kept is not None:
             g.module = _open_ancestor(g.module, depth_kept, keep_open)
     return View(module_of, owner, groups, depth_kept, keep_open=keep_open)
+
+
+def _fold_group(graph, order, module_of, roots, run) -> Group:
+    start, period, reps = run.start, run.period, run.reps
+    members = [n for n in order[start : start + period * reps] if n not in roots]
+    mod = module_of.get(members[0])
+    for n in members[1:]:
+        mod = lcp(mod, module_of.get(n))
+    names = tuple(graph.nodes[n]["name"] for n in order[start : start + period])
+    g = Group(f"fold:{order[start]}", "fold", f"x{reps}", mod, members, reps=reps, pattern=names, cls=run.cls)
+    g.calls = run.calls
+    if run.first is not None or run.last is not None:
+        g.span = (run.first or "", run.last or "")
+    else:
+        ends = [truncate(module_of.get(n), depth(mod) + 1) for n in (members[0], members[-1])]
+        if all(ends) and ends[0] != ends[1]:
+            g.span = tuple(ends)
+    return g
+
+
+def fold_lines(grp: Group) -> list[str]:
+    """What a fold box says: what repeats (the module's class and its calls, when traced), then the ops."""
+    first, last = grp.span or ("", "")
+    ops = ", ".join(x.replace("Backward0", "") for x in grp.pattern[:3]) + (", ..." if len(grp.pattern) > 3 else "")
+    if grp.cls and first == last:  # one module called again and again (an unrolled RNN cell)
+        a, b = grp.calls
+        return [f"{grp.title} {grp.cls}  ({first}, calls {a}\u2013{b})", f"{len(grp.pattern)} ops each: {ops}"]
+    if grp.cls:
+        return [f"{grp.title} {grp.cls}  ({first} \u2013 {last})", f"{len(grp.pattern)} ops each: {ops}"]
+    span = [f"{first} \u2013 {last}"] if grp.span else []
+    return [f"{grp.title}  repeated block ({len(grp.pattern)} ops each)", ops] + span
 
 
 def _open_ancestor(module, depth_kept, keep_open):

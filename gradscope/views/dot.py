@@ -17,7 +17,7 @@ import networkx as nx
 from gradscope._format import human_bytes, plural, shape_str
 from gradscope.graph.attribution import node_bytes
 from gradscope.views.clusters import calls, emit_clusters, unused_and_cuts
-from gradscope.views.collapse import View, depth, finding_nodes, truncate
+from gradscope.views.collapse import View, depth, finding_nodes, fold_lines, truncate
 from gradscope.views.style import COLORS, esc
 from gradscope.views.style import attrs as _attrs
 from gradscope.views.style import dot_id as _q
@@ -26,6 +26,7 @@ from gradscope.views.style import legend as _legend
 from gradscope.views.style import saved_lines as _saved_lines
 from gradscope.views.style import shade as _shade
 from gradscope.views.style import short as _short
+from gradscope.views.wrap import wrap
 
 __all__ = ["Drawing", "draw", "COLORS"]
 
@@ -50,9 +51,20 @@ FINDING_FONT, FONT = 14, 10
 
 class _Builder:
     def __init__(
-        self, report, view: View, show_saved: bool, clusters, legend: bool, limit: int, rankdir: str = "TB", context=()
+        self,
+        report,
+        view: View,
+        show_saved: bool,
+        clusters,
+        legend: bool,
+        limit: int,
+        rankdir: str = "TB",
+        context=(),
+        columns: int = 1,
     ):
         self.limit = limit
+        self.columns = columns  # > 1: wrapped into that many columns (NOTE [wrapping columns])
+        self.extra: list = []  # DOT lines written after the edges
         self.rankdir = rankdir
         # nodes outside a drilled-down box, drawn as small stubs (render.drawing(report, box=...))
         self.context = set(context) | set(report.graph.graph.get("context", ()))
@@ -212,9 +224,7 @@ class _Builder:
 
     def group(self, gid, grp, top):
         if grp.kind == "fold":
-            head = f"{grp.title}  repeated block ({len(grp.pattern)} ops each)"
-            pat = ", ".join(grp.pattern[:3]) + (", ..." if len(grp.pattern) > 3 else "")
-            lines = [head, pat] + ([f"{grp.span[0]} ... {grp.span[1]}"] if grp.span else [])
+            lines = fold_lines(grp)
             cluster = self.call_key(grp.module, self._first_op(grp))
         elif grp.kind == "chain":
             lines = [
@@ -363,9 +373,12 @@ class _Builder:
             tree.setdefault(cluster, []).append(eid)
         for a, b in self._spine():
             self.edges[(a, b)] = dict(self.edges[(a, b)] or {}, weight="8")
+        if self.columns > 1:
+            wrap(self, self.columns)
         self._emit_clusters(dot.body, tree)
         for (a, b), attrs in self.edges.items():
             dot.body.append(f"\t{_q(self.names[a])} -> {_q(self.names[b])}{_attrs(attrs) if attrs else ''}\n")
+        dot.body.extend(self.extra)
         if self.compact:
             # NOTE [big layouts]: dot's x-coordinate pass (network simplex) is superlinear: on an expanded
             # 96-layer transformer (7.3k nodes, 25k with virtual nodes) it alone ran for minutes. Capping
@@ -426,10 +439,11 @@ def draw(
     limit: int = 1000,
     rankdir: str = "TB",
     context=(),
+    columns: int = 1,
 ) -> Drawing:
     """Build the :class:`Drawing` of ``report`` following ``view``.
 
     ``clusters=None`` draws module clusters when at most ``limit`` elements are drawn: beyond that, dot
     spends most of its time on clusters (an expanded 200-step LSTM: 23 s with them, 4 s without).
     """
-    return _Builder(report, view, show_saved, clusters, legend, limit, rankdir, context).build()
+    return _Builder(report, view, show_saved, clusters, legend, limit, rankdir, context, columns).build()

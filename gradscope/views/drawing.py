@@ -24,8 +24,10 @@ _DOT_INSTALL = (
 
 def _laid_out(report, options: RenderOptions, box=None, within=None, layout=True):
     """The :class:`~gradscope.views.dot.Drawing` to show (laid out when ``layout`` and dot is installed)."""
-    from gradscope.views.fit import choose, svg_size, unmeasured
+    from gradscope.views.fit import choose, refuse_expanded, svg_size, unmeasured
 
+    if layout and box is None:
+        refuse_expanded(report, options)
     module_of = None
     if box is not None:
         if within is None:

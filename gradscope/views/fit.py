@@ -12,6 +12,7 @@ from gradscope.errors import RenderError
 from gradscope.views.collapse import MIN_OPS, MIN_REPS, build_view, depth, infer_modules
 from gradscope.views.dot import FINDING_FONT, draw
 from gradscope.views.options import scale
+from gradscope.views.wrap import columns_for
 
 __all__ = [
     "PAGE_PT",
@@ -20,6 +21,7 @@ __all__ = [
     "MIN_TEXT_PX",
     "MAX_LAYOUT",
     "TooBigToLayOut",
+    "refuse_expanded",
     "legible",
     "svg_size",
     "choose",
@@ -37,9 +39,10 @@ __all__ = [
 # deepest depth, then one level shallower at a time; then looser folding (x2 and up) the same way. A
 # candidate with more than `limit` drawn elements (or PAGE_ELEMENTS, when smaller) cannot pass and is
 # skipped without a layout. Each candidate is laid out TB, and LR when TB came out too wide (unless the
-# caller fixed rankdir). The module holding a finding is never boxed and a finding's node never folded
-# (collapse.build_view), so whatever is chosen shows every finding's node with its label. When nothing
-# passes, the smallest candidate is drawn and its caption says so.
+# caller fixed rankdir); a TB layout within the page's side but too tall for its width is also tried
+# wrapped into columns (NOTE [wrapping columns]). The module holding a finding is never boxed and a
+# finding's node never folded (collapse.build_view), so whatever is chosen shows every finding's node
+# with its label. When nothing passes, the smallest candidate is drawn and its caption says so.
 
 PAGE_PT = 3000
 MAX_ASPECT = 4.0
@@ -134,20 +137,45 @@ class TooBigToLayOut(RenderError):
         )
 
 
+def refuse_expanded(report, options) -> None:
+    """Refuse an expanded drawing over :data:`MAX_LAYOUT` from the node count alone, before anything
+    else is computed (every node is drawn, so the count is a lower bound on its boxes)."""
+    if options.collapse is False and not options.fold:
+        peek = getattr(report, "peek_graph", None)
+        nodes = len(peek() if peek is not None else report.graph)
+        if nodes > MAX_LAYOUT:
+            raise TooBigToLayOut(nodes, True)
+
+
 def _guard(graph, view, fixed: bool) -> None:
     boxes = _elements(graph, view)
     if boxes > MAX_LAYOUT:
         raise TooBigToLayOut(boxes, fixed)
 
 
-def _lay_out(report, view, options, direction, pipe):
-    drawing = draw_with(report, view, options, direction)
+def _lay_out(report, view, options, direction, pipe, columns: int = 1):
+    drawing = draw_with(report, view, options, direction, columns)
     drawing.svg = pipe(drawing.dot, "svg").decode("utf-8")
     drawing.size = svg_size(drawing.svg)
     return drawing
 
 
-def draw_with(report, view, options, rankdir):
+def _wrapped(report, view, options, pipe, w: float, h: float):
+    """A TB drawing within the page but too tall for its width, wrapped into columns (NOTE [wrapping
+    columns]); ``None`` when no wrapping passes :func:`legible`."""
+    if max(w, h) > PAGE_PT or h <= MAX_ASPECT * w:
+        return None
+    note = view.note
+    for k in dict.fromkeys((columns_for(w, h), columns_for(w, h) + 1)):
+        view.note = (note + " " if note else "") + f"Wrapped into {k} columns: read each top to bottom."
+        drawing = _lay_out(report, view, options, "TB", pipe, k)
+        if legible(*drawing.size) is None:
+            return drawing
+    view.note = note
+    return None
+
+
+def draw_with(report, view, options, rankdir, columns: int = 1):
     """:func:`~gradscope.views.dot.draw` of ``view`` with ``options`` (no layout)."""
     return draw(
         report,
@@ -157,6 +185,7 @@ def draw_with(report, view, options, rankdir):
         legend=options.legend,
         limit=options.limit,
         rankdir=rankdir,
+        columns=columns,
     )
 
 
@@ -193,6 +222,10 @@ def choose(report, options, *, pipe, module_of=None):
                 return drawing
             if best is None or max(w, h) < best[0]:
                 best = (max(w, h), view, direction)
+            if direction == "TB" and not options.rankdir:
+                wrapped = _wrapped(report, view, options, pipe, w, h)
+                if wrapped is not None:
+                    return wrapped
             if h >= w:  # LR swaps the sides: a drawing too tall in TB is too wide in LR
                 break
     if best is None:  # every candidate was over budget: draw the smallest one
@@ -238,7 +271,7 @@ def caption_note(graph, view) -> str:
     if folds:
         what.append(
             "repeated blocks folded ("
-            + ", ".join(g.title for g in folds[:4])
+            + ", ".join(f"{g.title} {g.cls}" if g.cls else g.title for g in folds[:4])
             + (", ..." if len(folds) > 4 else "")
             + ")"
         )

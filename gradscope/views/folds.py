@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["MIN_REPS", "MIN_OPS", "MAX_PERIOD", "tokens", "find_folds", "runs", "chains"]
+__all__ = ["MIN_REPS", "MIN_OPS", "MAX_PERIOD", "tokens", "find_folds", "chains"]
 
 # NOTE [folding repetition]
 # Ops sorted by `seq` form a token string (op name + module with indices replaced by '#'). A run where the
@@ -42,6 +42,8 @@ class Group:
     pattern: tuple = ()
     worst: object = None  # the most severe Finding inside, or None
     span: tuple = ()  # (first, last) module a fold runs over, e.g. ("layers.0", "layers.94")
+    cls: str | None = None  # a fold of whole module calls: the class of the module repeated
+    calls: tuple = (1, 1)  # ... and the call numbers of its first and last repetition
 
 
 def tokens(graph, order, module_of) -> list[int]:
@@ -83,17 +85,6 @@ def find_folds(
         runs.append((i, best[1], best[2]))
         i += best[0]
     return runs
-
-
-def runs(toks, order, protected, min_reps, min_ops):
-    """Fold runs ``(start, period, reps)``; a run holding a finding is split around that repetition."""
-    for start, period, reps in find_folds(toks, min_reps, min_ops):
-        hit = sorted({(i - start) // period for i in range(start, start + period * reps) if order[i] in protected})
-        lo = 0
-        for k in hit + [reps]:
-            if k - lo >= 2:
-                yield start + lo * period, period, k - lo
-            lo = k + 1
 
 
 def chains(graph, order, module_of, owner, groups, fixed, min_len) -> None:

@@ -70,6 +70,12 @@ class Flow:
         self.ratios: deque = deque(maxlen=history or 1)  # {module: ||update|| / ||weight||}
         self.vanishing, self.exploding = vanishing, exploding
 
+    def add_module(self, module: str) -> None:
+        """A module whose parameters are watched from now on (a layer added or replaced mid-run)."""
+        if module not in self._index:
+            self._index[module] = len(self.modules)
+            self.modules.append(module)
+
     def measure(self, got: list[WatchedParam], backward: int, scale: float | None) -> list[BadGrad]:
         """Norms of the fresh gradients of ``got``; returns the gradients holding NaN/Inf."""
         index = self._index

@@ -11,7 +11,10 @@ from __future__ import annotations
 import math
 from html import escape
 
-__all__ = ["flow_chart"]
+__all__ = ["flow_chart", "flow_svg", "CHAR_PX"]
+
+#: The widest a character of 12 px sans-serif text averages over a line (DejaVu Sans, bold: about 7.3 px).
+CHAR_PX = 7.5
 
 # viridis, 8 stops
 _STOPS = ("#440154", "#46327e", "#365c8d", "#277f8e", "#1fa187", "#4ac16d", "#a0da39", "#fde725")
@@ -43,17 +46,24 @@ def flow_chart(steps, history, modules, flags, *, title="gradient flow", log=Tru
     lo = min(map(scale, values), default=0.0)
     hi = max(map(scale, values), default=1.0)
     span = (hi - lo) or 1.0
+    lo_text = f"{10**lo:.2g}" if log else f"{lo:.2g}"
+    hi_text = f"{10**hi:.2g}" if log else f"{hi:.2g}"
     label_w = min(260, 12 + 7 * max((len(m or "(root)") for m in modules), default=6))
-    top, legend_h = 44, 34
+    label_w = max(label_w, 12 + round(CHAR_PX * len(lo_text)))  # the scale's low end is drawn left of the bar
+    caption = [
+        f"gradient L2 norm per module{' (log10)' if log else ''}, one column per checked step;",
+        "red outline: vanishing / exploding",
+    ]
+    top, legend_h = 58, 34
     width = label_w + max(len(history), 1) * cell + 20
-    width = max(width, 360)
+    # the text sets the least width: CHAR_PX per character holds for any sans-serif at 12 px
+    width = max(width, 360, *(8 + round(CHAR_PX * len(t)) for t in [*caption, title]))
     height = top + len(modules) * cell + legend_h
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
         f'<text x="4" y="14" font-weight="bold">{escape(title)}</text>',
-        f'<text x="4" y="31">gradient L2 norm per module ({"log10, " if log else ""}one column per '
-        f"checked step; red outline: vanishing / exploding)</text>",
+        *(f'<text x="4" y="{31 + 14 * i}">{escape(t)}</text>' for i, t in enumerate(caption)),
     ]
     for r, m in enumerate(modules):
         name = m or "(root)"
@@ -84,9 +94,16 @@ def flow_chart(steps, history, modules, flags, *, title="gradient flow", log=Tru
     y = top + len(modules) * cell + 10
     for i in range(10):
         out.append(f'<rect x="{label_w + i * 12}" y="{y}" width="12" height="10" fill="{_colour(i / 9)}"/>')
-    lo_text = f"{10**lo:.2g}" if log else f"{lo:.2g}"
-    hi_text = f"{10**hi:.2g}" if log else f"{hi:.2g}"
     out.append(f'<text x="{label_w - 6}" y="{y + 10}" text-anchor="end">{escape(lo_text)}</text>')
     out.append(f'<text x="{label_w + 126}" y="{y + 10}">{escape(hi_text)}</text>')
     out.append("</svg>")
     return "\n".join(out)
+
+
+def flow_svg(flow, title: str, path=None, log: bool = True) -> str:
+    """``guard.flow_svg()``: the chart of a :class:`~gradscope.watching.flow.Flow`: the SVG text, or with
+    ``path`` the file written and its path (as ``render(path)``)."""
+    from gradscope.svgchart import svg_or_path
+
+    svg = flow_chart(list(flow.steps), list(flow.history), flow.modules, list(flow.flags), title=title, log=log)
+    return svg_or_path(svg, path)

@@ -26,8 +26,9 @@ import weakref
 import torch
 
 from gradscope._format import human_bytes
-from gradscope._torch import peek_sequence_nr, sequence_nr, storage_key
+from gradscope._torch import peek_sequence_nr, storage_key
 from gradscope.findings import Finding
+from gradscope.watching.carried import CarriedChecks
 from gradscope.watching.holders import find_holders, frame_location, holder_text, user_frame
 from gradscope.watching.walks import graph_stats
 
@@ -64,7 +65,7 @@ def _tensors(value, depth=1):
             yield from _tensors(v, depth - 1)
 
 
-class GraphWatch:
+class GraphWatch(CarriedChecks):
     """The cross-step checks of one guard (see NOTE [step boundary]); ``report(findings)`` delivers."""
 
     def __init__(self, root, model_name, param_ids, params, report, before_forward, safety, enabled=True):
@@ -86,6 +87,11 @@ class GraphWatch:
         self.on_outputs = None  # FSDP2: the guard's hook on each forward's outputs
         self._wasted_at: set = set()  # forward locations already reported without backward
         self._carried_seen = False  # a carried graph already explains graphs kept alive
+        self._root = root
+        self._modules = list(root.named_modules())
+        self._scans = 0
+        self._state_hooked: set[int] = set()  # ids of grad_fns with our state pre-hook
+        self.step_boundary = None  # () -> sequence number of the optimizer-step boundary, or None
         try:
             self._arg_names = list(_inspect.signature(root.forward).parameters)
         except (TypeError, ValueError):
@@ -117,19 +123,15 @@ class GraphWatch:
         if not self._enabled or not torch.is_grad_enabled():
             return None
         mark = self._mark
+        if self.step_boundary is None or self.step_boundary() is None:
+            self.scan_state(mark)  # NOTE [carried state]: no optimizer known, the boundary is the backward
         for i, value in enumerate(args):
             fn = value.grad_fn if type(value) is torch.Tensor or isinstance(value, torch.Tensor) else None
-            if fn is not None or isinstance(value, (tuple, list, dict)):
+            if fn is not None or not isinstance(value, (torch.Tensor, int, float, str, bool, type(None))):
                 self._scan(value, mark, self._arg_names[i] if i < len(self._arg_names) else f"#{i}")
         for name, value in kwargs.items():
             self._scan(value, mark, name)
         return None
-
-    def _scan(self, value, mark, name) -> None:
-        for t in _tensors(value):
-            fn = t.grad_fn
-            if fn is not None and sequence_nr(fn) < mark:
-                self._carried(t, fn, name)
 
     def _post(self, module, args, output):
         if not torch.is_grad_enabled() or not (self._enabled or self.on_outputs):
@@ -162,59 +164,6 @@ class GraphWatch:
         if len(records) > _RECORDS_AT_MOST:
             del records[: len(records) - _RECORDS_AT_MOST]
         return None
-
-    # -- carried graph --------------------------------------------------------------------------
-    def _carried(self, t, fn, name):
-        nodes, held, freed, reached = graph_stats([fn], self._param_ids, self._pstores(), below=self._mark)
-        if not reached:
-            return  # another model's output (a GAN's fake): not ours
-        frame = user_frame()
-        location = frame_location(frame)
-        del frame
-        origin = self._origin(sequence_nr(fn))
-        what = (
-            f"The input {name!r} of {self._root_name}.forward"
-            + (f" at {location}" if location else "")
-            + f" carries an autograd graph built in an earlier step{origin}: it reaches "
-            f"{len(reached)} parameter{'s' if len(reached) != 1 else ''} of the model "
-            f"({', '.join(sorted(reached)[:4])}{', ...' if len(reached) > 4 else ''}) through {nodes} "
-            f"node{'s' if nodes != 1 else ''} from before this step"
-        )
-        fix = (
-            f" Fix: cut the graph at the step boundary, `{name} = {name}.detach()` before passing it in "
-            f"(truncated backpropagation through time)."
-        )
-        if freed:
-            msg = (
-                f"{what}, whose saved tensors the previous backward already freed, so this step's "
-                f'backward will fail with "Trying to backward through the graph a second time".{fix}'
-            )
-        else:
-            msg = (
-                f"{what} and keeps {human_bytes(held)} of saved tensors alive. The graph was kept with "
-                f"retain_graph=True, so every backward runs through all earlier steps again and memory "
-                f"grows every step.{fix}"
-            )
-        finding = Finding("carried-graph", "error", msg, params=tuple(sorted(reached)), location=location)
-        self._carried_seen = True
-        if freed:
-            self._explain_later(fn, finding)
-        self._report([finding])
-
-    def _explain_later(self, fn, finding):
-        """If the backward reaches the freed graph anyway, raise our explanation instead of torch's."""
-        from gradscope.errors import GradientError
-
-        def explain(_grad_outputs):
-            if self._active:
-                raise GradientError(
-                    "gradscope.watch: this backward reached a graph from an earlier step that was already "
-                    'freed: torch would now raise "Trying to backward through the graph a second time (or '
-                    'directly access saved tensors after they have already been freed)".\n- ' + finding.message,
-                    [finding],
-                )
-
-        fn.register_prehook(explain)
 
     def _origin(self, seq) -> str:
         for rec in reversed(self._records):
@@ -249,6 +198,7 @@ class GraphWatch:
     def close(self) -> list[Finding]:
         """At ``remove()``: forwards that no backward used since the last boundary."""
         self._active = False
+        self._root, self._modules = None, []  # hold nothing of the model once removed
         for h in self._handles:
             h.remove()
         self._handles = []

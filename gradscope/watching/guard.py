@@ -13,23 +13,9 @@ one end-of-backward callback with ``torch.autograd.Variable._execution_engine.qu
 reducer uses), which runs once the engine has finished that backward. "Received a gradient in this
 backward" is then ``stamp >= id of this backward``: graph task ids only grow, so a stale ``.grad``, or a
 stamp left by ``autograd.grad`` or by an earlier backward that raised half-way, never counts. A backward
-that writes no watched ``.grad`` queues nothing, so another model's backward is not checked.
-
-NOTE [nested backward]
-A reentrant ``checkpoint(use_reentrant=True)`` runs a second, nested backward from inside a node of the
-outer one; its parameters' hooks fire in the nested graph task, and a callback queued there runs when the
-nested backward ends, before the outer one has reached the parameters in front of the checkpoint. The
-callback sees that it is nested (``torch._C._current_autograd_node()`` is the outer node, not None) and
-moves itself to the outer backward: a one-shot post hook on that outer node queues the callback again,
-this time in the outer graph task. Nested task ids are larger than the outer id, so their stamps count.
-
-NOTE [last callback]
-Other end-of-backward callbacks may still be queued behind ours: DDP's reducer queues its
-``finalize_backward`` (which waits for the all-reduce and writes the averaged gradients into ``.grad``)
-when its last bucket is ready, after our first hook. The engine runs callbacks queued by a callback too, so
-ours queues itself once more and checks from there, after DDP's: every rank then tests the same averaged
-gradients for NaN/Inf, and a NaN on one rank is reported by all of them instead of leaving the others
-waiting in the next collective.
+that writes no watched ``.grad`` queues nothing, so another model's backward is not checked. NOTE [nested
+backward] and NOTE [last callback] (in :mod:`gradscope.watching.params`) say how the callback finds the
+outer backward and runs last.
 
 The cross-step checks (graphs carried or kept across steps, forwards without backward) live in
 :mod:`gradscope.watching.graphs`, gradient flow in :mod:`gradscope.watching.flow`, the search for where a
@@ -45,9 +31,9 @@ from typing import Any, Literal
 
 import torch
 
-from gradscope._torch import current_autograd_node, current_graph_task_id, queue_engine_callback
+from gradscope._torch import current_graph_task_id
 from gradscope.errors import InputValueError
-from gradscope.findings import ERROR, Finding, sort_findings
+from gradscope.findings import Finding, sort_findings
 from gradscope.watching.flow import Flow, UpdateRatios
 from gradscope.watching.fsdp import FsdpStamps, is_fsdp2
 from gradscope.watching.graphs import GraphWatch
@@ -56,7 +42,8 @@ from gradscope.watching.origin import Origin
 from gradscope.watching.params import ParamHooks
 from gradscope.watching.quiet import Delivery, options_text
 from gradscope.watching.safety import Safety
-from gradscope.watching.step import WatchedParam, error_message, none_grad_findings, nonfinite_findings, rank_text
+from gradscope.watching.step import WatchedParam, check_report
+from gradscope.watching.stepping import StepJudge, StepVerdict, step_report
 
 __all__ = ["watch", "Watch"]
 
@@ -121,22 +108,7 @@ def watch(
         >>> with gradscope.watch(model):
         ...     model(torch.randn(2, 4)).sum().backward()      # healthy: nothing raised
     """
-    return Watch(
-        model,
-        on_error=on_error,
-        check_nonfinite=check_nonfinite,
-        ignore=ignore,
-        every=every,
-        accumulate=accumulate,
-        scaler=scaler,
-        graphs=graphs,
-        history=history,
-        vanishing=vanishing,
-        exploding=exploding,
-        optimizer=optimizer,
-        ratio_every=ratio_every,
-        find_origin=find_origin,
-    )
+    return Watch(**locals())  # every argument, by name
 
 
 class Watch(ParamHooks):
@@ -198,6 +170,7 @@ class Watch(ParamHooks):
         self._origin = Origin(inner, self._safety) if find_origin and check_nonfinite else None
         self._options = options_text(on_error, check_nonfinite, every, accumulate, patterns, scaler, graphs, optimizer)
         self._handles = self._install()
+        self._root, self._index = inner, {wp.name: i for i, wp in enumerate(self._params)}
         self._graphs = GraphWatch(
             inner,
             self._model_name,
@@ -212,6 +185,8 @@ class Watch(ParamHooks):
             UpdateRatios(optimizer, self._params, self._flow, ratio_every, self._safety) if optimizer else None
         )
         self._fsdp = FsdpStamps(self) if is_fsdp2(inner) else None
+        self._judge = StepJudge(self, self._safety, self._on_verdict, self._graphs.scan_state)
+        self._graphs.step_boundary = lambda: self._judge.boundary
         if self._fsdp is not None:
             self._graphs.on_outputs = self._fsdp.forward
 
@@ -223,21 +198,11 @@ class Watch(ParamHooks):
     update_ratios = property(lambda self: list(self._flow.ratios))
 
     def flow_svg(self, path: str | os.PathLike[str] | None = None, *, log: bool = True) -> str:
-        """The gradient-flow picture: one row per module, one column per checked step (see ``history``)."""
-        from gradscope.watching.flowchart import flow_chart
+        """The gradient-flow picture, one row per module, one column per checked step (see ``history``):
+        the SVG text, or with ``path`` the file written and its path."""
+        from gradscope.watching.flowchart import flow_svg
 
-        svg = flow_chart(
-            list(self._flow.steps),
-            list(self._flow.history),
-            self._flow.modules,
-            list(self._flow.flags),
-            title=f"gradient flow: {self._model_name}",
-            log=log,
-        )
-        if path is not None:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(svg)
-        return svg
+        return flow_svg(self._flow, f"gradient flow: {self._model_name}", path, log)
 
     # -- the end of a backward -----------------------------------------------------------------------------------
     def _before_forward(self) -> None:
@@ -245,35 +210,6 @@ class Watch(ParamHooks):
         self._refresh()
         if self._origin is not None:
             self._origin.before_forward()
-
-    def _on_end(self) -> None:
-        self._safety.run("gradient", self._end)
-
-    def _on_last(self) -> None:
-        self._safety.run("gradient", self._last)
-
-    def _end(self) -> None:
-        tid = current_graph_task_id()
-        self._pending.discard(tid)
-        if self._removed:
-            return
-        node = current_autograd_node()
-        if node is not None:  # NOTE [nested backward]: hand over to the outer task
-            handle: Any = None  # set right below, before the hook can run
-
-            def requeue(_grad_inputs, _grad_outputs):
-                handle.remove()
-                if handle in self._node_hooks:
-                    self._node_hooks.remove(handle)
-                outer = current_graph_task_id()
-                if not self._removed and outer not in self._pending:
-                    self._pending.add(outer)
-                    queue_engine_callback(self._on_end)
-
-            handle = node.register_hook(requeue)
-            self._node_hooks.append(handle)
-            return
-        queue_engine_callback(self._on_last)  # NOTE [last callback]
 
     def _last(self) -> None:
         if self._removed:
@@ -333,29 +269,23 @@ class Watch(ParamHooks):
                 self._origin.arm()
             else:
                 self._origin.disarm()
+        if missing and (self._judge.known or self._judge.discover()):
+            missing = []  # NOTE [judged at the step]: an optimizer holds them; judged at its step()
         if not missing and not bad:
             self._deliver(late)
             return
-        rank = rank_text()
-        where = (
-            f"in this backward (backward {self.backwards}"
-            if n == 1
-            else f"in the accumulation window of {n} backwards ending at backward {self.backwards}"
-        )
-        stable = "in a backward" if n == 1 else f"in an accumulation window of {n} backwards"
-        context = where + (f", {rank})" if rank else ")")
         armed = self._origin is not None and birth is None
-        findings = sort_findings(
-            none_grad_findings(missing, context, self._ddp_strict)
-            + nonfinite_findings(bad, context, scale, birth, armed)
-            + list(late)
+        self._delivery.deliver(
+            *check_report(missing, bad, n, self.backwards, self._ddp_strict, scale, birth, armed, late)
         )
-        extra = "".join(f"\n- {f.kind} ({f.severity}): {f.message}" for f in late if f.severity == ERROR)
-        message = error_message(missing, bad, context, self._ddp_strict, scale, birth, armed) + extra
-        quiet = error_message(
-            missing, bad, stable + (f" ({rank})" if rank else ""), self._ddp_strict, scale, birth, armed
-        ) + "".join(f"\n- {f.kind} ({f.severity}): {f.message}" for f in late)
-        self._delivery.deliver(findings, message, quiet)
+
+    def _on_verdict(self, v: StepVerdict) -> None:
+        """What an optimizer step found (NOTE [judged at the step])."""
+        if (v.step - 1) % self._every:
+            return
+        missing = [self._params[i] for i in v.missing]
+        unheld = [self._params[i] for i in v.unheld]
+        self._delivery.deliver(*step_report(missing, unheld, v, self._ddp_strict))
 
     def _deliver(self, findings) -> None:
         if findings:
@@ -380,9 +310,10 @@ class Watch(ParamHooks):
         if self._ratios is not None:
             self._ratios.remove()
             self._ratios = None
+        self._judge.remove()
         late = self._graphs.close()
         self._watched = len(self._params)
-        self._params, self._slots, self._param_ids = [], [], {}
+        self._params, self._slots, self._param_ids, self._index, self._root = [], [], {}, {}, None
         try:
             if late:
                 self._deliver(late)

@@ -10,7 +10,7 @@ from gradscope._format import one_line
 from gradscope._torch import unwrap_parallel
 from gradscope.errors import InputTypeError, InputValueError
 
-__all__ = ["validate", "select"]
+__all__ = ["validate", "select", "ignored"]
 
 
 def _positive_int(name, value, zero=False):
@@ -39,6 +39,11 @@ def validate(model, on_error, every, accumulate, history, ratio_every, vanishing
         raise InputTypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
 
 
+def ignored(name: str, patterns: tuple[str, ...]) -> bool:
+    """Whether ``ignore=`` names the parameter ``name`` (exactly or as an ``fnmatch`` pattern)."""
+    return any(name == pat or fnmatch.fnmatchcase(name, pat) for pat in patterns)
+
+
 def select(model, ignore):
     """``(inner module, is DDP, [(name, parameter)] to watch, ignore patterns)``."""
     if not isinstance(ignore, (str, list, tuple, set, frozenset)):
@@ -50,16 +55,12 @@ def select(model, ignore):
     for pat in patterns:
         if not isinstance(pat, str):
             raise InputTypeError(f"ignore must hold parameter names or fnmatch patterns, got {one_line(pat)}.")
-        if not any(n == pat or fnmatch.fnmatchcase(n, pat) for n, _ in named):
+        if not any(ignored(n, (pat,)) for n, _ in named):
             example = named[0][0] if named else "(none)"
             raise InputValueError(
                 f"ignore pattern {pat!r} matches no parameter of the model; its parameters are named like {example!r}."
             )
-    chosen = [
-        (n, p)
-        for n, p in named
-        if p.requires_grad and not any(n == pat or fnmatch.fnmatchcase(n, pat) for pat in patterns)
-    ]
+    chosen = [(n, p) for n, p in named if p.requires_grad and not ignored(n, patterns)]
     for n, p in chosen:
         if not p.is_leaf:
             raise InputValueError(

@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import torch
 
-from gradscope.findings import Finding
+from gradscope.findings import ERROR, NONE_GRAD, NONFINITE_GRAD, Finding, sort_findings
 
 __all__ = [
     "WatchedParam",
@@ -19,6 +19,9 @@ __all__ = [
     "error_message",
     "rank_text",
     "birth_text",
+    "check_report",
+    "where_text",
+    "SEVERAL_BACKWARDS",
 ]
 
 _LIST_AT_MOST = 12
@@ -50,7 +53,8 @@ def rank_text() -> str:
     return ""
 
 
-def _where(wp: WatchedParam) -> str:
+def where_text(wp: WatchedParam) -> str:
+    """``module 'enc', Linear``: where a watched parameter lives."""
     return f"module {wp.module!r}, {wp.module_type}" if wp.module else f"the root module, {wp.module_type}"
 
 
@@ -67,6 +71,13 @@ _NONE_NEXT = (
     "file:line that cut the graph. If the parameter is legitimately unused on some steps, pass "
     "watch(model, ignore=[...]) with its name or a pattern, or freeze it with "
     "requires_grad_(False)."
+)
+#: Said with a none-grad judged per backward: several backwards per optimizer step is the usual cause.
+SEVERAL_BACKWARDS = (
+    "If one optimizer step follows several backwards (a GAN whose generator and discriminator live in one "
+    "module, one loss per task with retain_graph=True, gradient accumulation), this is expected: pass "
+    "watch(model, accumulate=N) with N backwards per step, or step an optimizer that holds these parameters "
+    "(watch() then judges at optimizer.step())."
 )
 _DDP_NOTE = (
     "DistributedDataParallel(find_unused_parameters=False) will fail at the next forward with "
@@ -115,7 +126,7 @@ def birth_text(birth) -> str:
     )
 
 
-def none_grad_findings(missing: list[WatchedParam], context: str, ddp_strict: bool) -> list[Finding]:
+def none_grad_findings(missing: list[WatchedParam], context: str, ddp_strict: bool, hint: str = "") -> list[Finding]:
     """One ``none-grad`` finding per parameter that received no gradient in the checked backward(s)."""
     out = []
     for wp in missing:
@@ -128,10 +139,10 @@ def none_grad_findings(missing: list[WatchedParam], context: str, ddp_strict: bo
         ddp = " " + _DDP_NOTE if ddp_strict else ""
         out.append(
             Finding(
-                "none-grad",
-                "error",
-                f"Parameter {wp.name!r} ({_where(wp)}) received no gradient {context}.{stale} "
-                f"{_NONE_CAUSES} {_NONE_NEXT}{ddp}",
+                NONE_GRAD,
+                ERROR,
+                f"Parameter {wp.name!r} ({where_text(wp)}) received no gradient {context}.{stale} "
+                f"{_NONE_CAUSES} {_NONE_NEXT}{hint and ' ' + hint}{ddp}",
                 params=(wp.name,),
             )
         )
@@ -161,9 +172,9 @@ def nonfinite_findings(bad: list[BadGrad], context: str, scale: float | None, bi
     location = birth.location if birth is not None else None
     return [
         Finding(
-            "nonfinite-grad",
-            "error",
-            f"The gradient of {b.wp.name!r} ({_where(b.wp)}) holds {_values_text(b)} {context}.{scaler} {tail}",
+            NONFINITE_GRAD,
+            ERROR,
+            f"The gradient of {b.wp.name!r} ({where_text(b.wp)}) holds {_values_text(b)} {context}.{scaler} {tail}",
             params=(b.wp.name,),
             location=location,
         )
@@ -172,7 +183,7 @@ def nonfinite_findings(bad: list[BadGrad], context: str, scale: float | None, bi
 
 
 def _names(items: list[WatchedParam], extra=None) -> str:
-    shown = [f"{wp.name} ({_where(wp)}{extra(i) if extra else ''})" for i, wp in enumerate(items[:_LIST_AT_MOST])]
+    shown = [f"{wp.name} ({where_text(wp)}{extra(i) if extra else ''})" for i, wp in enumerate(items[:_LIST_AT_MOST])]
     more = f", and {len(items) - _LIST_AT_MOST} more" if len(items) > _LIST_AT_MOST else ""
     return "; ".join(shown) + more
 
@@ -185,6 +196,7 @@ def error_message(
     scale: float | None,
     birth=None,
     armed=False,
+    hint: str = "",
 ) -> str:
     """The text of the :class:`~gradscope.GradientError`: every offending parameter, causes, next step."""
     parts = [f"gradscope.watch: problems {context}:"]
@@ -199,7 +211,9 @@ def error_message(
         )
         parts.append(
             f"- {n} parameter{'s' if n > 1 else ''} with requires_grad=True received no gradient: "
-            f"{_names(missing)}.{stale_text} {_NONE_CAUSES} {_NONE_NEXT}" + (f" {_DDP_NOTE}" if ddp_strict else "")
+            f"{_names(missing)}.{stale_text} {_NONE_CAUSES} {_NONE_NEXT}"
+            + (f" {hint}" if hint else "")
+            + (f" {_DDP_NOTE}" if ddp_strict else "")
         )
     if bad:
         n = len(bad)
@@ -215,3 +229,30 @@ def error_message(
             f"{_nan_tail(birth, armed)}"
         )
     return "\n".join(parts)
+
+
+def check_report(missing, bad, n, backwards, ddp_strict, scale, birth, armed, late) -> tuple:
+    """``(findings, message, quiet message)`` of a check at the end of ``n`` backwards (the last is number
+    ``backwards``): the error's text names the step, the warned one does not (NOTE in
+    :mod:`gradscope.watching.quiet`)."""
+    rank = rank_text()
+    where = (
+        f"in this backward (backward {backwards}"
+        if n == 1
+        else f"in the accumulation window of {n} backwards ending at backward {backwards}"
+    )
+    stable = "in a backward" if n == 1 else f"in an accumulation window of {n} backwards"
+    context = where + (f", {rank})" if rank else ")")
+    hint = SEVERAL_BACKWARDS if n == 1 else ""
+    findings = sort_findings(
+        none_grad_findings(missing, context, ddp_strict, hint)
+        + nonfinite_findings(bad, context, scale, birth, armed)
+        + list(late)
+    )
+    message = error_message(missing, bad, context, ddp_strict, scale, birth, armed, hint) + "".join(
+        f"\n- {f.kind} ({f.severity}): {f.message}" for f in late if f.severity == ERROR
+    )
+    quiet = error_message(
+        missing, bad, stable + (f" ({rank})" if rank else ""), ddp_strict, scale, birth, armed, hint
+    ) + "".join(f"\n- {f.kind} ({f.severity}): {f.message}" for f in late)
+    return findings, message, quiet

@@ -60,9 +60,8 @@ def _library_peak(target, spec) -> int:
     s.loader.exec_module(mod)
     torch.manual_seed(0)
     m = mod.Net()
-    x = torch.randn(16, 64)
-    with gradscope.trace(m) as tr:
-        loss = m(x).pow(2).mean()
+    with gradscope.trace(m) as tr:  # the batch is not held, as in the target
+        loss = m(torch.randn(16, 64)).pow(2).mean()
     report = gradscope.inspect(loss, model=m, trace=tr)
     return report.what_if(optimizer=torch.optim.AdamW(m.parameters()), shard=spec).peak
 
@@ -76,6 +75,15 @@ def test_ddp_prints_the_library_per_rank_peak_and_gates_the_budget(target, tmp_p
     assert (tmp_path / "r.svg").read_text().count('class="gs-shard-high"') == 4
     res = _run(f"{target}:step", "--optimizer", "adamw", "--ddp", "4", "--budget", "100KiB")
     assert res.exit_code == 1 and "does NOT fit" in res.output, res.output
+
+
+def test_fsdp_prints_the_library_per_rank_range(target):
+    res = _run(f"{target}:step", "--optimizer", "adamw", "--fsdp", "2")
+    assert res.exit_code == 0, res.output
+    assert "FSDP on 2 ranks" in res.output
+    assert human_bytes(_library_peak(target, gradscope.FSDP(2))) in res.output
+    res = _run(f"{target}:step", "--fsdp", "2", "--shard-modules", "layers.*")
+    assert res.exit_code == 2 and "matches no module" in res.output and "Traceback" not in res.output
 
 
 @pytest.mark.parametrize(

@@ -33,11 +33,22 @@ def predict(model_name: str, spec, n: int = 8, opt: bool = True, **kw):
 
 
 FAST = ["ddp", "ddp-view"]
+FSDP_FAST = {"fsdp": {"kind": "fsdp"}}
 
 
 @pytest.fixture(scope="module")
-def ddp_truth():
-    return dict(zip(FAST, measure("mlp", [DDP_CONFIGS[n][0] for n in FAST], world=2, runs=3)))
+def fast_truth():
+    """The fast subset, measured in one process group: DDP default and bucket view, FSDP2 fp32 reshard True."""
+    cfgs = [DDP_CONFIGS[n][0] for n in FAST] + list(FSDP_FAST.values())
+    return dict(zip(FAST + list(FSDP_FAST), measure("mlp", cfgs, world=2, runs=3)))
+
+
+def check_range(wi, runs, what):
+    """Every rank: the floor within 1% of its lowest run, every run at or below the ceiling."""
+    for r, (low, high) in enumerate(wi.ranks):
+        measured = [run[r] for run in runs]
+        assert abs(low - min(measured)) <= 0.01 * min(measured), (what, r, wi.ranks, runs)
+        assert max(measured) <= high, (what, r, wi.ranks, runs)
 
 
 def _check_ddp(name, runs):
@@ -50,8 +61,16 @@ def _check_ddp(name, runs):
 
 
 @pytest.mark.parametrize("name", FAST)
-def test_ddp_per_rank_peak_matches_the_profiler(ddp_truth, name):
-    _check_ddp(name, ddp_truth[name])
+def test_ddp_per_rank_peak_matches_the_profiler(fast_truth, name):
+    _check_ddp(name, fast_truth[name])
+
+
+def test_fsdp2_fp32_reshard_per_rank_range_holds_every_run(fast_truth):
+    wi = predict("mlp", gradscope.FSDP(2))
+    check_range(wi, fast_truth["fsdp"], "fsdp")
+    assert wi.peak == wi.peak_range[0] < wi.single  # sharding saves memory on this step
+    text = str(wi)
+    assert "FSDP on 2 ranks" in text and "sharded parameters" in text and "reduce-scatter" in text
 
 
 @pytest.mark.slow

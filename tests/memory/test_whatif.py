@@ -175,7 +175,7 @@ def test_cli_plan_text_and_exit_code(tmp_path):
     budget = int(report.what_if().peak * 0.7)
     assert print_plan(report, budget, svg=str(tmp_path / "plan.svg"), echo=lines.append) == 0
     text = "\n".join(lines)
-    assert "checkpoint: blocks." in text and "model.get_submodule(name)" in text
+    assert "checkpoint: blocks" in text and "model.get_submodule(name)" in text
     assert "largest batch that fits" in text and "with the plan" in text
     assert (tmp_path / "plan.svg").read_text().count("<polyline") == 2
     lines.clear()
@@ -247,7 +247,7 @@ def test_cli_memory_plan_exit_codes():
     budget = int(report.what_if().peak * 0.7)
     fits = runner.invoke(main, ["memory", target, "--budget", str(budget), "--plan"])
     assert fits.exit_code == 0, fits.output
-    assert "checkpoint: blocks." in fits.output and "(fits)" in fits.output
+    assert "checkpoint: blocks[0:4].attn" in fits.output and "(fits)" in fits.output
     params = sum(p.numel() * 4 for p in model.parameters())
     none = runner.invoke(main, ["memory", target, "--budget", str(params // 2), "--plan"])
     assert none.exit_code == 1 and "Nothing fits" in none.output

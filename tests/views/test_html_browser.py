@@ -403,3 +403,24 @@ def test_the_same_output_shown_twice_works_in_both_views(browser, tmp_path):
     views[1].find_element(By.CSS_SELECTOR, ".gs-side h4").click()
     ActionChains(browser).send_keys("+").perform()
     assert scale(views[1]) == pytest.approx(before[1] * 1.25, rel=1e-3) and scale(views[0]) == before[0]
+
+
+def test_chart_text_stays_inside_the_picture(browser, tmp_path):
+    """Every line of text in the charts (gradient flow, backward curve, what-if, plan), measured with real
+    glyphs, ends inside the SVG's width: no caption is cut at the right edge."""
+    from tests.views.test_charts import charts
+
+    for name, to_svg in charts().items():
+        path = to_svg(tmp_path / f"{name}.svg")
+        browser.get(f"file://{path}")
+        width, overflow = browser.execute_script(
+            "const svg = document.querySelector('svg');"
+            "const w = svg.viewBox.baseVal && svg.viewBox.baseVal.width || svg.width.baseVal.value;"
+            "const out = [];"
+            "for (const t of svg.querySelectorAll('text')) {"
+            "  const b = t.getBBox();"
+            "  if (b.x + b.width > w + 0.5 || b.x < -0.5) out.push([t.textContent, b.x, b.width]);"
+            "}"
+            "return [w, out];"
+        )
+        assert width > 0 and not overflow, (name, width, overflow)

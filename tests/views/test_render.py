@@ -255,3 +255,13 @@ def test_a_leaf_root_is_drawn_as_the_root():
     report = gradscope.inspect(w, params={"w": w})
     src = report.to_dot().source
     assert re.search(r'label="w\\n3 float32" class="gs-param gs-root', src)
+
+
+def test_the_docs_format_table_is_the_code_table():
+    """docs/pictures.md lists the formats of views/formats.py, in order, with whether each runs a layout."""
+    from gradscope.views.formats import FORMATS
+
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "pictures.md").read_text(encoding="utf-8")
+    table = text.split("## Output formats", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `\.(\w+)` \| (yes|no) \|", table, flags=re.M)
+    assert rows == [(f.suffix, "yes" if f.needs_layout else "no") for f in FORMATS.values()]

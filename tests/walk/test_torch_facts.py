@@ -247,6 +247,25 @@ def test_foreach_norm_is_a_norm_per_tensor():
     assert all(torch.allclose(g, torch.linalg.vector_norm(t)) for g, t in zip(got, ts))
 
 
+def test_attention_kernel_choice():
+    """docs/internals.md#attention-kernel-choice: CPU flash without dropout (masks, grouped-query heads),
+    math with dropout or 3-d inputs; meta always math; a stride-0 CPU stand-in gets the CPU answer."""
+    q = torch.randn(2, 4, 8, 16, requires_grad=True)
+    kv = torch.randn(2, 2, 8, 16, requires_grad=True)
+    mask = torch.ones(8, 8, dtype=torch.bool).tril()
+    assert _torch.sdp_choice([q, q, q, None], {}) == 1
+    assert _torch.sdp_choice([q, q, q, mask], {}) == 1 and _torch.sdp_choice([q, q, q, mask.float()], {}) == 1
+    assert _torch.sdp_choice([q, kv, kv, None], {"enable_gqa": True}) == 1
+    assert _torch.sdp_choice([q, q, q, None], {"dropout_p": 0.1}) == 0
+    assert _torch.sdp_choice([q[0], q[0], q[0], None], {}) == 0
+    out = torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+    assert type(out.grad_fn).__name__ == "ScaledDotProductFlashAttentionForCpuBackward0"
+    m = q.detach().to("meta").requires_grad_()
+    assert _torch.sdp_choice([m, m, m, None], {}) == 0
+    stand_in = torch.empty(16).as_strided(q.shape, (0, 0, 0, 1)).requires_grad_()
+    assert _torch.sdp_choice([stand_in, stand_in, stand_in, None], {}) == 1
+
+
 def test_foreach_norm_dtype_refuses_float64_and_complex():
     for dtype in (torch.float64, torch.complex64):
         t = torch.ones(4, dtype=dtype)

@@ -94,13 +94,16 @@ def test_branch_skipped_on_step_2_with_stale_grad():
         opt.step()
         opt.zero_grad(set_to_none=False)            # .grad kept as zeros: stale, not None
         before = versions(model)
-        with pytest.raises(gradscope.GradientError) as exc:
-            model(X, head="a").sum().backward()     # step 2: head b skipped
+        model(X, head="a").sum().backward()         # step 2: head b skipped; judged at the step
         after = versions(model)
+        weight = model.b.weight.detach().clone()
+        with pytest.raises(gradscope.GradientError) as exc:
+            opt.step()                              # SGD holds b, which got nothing since its last step
     truth = set(after) - changed(before, after)
     assert truth == {"b.weight", "b.bias"} == flagged(exc, "none-grad")
     assert all(p.grad is not None for p in model.parameters())      # stale grads did not hide it
-    assert "backward 2" in str(exc.value)
+    assert torch.equal(model.b.weight, weight)                       # raised before the update
+    assert "since the previous step of SGD (checked at its step 2)" in str(exc.value)
     assert "2 of them still hold a .grad from an earlier step" in str(exc.value)
     assert guard.checks == 2
 

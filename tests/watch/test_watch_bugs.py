@@ -50,3 +50,206 @@ def test_user_callable_exception_goes_through():
     with gradscope.watch(model, on_error=on_error):
         with pytest.raises(Stop):
             (model.bias * 2).sum().backward()                        # weight gets no gradient
+
+
+class TwoTasks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Linear(4, 8)
+        self.task1, self.task2 = nn.Linear(8, 1), nn.Linear(8, 1)
+
+    def forward(self, x):
+        h = self.trunk(x).relu()
+        return self.task1(h), self.task2(h)
+
+
+def test_head_without_gradient_is_named_at_the_optimizer_step():
+    model = nn.ModuleDict({"trunk": nn.Linear(4, 8), "a": nn.Linear(8, 1), "b": nn.Linear(8, 1)})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with gradscope.watch(model) as guard:
+        for step in range(1, 4):
+            opt.zero_grad()
+            h = model["trunk"](torch.randn(3, 4))
+            model["a"](h).sum().backward(retain_graph=True)
+            (model["b"](h).sum() if step < 3 else h.sum()).backward()   # step 3: head b left out
+            held_none = {n for n, p in model.named_parameters() if p.grad is None or not p.grad.any()}
+            if step < 3:
+                opt.step()
+        weight = model["b"].weight.detach().clone()
+        with pytest.raises(gradscope.GradientError, match="checked at its step 3") as exc:
+            opt.step()
+    assert held_none == {"b.weight", "b.bias"}                      # torch: b's .grad is zero (set_to_none)
+    assert {p for f in exc.value.findings for p in f.params} == held_none
+    assert torch.equal(model["b"].weight, weight) and guard.backwards == 6
+
+
+def test_without_an_optimizer_judged_per_backward_with_the_accumulate_hint():
+    model = TwoTasks()
+    with gradscope.watch(model), pytest.raises(gradscope.GradientError, match="accumulate=N") as exc:
+        y1, _ = model(torch.randn(3, 4))
+        y1.sum().backward()
+    assert {p for f in exc.value.findings for p in f.params} == {"task2.weight", "task2.bias"}
+
+
+def test_layer_replaced_after_the_optimizer_is_not_optimized():
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with gradscope.watch(model) as guard:
+            model[2] = nn.Linear(8, 1)                             # after the optimizer was built
+            kinds_at = {}
+            for step in range(1, 4):
+                opt.zero_grad()
+                model(torch.randn(3, 4)).sum().backward()
+                before = model[2].weight.detach().clone()
+                opt.step()
+                assert model[2].weight.grad.abs().sum() > 0 and torch.equal(model[2].weight, before)   # torch
+                kinds_at[step] = dict(guard.counts)
+    assert kinds_at[1] == {} and kinds_at[2] == {"not-optimized": 2}
+    texts = [str(w.message) for w in said if "not-optimized" in str(w.message)]
+    assert len(texts) == 2 and "'2.weight'" in texts[0] and "'2.bias'" in texts[0]      # said once,
+    assert "replaced after the optimizer was built" in texts[0]
+    assert "summary over 3 backwards: not-optimized 4 times (2.bias, 2.weight)" in texts[1]   # then counted
+
+
+def test_parameter_replaced_after_the_optimizer_is_not_optimized():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+    with gradscope.watch(model, on_error=seen.extend):
+        model[1].weight = nn.Parameter(torch.randn(1, 4))
+        for _ in range(2):
+            opt.zero_grad()
+            model(torch.randn(3, 4)).sum().backward()
+            opt.step()
+    assert [(f.kind, f.params) for f in seen] == [("not-optimized", ("1.weight",))]
+
+
+class StatefulLSTM(nn.Module):
+    """Keeps its (h, c) in an attribute between calls; ``detach`` says whether it cuts the graph."""
+
+    def __init__(self, detach):
+        super().__init__()
+        self.cell, self.head = nn.LSTMCell(3, 8), nn.Linear(8, 1)
+        self.detach, self.state = detach, None
+
+    def forward(self, x):
+        if self.state is None:
+            self.state = (torch.zeros(x.shape[0], 8), torch.zeros(x.shape[0], 8))
+        h, c = self.cell(x, self.state)
+        self.state = (h.detach(), c.detach()) if self.detach else (h, c)
+        return self.head(h)
+
+
+def _torch_error(model_fn, steps):
+    """What torch itself raises on this loop (no gradscope): (step, message) or None."""
+    torch.manual_seed(0)
+    model, step = model_fn()
+    for i in range(1, steps + 1):
+        try:
+            step(model, i)
+        except RuntimeError as e:
+            return i, str(e)
+    return None
+
+
+def _lstm(detach):
+    model = StatefulLSTM(detach)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(m, i):
+        opt.zero_grad()
+        m(torch.randn(2, 3)).pow(2).mean().backward()
+        opt.step()
+
+    return model, step
+
+
+def test_stateful_lstm_state_carried_in_an_attribute():
+    truth = _torch_error(lambda: _lstm(False), 3)
+    assert truth is not None and truth[0] == 2 and "second time" in truth[1]
+    torch.manual_seed(0)
+    model, step = _lstm(False)
+    with gradscope.watch(model):
+        step(model, 1)
+        with pytest.raises(gradscope.GradientError, match="attribute 'state\\[0\\]' of the model") as exc:
+            step(model, 2)                                           # where torch raised, with our words
+    (f,) = exc.value.findings
+    assert f.kind == "carried-graph" and {"cell.weight_ih", "cell.weight_hh"} <= set(f.params)
+    assert "second time" in str(exc.value) and "detach" in f.message
+
+
+def test_spiking_membrane_buffer_carried_without_an_optimizer():
+    class Spiking(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 4)
+            self.register_buffer("mem", torch.zeros(2, 4))
+
+        def forward(self, x):
+            self.mem = 0.9 * self.mem + self.fc(x)                    # no detach between steps: the bug
+            return torch.sigmoid(self.mem)
+
+    def make():
+        model = Spiking()
+
+        def step(m, i):
+            m.zero_grad()
+            m(torch.randn(2, 3)).sum().backward()
+
+        return model, step
+
+    truth = _torch_error(make, 3)
+    assert truth is not None and truth[0] == 2
+    torch.manual_seed(0)
+    model, step = make()
+    with gradscope.watch(model), pytest.raises(gradscope.GradientError, match="buffer 'mem' of the model") as exc:
+        step(model, 1)
+        step(model, 2)
+    assert exc.value.findings[0].params == ("fc.bias", "fc.weight")
+
+
+class CachedAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.k, self.v, self.q = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x, past_key_values=None):
+        k, v = self.k(x), self.v(x)
+        if past_key_values is not None:
+            k = torch.cat([past_key_values[0][0], k], 1)
+            v = torch.cat([past_key_values[0][1], v], 1)
+        att = torch.softmax(self.q(x) @ k.transpose(1, 2), -1)
+        return att @ v, ((k, v),)
+
+
+def test_past_key_values_tuple_of_tuples_carried():
+    model = CachedAttention()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    past = None
+    with gradscope.watch(model):
+        out, past = model(torch.randn(1, 2, 4))
+        out.sum().backward()
+        opt.step()
+        with pytest.raises(gradscope.GradientError, match=r"input 'past_key_values' \(at past_key_values\[0\]\[0\]\)"):
+            model(torch.randn(1, 2, 4), past_key_values=past)        # caught at the forward
+    out, _ = model(torch.randn(1, 2, 4), past_key_values=past)
+    with pytest.raises(RuntimeError, match="second time"):           # torch: it was a bug
+        out.sum().backward()
+
+
+def test_cache_object_holding_tensors_carried():
+    from dataclasses import dataclass
+
+    @dataclass
+    class Cache:
+        layers: list
+
+    model = CachedAttention()
+    with gradscope.watch(model):
+        out, past = model(torch.randn(1, 2, 4))
+        out.sum().backward()
+        cache = Cache(layers=[past[0]])
+        with pytest.raises(gradscope.GradientError, match=r"at past_key_values\.layers\[0\]\[0\]"):
+            model(torch.randn(1, 2, 4), past_key_values=cache)

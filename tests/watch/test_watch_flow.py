@@ -112,10 +112,11 @@ def test_gradient_flow_svg_is_a_heat_map_of_the_history(tmp_path):
             model.zero_grad()
             model(torch.randn(6, 4)).pow(2).mean().backward()
     path = tmp_path / "flow.svg"
-    svg = guard.flow_svg(path)
+    assert guard.flow_svg(path) == str(path)                            # a path in, the path out
+    svg = guard.flow_svg()                                              # no path: the SVG text
     assert path.read_text() == svg
     root = ET.fromstring(svg)
-    assert root.tag == SVG + "svg" and int(root.get("width")) >= 360 and int(root.get("height")) > 44 + 5 * 14
+    assert root.tag == SVG + "svg" and int(root.get("width")) >= 360 and int(root.get("height")) > 58 + 5 * 14
     cells = [r for r in root.iter(SVG + "rect") if r.get("class") == "cell"]
     assert len(cells) == 5 * 4                                          # modules x steps
     titles = [c.find(SVG + "title").text for c in cells]

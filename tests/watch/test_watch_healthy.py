@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
 import torch
 from torch import nn
 
-from tests.watch._twins import twin
+from tests.watch._twins import snapshot, twin
 
 
 def _sgd(model, lr=0.01):
@@ -137,3 +138,149 @@ def test_siamese_with_a_detached_branch_is_not_stopped():
     texts = [str(w.message) for w in said]
     assert set(guard.counts) == {"graph-without-backward"}         # a warning, never raised
     assert len([t for t in texts if "graph-without-backward" in t]) == 1       # said once
+
+
+class GAN(nn.Module):
+    """Generator and discriminator in one module, as Lightning holds them."""
+
+    def __init__(self):
+        super().__init__()
+        self.G = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))
+        self.D = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+
+
+def test_gan_in_one_module_with_two_optimizers():
+    bce = nn.BCEWithLogitsLoss()
+
+    def build():
+        model = GAN()
+        return model, (torch.optim.Adam(model.G.parameters(), 1e-3), torch.optim.Adam(model.D.parameters(), 1e-3))
+
+    def step(model, opts, i):
+        opt_g, opt_d = opts
+        fake = model.G(torch.randn(8, 4))
+        opt_d.zero_grad()
+        real = torch.randn(8, 4)
+        before = snapshot(model.G)
+        (bce(model.D(real), torch.ones(8, 1)) + bce(model.D(fake.detach()), torch.zeros(8, 1))).backward()
+        assert all(a is b or torch.equal(a, b) for a, b in zip(before, snapshot(model.G)))  # torch: G got nothing
+        opt_d.step()
+        opt_g.zero_grad()
+        bce(model.D(fake), torch.ones(8, 1)).backward()
+        opt_g.step()
+
+    guard = twin(build, step, steps=4)
+    assert guard.counts == {} and guard.backwards == 8
+
+
+class TwoTasks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Linear(4, 8)
+        self.task1, self.task2 = nn.Linear(8, 1), nn.Linear(8, 1)
+
+    def forward(self, x):
+        h = self.trunk(x).relu()
+        return self.task1(h), self.task2(h)
+
+
+def test_multi_task_two_backwards_per_step():
+    def build():
+        model = TwoTasks()
+        return model, _sgd(model)
+
+    def step(model, opt, i):
+        opt.zero_grad()
+        y1, y2 = model(torch.randn(4, 4))
+        y1.pow(2).mean().backward(retain_graph=True)                   # task2 gets nothing from this one
+        assert model.task2.weight.grad is None or not model.task2.weight.grad.any()
+        y2.pow(2).mean().backward()
+        opt.step()
+
+    guard = twin(build, step)
+    assert guard.counts == {} and guard.backwards == 6
+
+
+def test_accumulation_over_micro_batches_without_accumulate():
+    def build():
+        model = TwoTasks()
+        return model, _sgd(model)
+
+    def step(model, opt, i):
+        opt.zero_grad()
+        for task in (0, 1):                                            # each micro-batch trains one task
+            model(torch.randn(4, 4))[task].pow(2).mean().backward()
+        opt.step()
+
+    guard = twin(build, step)
+    assert guard.counts == {}
+
+
+def test_lbfgs_step_with_a_closure():
+    def build():
+        model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+        return model, torch.optim.LBFGS(model.parameters(), max_iter=3)
+
+    x = torch.randn(6, 4)
+
+    def step(model, opt, i):
+        def closure():
+            opt.zero_grad()
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+
+    guard = twin(build, step)
+    assert guard.counts == {} and guard.backwards >= 3
+
+
+def test_hf_gpt2_with_clipping():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16)
+
+    def build():
+        model = transformers.GPT2LMHeadModel(config)
+        return model, torch.optim.AdamW(model.parameters(), 1e-3)
+
+    def step(model, opt, i):
+        opt.zero_grad()
+        ids = torch.randint(0, 64, (2, 12))
+        model(input_ids=ids, labels=ids).loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    guard = twin(build, step)
+    assert guard.counts == {}
+
+
+def test_stateful_lstm_done_right():
+    from tests.watch.test_watch_bugs import StatefulLSTM
+
+    def build():
+        model = StatefulLSTM(detach=True)
+        return model, _sgd(model)
+
+    guard = twin(build, lambda m, o, i: _mse_step(m, o, (2, 3)), steps=4)
+    assert guard.counts == {}
+
+
+def test_logging_attribute_that_no_backward_uses():
+    class Logs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 1)
+            self.last = None
+
+        def forward(self, x):
+            out = self.fc(x)
+            self.last = out                                            # kept for logging, never used again
+            return out
+
+    def build():
+        model = Logs()
+        return model, _sgd(model)
+
+    guard = twin(build, lambda m, o, i: _mse_step(m, o, (3, 4)), steps=4)
+    assert guard.counts == {}

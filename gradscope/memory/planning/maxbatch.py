@@ -41,14 +41,23 @@ class MaxBatch:
 
 
 def max_batch(
-    report, budget, optimizer=None, *, checkpoint=None, offload=None, batch_size=None, margin: float = 0.02
+    report,
+    budget,
+    optimizer=None,
+    *,
+    checkpoint=None,
+    offload=None,
+    batch_size=None,
+    margin: float = 0.02,
+    target=None,
 ) -> MaxBatch:
     """The largest integer batch whose predicted peak fits ``budget`` less ``margin`` (the prediction's
     tolerance, as in :func:`plan`), with the given changes applied.
 
     The peak is a replay per candidate batch: two points give the bytes per sample, the linear estimate is
     bracketed by doubling steps and the largest fitting batch found by bisection (about
-    ``2 * log2(error)`` replays, never one per batch size).
+    ``2 * log2(error)`` replays, never one per batch size). ``target``: the device (``"cpu"`` default,
+    ``"cuda"`` modelled, or a Target).
 
     Raises:
         InputValueError: a bad budget or margin, no activation that shows the batch, or a step in which
@@ -58,7 +67,7 @@ def max_batch(
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 0.5:
         raise InputValueError(f"margin= is a share of the budget in [0, 0.5), got {margin!r}.")
     limit = int(budget * (1 - margin))
-    one = what_if(report, checkpoint, offload, 1.0, optimizer, batch_size)
+    one = what_if(report, checkpoint, offload, 1.0, optimizer, batch_size, target=target)
     b0 = one.batch_size
     if not b0:
         raise InputValueError(
@@ -70,7 +79,7 @@ def max_batch(
 
     def peak(n: int) -> int:  # a replay per new batch; only the number is kept
         if n not in peaks:
-            peaks[n] = what_if(report, checkpoint, offload, n / b0, optimizer, b0).peak
+            peaks[n] = what_if(report, checkpoint, offload, n / b0, optimizer, b0, target=target).peak
         return peaks[n]
 
     growth = (peak(2 * b0) - one.peak) / b0  # bytes per sample, unrounded: a rounded one drifts far at large n

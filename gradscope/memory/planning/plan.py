@@ -20,16 +20,18 @@ Offloading (``save_on_cpu``) recomputes nothing but saves memory only off the CP
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gradscope._format import human_bytes
 from gradscope.errors import InputValueError
 from gradscope.graph import PARAMS
 from gradscope.graph.attribution import storage_uses
+from gradscope.memory.planning.idiom import contiguous, hf_switch, loss_note, prefer_switch, switch_note
 from gradscope.memory.planning.maxbatch import MaxBatch, max_batch
 from gradscope.memory.planning.plancode import parse_budget, plan_code, span_names
 from gradscope.memory.planning.select import module_regions, region_inputs, require_modules
 from gradscope.memory.planning.whatif import WhatIf, context, in_forward_order, step_device, what_if
+from gradscope.memory.targets import resolve
 
 __all__ = ["Plan", "MaxBatch", "plan", "max_batch", "parse_budget", "plan_code", "span_names"]
 
@@ -45,7 +47,8 @@ class Plan:
         recompute_flops / forward_flops: the FLOPs the plan runs again and those of the forward
             (estimated from shapes); code: the lines to add; result: the plan's :class:`WhatIf`.
         floor: bytes no plan can remove (parameters, buffers, gradients, optimizer state);
-        seconds: planning time; message: what is needed when nothing fits.
+        seconds: planning time; message: what is needed when nothing fits; notes: sentences in the
+            user's idiom (a Hugging Face model's own switch, a peak at the loss: ``idiom.py``).
     """
 
     budget: int
@@ -62,6 +65,7 @@ class Plan:
     seconds: float = 0.0
     message: str = ""
     device: str = "cpu"
+    notes: list[str] = field(default_factory=list)
 
     @property
     def recompute_share(self) -> float:
@@ -90,6 +94,7 @@ class Plan:
             )
         if self.message:
             lines.append("  " + self.message)
+        lines += ["  " + note for note in self.notes]
         if self.code and self.fits:
             lines += ["", "Add after building the model:", *(("    " + ln).rstrip() for ln in self.code.splitlines())]
         return "\n".join(lines)
@@ -121,13 +126,15 @@ class Plan:
                 graph.nodes[n].pop("planned", None)
 
     def to_svg(self, path=None, **kwargs) -> str:
-        """Before/after backward curves and the budget line in one SVG."""
+        """Before/after backward curves and the budget line in one SVG: the SVG text, or with ``path`` the
+        file written and its path (as ``render(path)``)."""
         from gradscope.memory.planning.planview import curves_svg
+        from gradscope.svgchart import svg_or_path
 
         res = self.result
         assert res is not None  # plan() always sets the result
         curves = [("before", res.baseline)] + ([("with the plan", res.memory)] if res else [])
-        return curves_svg(curves, path, budget=self.budget, **kwargs)
+        return svg_or_path(curves_svg(curves, budget=self.budget, **kwargs), path)
 
 
 def _candidates(report, names: list[str]) -> list[tuple[float, str, int, int]]:
@@ -163,7 +170,15 @@ def _nested(a: str, b: str) -> bool:
 
 
 def plan(
-    report, budget, optimizer=None, *, batch: float = 1.0, offload="auto", batch_size=None, margin: float = 0.02
+    report,
+    budget,
+    optimizer=None,
+    *,
+    batch: float = 1.0,
+    offload="auto",
+    batch_size=None,
+    margin: float = 0.02,
+    target=None,
 ) -> Plan:
     """The cheapest set of modules to checkpoint (and, off the CPU, offload) so that the step fits ``budget``.
 
@@ -175,12 +190,14 @@ def plan(
         offload: ``"auto"`` (only on an accelerator, after checkpointing), True or False.
         margin: the planner aims this share under the budget (the prediction's tolerance, 2%), so that
             the applied plan fits; ``fits`` still compares the predicted peak with the budget itself.
+        target: the device: ``"cpu"`` (default), ``"cuda"`` (modelled, not measured) or a Target.
 
     Returns:
         A :class:`Plan`; ``plan.fits`` is False (with ``plan.message`` saying what is needed) when no plan
         fits. See NOTE [the planner].
     """
     t0 = time.perf_counter()
+    dev = None if target is None else resolve(target)  # the name is reused below for the planner's aim
     limit = parse_budget(budget)
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 0.5:
         raise InputValueError(f"margin= is a share of the budget in [0, 0.5), got {margin!r}.")
@@ -189,19 +206,21 @@ def plan(
         raise InputValueError(f"offload= takes 'auto', True or False, got {offload!r}.")
     graph = report.graph
     names = require_modules(graph, "plan")
-    device = step_device(graph)
+    device = step_device(graph) if dev is None else dev.name
     can_offload = device != "cpu" and offload is not False
+    if dev is not None and not dev.measured:
+        device = dev.label
 
-    from gradscope.memory.replay.backward import replay
+    from gradscope.memory.replay.backward import Overrides, replay
 
-    unchanged = replay(report, None, optimizer=optimizer)
+    unchanged = replay(report, None if dev is None else Overrides(target=dev), optimizer=optimizer)
 
     memo: dict = {}
 
     def peak_of(ck, off):
         key = (frozenset(ck), frozenset(off))
         if key not in memo:
-            memo[key] = what_if(report, ck, off, batch, optimizer, batch_size, baseline=unchanged)
+            memo[key] = what_if(report, ck, off, batch, optimizer, batch_size, baseline=unchanged, target=dev)
         return memo[key]
 
     base = peak_of([], [])
@@ -225,9 +244,14 @@ def plan(
             chosen, off, best = min(fitting, key=lambda r: (r[2].recompute_flops, r[2].peak))
         elif results:
             chosen, off, best = min(results, key=lambda r: (r[2].peak, r[2].recompute_flops))
+    if chosen and best.peak <= target:  # NOTE in idiom.py: a range rather than a list with holes
+        chosen, best = contiguous(chosen, off, best, peak_of, target, set(names))
+        chosen, best = prefer_switch(graph, chosen, off, best, peak_of, target)
     fits = best.peak <= limit
     message = "" if fits else _not_fit(best, limit, floor, bool(chosen or off))
     chosen, off = in_forward_order(report, chosen), in_forward_order(report, off)
+    notes = [switch_note(graph, chosen, off, peak_of, limit, best.recompute_flops) if fits else None]
+    notes.append(loss_note(graph, base.memory, base.peak - best.peak, fits))
     return Plan(
         budget=limit,
         checkpoint=chosen,
@@ -238,11 +262,12 @@ def plan(
         recompute_flops=best.recompute_flops,
         forward_flops=best.forward_flops,
         floor=floor,
-        code=plan_code(chosen, off),
+        code=(None if off else hf_switch(graph, chosen)) or plan_code(chosen, off),
         result=best,
         seconds=time.perf_counter() - t0,
         message=message,
         device=device,
+        notes=[n for n in notes if n],
     )
 
 

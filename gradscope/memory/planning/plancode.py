@@ -59,30 +59,47 @@ def budget_note(budget) -> str | None:
     )
 
 
-def span_names(names: list[str]) -> str:
-    """``['blocks.4', ..., 'blocks.11'] -> 'blocks.4-11'`` (consecutive numbered siblings joined)."""
-    out: list[str] = []
-    run: list[tuple[str, int]] = []
+_NUMBERED = re.compile(r"^(?P<head>.*?)\.(?P<i>\d+)(?P<tail>(?:\.[^.\d][^.]*)*)$")
 
-    def flush():
-        if len(run) > 2:
-            out.append(f"{run[0][0]}.{run[0][1]}-{run[-1][1]}")
-        else:
-            out.extend(f"{p}.{i}" for p, i in run)
-        run.clear()
 
+def _runs(names: list[str]) -> list:
+    """``names`` as items: a name, or ``(head, first, last, tail)`` for 3+ consecutive numbered siblings
+    (``blocks.4`` ... ``blocks.11`` or ``h.0.mlp`` ... ``h.2.mlp``, the last number counting)."""
+    out: list = []
     for n in names:
-        head, _, tail = n.rpartition(".")
-        if head and tail.isdigit() and run and run[-1][0] == head and run[-1][1] + 1 == int(tail):
-            run.append((head, int(tail)))
-            continue
-        flush()
-        if head and tail.isdigit():
-            run.append((head, int(tail)))
-        else:
+        m = _NUMBERED.match(n)
+        if m is None:
             out.append(n)
-    flush()
-    return ", ".join(out)
+            continue
+        head, i, tail = m["head"], int(m["i"]), m["tail"]
+        last = out[-1] if out else None
+        if isinstance(last, list) and last[0] == head and last[3] == tail and last[2] + 1 == i:
+            last[2] = i
+        else:
+            out.append([head, i, i, tail])
+    items: list = []
+    for it in out:
+        if isinstance(it, list) and it[2] - it[1] >= 2:
+            items.append(tuple(it))
+        elif isinstance(it, list):
+            items += [f"{it[0]}.{j}{it[3]}" for j in range(it[1], it[2] + 1)]
+        else:
+            items.append(it)
+    return items
+
+
+def span_names(names: list[str]) -> str:
+    """``['blocks.4', ..., 'blocks.11'] -> 'blocks[4:12]'`` (3+ consecutive numbered siblings as a slice)."""
+    return ", ".join(it if isinstance(it, str) else f"{it[0]}[{it[1]}:{it[2] + 1}]{it[3]}" for it in _runs(names))
+
+
+def _names_expr(names: list[str]) -> str:
+    """Python for the list ``names``: a range comprehension for a contiguous run, else the list itself."""
+    items = _runs(names)
+    if len(items) == 1 and not isinstance(items[0], str):
+        head, a, b, tail = items[0]
+        return f'[f"{head}.{{i}}{tail}" for i in range({a}, {b + 1})]'
+    return repr(names)
 
 
 def plan_code(checkpoint: list[str], offload: list[str], model: str = "model") -> str:
@@ -93,7 +110,7 @@ def plan_code(checkpoint: list[str], offload: list[str], model: str = "model") -
             "from functools import partial",
             "from torch.utils.checkpoint import checkpoint",
             "",
-            f"for name in {checkpoint!r}:",
+            f"for name in {_names_expr(checkpoint)}:",
             f"    module = {model}.get_submodule(name)",
             "    module.forward = partial(checkpoint, module.forward, use_reentrant=False)",
         ]
@@ -107,7 +124,7 @@ def plan_code(checkpoint: list[str], offload: list[str], model: str = "model") -
             "            return forward(*args, **kwargs)",
             "    return run",
             "",
-            f"for name in {offload!r}:",
+            f"for name in {_names_expr(offload)}:",
             f"    module = {model}.get_submodule(name)",
             "    module.forward = offloaded(module.forward)",
         ]

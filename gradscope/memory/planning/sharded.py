@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.memory.planning.select import Scaler
-from gradscope.memory.planning.whatif import change_overrides, context, replay_change, what_if
+from gradscope.memory.planning.whatif import change_overrides, context, in_forward_order, replay_change, what_if
 from gradscope.memory.sharding.ddp import ddp_step
 from gradscope.memory.sharding.result import ShardedStep
 from gradscope.memory.sharding.specs import DDP, FSDP
@@ -51,4 +51,28 @@ def sharded_what_if(
     change = wi.change()
     if isinstance(spec, DDP):
         return ddp_step(report.graph, spec, run, before=wi.before, single=wi.peak, change=change, device=device)
-    raise InputValueError(f"what_if(shard={spec!r}) is not predicted yet: FSDP2's per-rank timeline is not built.")
+    if spec.param_dtype or spec.offload:
+        raise InputValueError(
+            f"what_if(shard={spec!r}): FSDP2 with a mixed-precision or offload policy is not predicted yet "
+            "(the traced step's activations are in its own dtype); drop mp_policy / offload_policy."
+        )
+    from gradscope.memory.sharding.fsdp import fsdp_step
+
+    modules = in_forward_order(report, sorted({m for m in wi.memory.modules if m} | _all_modules(report)))
+    return fsdp_step(
+        report.graph,
+        spec,
+        wi.memory,
+        optimizer,
+        modules=modules,
+        before=wi.before,
+        single=wi.peak,
+        change=change,
+        device=device,
+    )
+
+
+def _all_modules(report) -> set[str]:
+    from gradscope.graph import CALLED_MODULES
+
+    return set(report.graph.graph.get(CALLED_MODULES) or ())

@@ -117,10 +117,12 @@ class WhatIf:
         return f"<gradscope.WhatIf {self.change()}: peak {human_bytes(self.peak)} (was {human_bytes(self.before)})>"
 
     def to_svg(self, path=None, **kwargs) -> str:
-        """Before/after backward curves in one SVG (see :func:`gradscope.memory.planview.curves_svg`)."""
+        """Before/after backward curves in one SVG (see :func:`gradscope.memory.planview.curves_svg`): the
+        SVG text, or with ``path`` the file written and its path (as ``render(path)``)."""
         from gradscope.memory.planning.planview import curves_svg
+        from gradscope.svgchart import svg_or_path
 
-        return curves_svg([("before", self.baseline), (self.change(), self.memory)], path, **kwargs)
+        return svg_or_path(curves_svg([("before", self.baseline), (self.change(), self.memory)], **kwargs), path)
 
 
 _CONTEXT_KEY = "memory.planning.whatif.context"  # in report.cache
@@ -199,9 +201,9 @@ def _scale(scaler: Scaler, graph, k: float):
     return scale
 
 
-def change_overrides(report, checkpoint=(), offload=(), batch: float = 1.0, scaler: Scaler | None = None):
+def change_overrides(report, checkpoint=(), offload=(), batch: float = 1.0, scaler: Scaler | None = None, target=None):
     """``(Overrides, notes, checkpoint regions, offloaded node ids)`` for checkpointed / offloaded module
-    names (already resolved)."""
+    names (already resolved), predicted for device ``target`` (a Target or None)."""
     from gradscope.memory.replay.backward import Overrides
 
     graph = report.graph
@@ -211,7 +213,7 @@ def change_overrides(report, checkpoint=(), offload=(), batch: float = 1.0, scal
     notes = []
     off_nodes: set = set()
     if offload:
-        if ctx["device"] == "cpu":
+        if (ctx["device"] if target is None else target.name) == "cpu":
             notes.append(
                 "the step runs on the CPU, where save_on_cpu() keeps each saved tensor where it is "
                 "(tensor.cpu() returns the tensor itself): offloading saves no memory"
@@ -229,7 +231,7 @@ def change_overrides(report, checkpoint=(), offload=(), batch: float = 1.0, scal
                 "pass batch_size= (the batch of the traced forward)."
             )
         scale = _scale(scaler, graph, batch)
-    return Overrides(scale=scale), notes, regions, frozenset(off_nodes)  # rewrite.py applies the last two
+    return Overrides(scale=scale, target=target), notes, regions, frozenset(off_nodes)  # rewrite.py: the last two
 
 
 class _Rewritten:
@@ -305,6 +307,7 @@ def what_if(
     optimizer=None,
     batch_size: int | None = None,
     baseline=None,
+    target=None,
 ) -> WhatIf:
     """Predict the step's memory with modules checkpointed, offloaded, or the batch scaled by ``batch``.
 
@@ -318,13 +321,16 @@ def what_if(
         optimizer: a ``torch.optim.Optimizer``: the peak then runs to the end of ``optimizer.step()``.
         batch_size: the traced forward's batch size, when the guess from the shapes is wrong.
         baseline: the unchanged step's replay when the caller has it (the planner), else replayed here.
+        target: the device: ``"cpu"`` (default), ``"cuda"`` (modelled, not measured) or a Target.
 
     Raises:
         InputValueError: the report was not traced, a pattern matches no module, a module is in both lists.
         InputTypeError: an argument of the wrong type.
     """
-    from gradscope.memory.replay.backward import replay
+    from gradscope.memory.replay.backward import Overrides, replay
+    from gradscope.memory.targets import resolve as resolve_target
 
+    dev = None if target is None else resolve_target(target)
     graph = report.graph
     names = require_modules(graph, "what_if")
     ck = in_forward_order(report, resolve(graph, checkpoint, "checkpoint", names))
@@ -332,8 +338,9 @@ def what_if(
     _overlap(ck, off)
     k = _batch_factor(batch)
     scaler = _scaler(report, batch_size)
-    ov, notes, regions, off_nodes = change_overrides(report, ck, off, k, scaler)
-    before = baseline if baseline is not None else replay(report, None, optimizer=optimizer)
+    ov, notes, regions, off_nodes = change_overrides(report, ck, off, k, scaler, dev)
+    unchanged = None if dev is None else Overrides(target=dev)
+    before = baseline if baseline is not None else replay(report, unchanged, optimizer=optimizer)
     after = replay_change(report, ov, regions, off_nodes, optimizer)
     grown = _loss_buffer(graph, k)
     if grown:  # a scalar loss viewing its elementwise buffer (MSE): the buffer has the batch's shape
@@ -357,6 +364,6 @@ def what_if(
         scaled=scaled,
         fixed=fixed,
         fixed_examples=examples,
-        device=context(report)["device"],
+        device=context(report)["device"] if dev is None else dev.label,
         notes=notes,
     )

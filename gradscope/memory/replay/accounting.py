@@ -18,6 +18,7 @@ __all__ = [
     "step_base",
     "batch_bytes",
     "peak_by_module",
+    "peak_blocks",
 ]
 
 
@@ -28,9 +29,20 @@ class Overrides:
     offload: frozenset = frozenset()
     scale: object = None
     has_grad: dict | None = None
+    target: object = None  # a gradscope.memory.targets.Target (None: the CPU), NOTE [device targets]
 
 
-def storage_sizes(prog: Program, scale):
+def storage_sizes(prog: Program, scale, alloc=None):
+    """``(storage key -> bytes, gradient size callable or None)`` with ``scale`` applied, then ``alloc``
+    (a device target's ``allocated``: the bytes a block of that size counts on the device)."""
+    if alloc is not None:
+        base, inner = storage_sizes(prog, scale)
+        sizes = {key: alloc(n) for key, n in base.items()}
+
+        def rounded(u, k, nbytes):
+            return alloc(inner(u, k, nbytes) if inner is not None else nbytes)
+
+        return sizes, rounded
     if scale is None:
         return prog.storages, None
     sizes = {}
@@ -63,15 +75,17 @@ def grad_names(prog: Program, has_grad: dict) -> set:
     return {info[i][1] if i in info else prog.attrs[i].get("name") for i, g in has_grad.items() if g}
 
 
-def step_base(prog: Program, graph, sizes: dict, drop, has_grad: dict, scale) -> dict:
-    """What is alive when backward starts, by kind (bytes)."""
+def step_base(prog: Program, graph, sizes: dict, drop, has_grad: dict, scale, alloc=None) -> dict:
+    """What is alive when backward starts, by kind (bytes); ``alloc`` rounds each tensor as a device would."""
     params = graph.graph.get(PARAMS, {})
+    if alloc is None:
+        alloc = int
     param_keys = set()  # ("s", sid) of each parameter storage
     p_bytes = g_bytes = 0
     info = prog.leaves()
     leaf_names = {name: i for i, (_, name) in info.items()}
     for name, p in params.items():  # one pass: parameter bytes (shared storages once), their .grads
-        nbytes = numel_bytes(p.get("shape"), p.get("dtype"))
+        nbytes = alloc(numel_bytes(p.get("shape"), p.get("dtype")))
         sid = p.get("storage")
         if sid is None:
             p_bytes += nbytes
@@ -93,18 +107,19 @@ def step_base(prog: Program, graph, sizes: dict, drop, has_grad: dict, scale) ->
         if kind == "input":
             nbytes = prog.grad_bytes[i][0]
             if has_grad.get(i):
+                nbytes = alloc(nbytes)
                 g_bytes += nbytes
             sid = saved_inputs.get(ids[i])
             key = ("s", sid)
             if sid is not None and key in sizes and key not in param_keys and key not in drop:
                 continue  # an op saved this input: its storage is counted once, among the activations
-            inputs += int(scale(prog.grad_shapes[i][0], "float32", nbytes)) if scale else nbytes
+            inputs += alloc(int(scale(prog.grad_shapes[i][0], "float32", nbytes)) if scale else nbytes)
     shapes, stored = graph.graph.get(ROOT_SHAPES, ()), graph.graph.get(ROOT_STORAGE_BYTES) or ()
     loss = sum(
-        stored[i] if i < len(stored) and stored[i] is not None else numel_bytes(s, "float32")
+        alloc(stored[i] if i < len(stored) and stored[i] is not None else numel_bytes(s, "float32"))
         for i, s in enumerate(shapes)
     )  # the loss's storage: MSE's scalar views its whole buffer
-    buffers = sum(n for sid, n in graph.graph.get(BUFFERS, ()) if sid is None or ("s", sid) not in sizes)
+    buffers = sum(alloc(n) for sid, n in graph.graph.get(BUFFERS, ()) if sid is None or ("s", sid) not in sizes)
     return {
         "parameters": p_bytes,
         "buffers": buffers,
@@ -190,3 +205,24 @@ def peak_by_module(prog: Program, snapshot: dict, origin: dict, sizes: dict, dro
     if freed:
         rows.append(("(saved tensors freed before the peak)", "freed", -freed))
     return rows
+
+
+#: The parts of ``step_base`` held as storages the replay does not list one by one.
+_WHOLE = ("parameters", "saved activations and inputs")
+
+
+def peak_blocks(graph, snapshot: dict, parts: dict, alloc=None) -> list[int]:
+    """The sizes of the blocks alive at backward's peak, for a device target's ``reserved()`` estimate: what
+    the replay's snapshot holds, each parameter, and every other part of the step's base as one block
+    (the optimizer's new state and its temporaries, which come later, are not included)."""
+    alloc = alloc or int
+    params = graph.graph.get(PARAMS, {})
+    blocks, seen = [], set()
+    for p in params.values():
+        sid = p.get("storage")
+        if sid is None or sid not in seen:
+            seen.add(sid)
+            blocks.append(alloc(numel_bytes(p.get("shape"), p.get("dtype"))))
+    blocks += [n for key, n in snapshot.items() if n > 0 and not (type(key) is tuple and key[1] in seen)]
+    blocks += [n for name, n in parts.items() if name not in _WHOLE and n > 0]
+    return blocks

@@ -30,6 +30,8 @@ Internal API (for what-if planning, issue 13)
 - ``scale``: a callable ``(shape: list[int], dtype: str, nbytes: int) -> int`` applied to every storage
   and gradient size (e.g. ``batch_scale(k, batch)`` scales tensors whose leading dim is the batch).
 - ``has_grad``: ``{param name: bool}`` overriding whether ``.grad`` is already set.
+- ``target``: a ``gradscope.memory.targets.Target`` (None: the CPU): each storage and gradient counted as
+  that device's allocator counts it, its fixed workspaces and optimizer implementation (NOTE [device targets]).
 
 The same function serves ``report.backward_memory()``: ``BackwardMemory`` is ``replay(report)`` with node
 ids, modules and locations filled in.
@@ -51,6 +53,7 @@ from gradscope.memory.replay.accounting import (
     batch_bytes,
     grad_names,
     offloaded_keys,
+    peak_blocks,
     peak_by_module,
     step_base,
     storage_sizes,
@@ -62,6 +65,7 @@ from gradscope.memory.replay.optimizer import step_budget
 from gradscope.memory.replay.reentrant import modelled_region, node_effect
 from gradscope.memory.replay.result import BackwardMemory
 from gradscope.memory.replay.simulate import Trace, simulate
+from gradscope.memory.targets import Target, resolve
 
 __all__ = [
     "BackwardMemory",
@@ -165,7 +169,9 @@ def replay(
     ov = overrides or _NO_OVERRIDES
     prog = program(report)
     graph = report.peek_graph() if hasattr(report, "peek_graph") else report.graph  # no DiGraph needed
-    sizes, grad_scale = storage_sizes(prog, ov.scale)
+    target = resolve(ov.target)
+    alloc = None if type(target).allocated is Target.allocated else target.allocated  # CPU: bytes as asked
+    sizes, grad_scale = storage_sizes(prog, ov.scale, alloc)
     drop = offloaded_keys(prog, ov)
     has_grad = prog.has_grad  # read-only below; copied when overridden
     if ov.has_grad:
@@ -174,7 +180,7 @@ def replay(
             if name in ov.has_grad:
                 has_grad[i] = bool(ov.has_grad[name])
     inn = _innode(prog, run_custom) if workspace else InNode()
-    ws = {v: w for v in inn.bytes if (w := scaled(inn, v, grad_scale))}
+    ws = {v: (alloc(w) if alloc else w) for v in inn.bytes if (w := scaled(inn, v, grad_scale))}
     tr: Trace = simulate(
         prog,
         retain_graph=retain_graph,
@@ -187,7 +193,13 @@ def replay(
     step = None
     high = tr.peak
     if optimizer is not None:  # read now: the optimizer's state changes with every step
-        step = step_budget(optimizer, graph, has_grad_names=grad_names(prog, has_grad), after=tr.end)
+        step = step_budget(
+            optimizer,
+            graph,
+            has_grad_names=grad_names(prog, has_grad),
+            after=tr.end,
+            target=None if ov.target is None else target,
+        )
         high = max(high, tr.end + step.peak)
     ids = prog.ids
     locs = {}
@@ -203,21 +215,34 @@ def replay(
             if loc:
                 locs[ids[v]] = loc
 
+    snaps: list = []
+
+    def snapshot() -> Trace:  # what is alive at backward's peak, simulated again once, when asked
+        if not snaps:
+            snaps.append(
+                simulate(
+                    prog,
+                    retain_graph=retain_graph,
+                    has_grad=has_grad,
+                    storage_bytes=sizes,
+                    grad_scale=grad_scale,
+                    workspace=ws or None,
+                    drop=drop,
+                    snapshot_at=tr.peak_at,
+                )
+            )
+        return snaps[0]
+
     def contributors() -> list[tuple[str, str, int]]:
-        snap = simulate(
-            prog,
-            retain_graph=retain_graph,
-            has_grad=has_grad,
-            storage_bytes=sizes,
-            grad_scale=grad_scale,
-            workspace=ws or None,
-            drop=drop,
-            snapshot_at=tr.peak_at,
-        )
+        snap = snapshot()
         return peak_by_module(prog, snap.snapshot or {}, snap.origin, sizes, drop)
 
+    def reserved(parts: dict) -> int:
+        return target.reserved(peak_blocks(graph, snapshot().snapshot or {}, parts, alloc))
+
     def deferred() -> dict:  # NOTE [deferred fields]: read from the compiled graph only, which nothing changes
-        parts = step_base(prog, graph, sizes, drop, has_grad, ov.scale)
+        parts = step_base(prog, graph, sizes, drop, has_grad, ov.scale, alloc)
+        parts.update(target.fixed_parts(prog.name))
         if inputs is not None:
             ptrs = getattr(getattr(graph, "compact", None), "storage_ptrs", None)
             parts["leaf inputs"] += batch_bytes(prog, graph, inputs, sizes, drop, ptrs, ov.scale)
@@ -244,6 +269,7 @@ def replay(
             "unmodelled_why": {**unknown, **why},
             "innode_unknown": unknown,
             "notes": notes,
+            "_reserved": lambda: reserved(parts),
         }
 
     try:
@@ -254,6 +280,7 @@ def replay(
         deferred,
         _contributors=contributors,
         _report=ref,
+        target=target,
         order=list(map(ids.__getitem__, tr.order)),
         levels=tr.levels,  # the trace's own lists: nothing else keeps or changes them
         peak=tr.peak,
@@ -295,17 +322,17 @@ def _unmodelled_regions(prog: Program) -> tuple[list, dict]:
 
 
 def backward_memory(
-    report, retain_graph: bool = False, optimizer=None, inputs=None, run_custom: bool = False
+    report, retain_graph: bool = False, optimizer=None, inputs=None, target=None, run_custom: bool = False
 ) -> BackwardMemory:
     """``report.backward_memory()``: the unchanged step (see :class:`BackwardMemory`); ``inputs``: the batch
-    the caller holds through the step, for the absolute peak (:func:`replay`); ``run_custom=True`` runs
-    custom autograd.Functions' backward on random tensors to measure their in-node memory."""
+    the caller holds through the step, for the absolute peak (:func:`replay`); ``target``: the device
+    (``"cpu"`` by default, ``"cuda"`` or a Target: NOTE [device targets]); ``run_custom=True`` runs custom
+    autograd.Functions' backward on random tensors to measure their in-node memory."""
+    ov = None if target is None else Overrides(target=resolve(target))
     enabled = gc.isenabled()
     gc.disable()  # the replay allocates many small objects; generational passes would dominate its time
     try:
-        return replay(
-            report, None, optimizer=optimizer, retain_graph=retain_graph, inputs=inputs, run_custom=run_custom
-        )
+        return replay(report, ov, optimizer=optimizer, retain_graph=retain_graph, inputs=inputs, run_custom=run_custom)
     finally:
         if enabled:
             gc.enable()

@@ -72,12 +72,15 @@ def _state_bytes(opt) -> int:
     return total
 
 
-def step_budget(opt, graph=None, *, has_grad_names=(), after: int = 0) -> StepBudget:
+def step_budget(opt, graph=None, *, has_grad_names=(), after: int = 0, target=None) -> StepBudget:
     """Predict ``opt.step()`` after the replayed backward (see NOTE [optimizer step memory]).
 
     A parameter is updated when it has a ``.grad`` now or the graph reaches it (by identity when the
-    graph recorded it, else by shape).
+    graph recorded it, else by shape). ``target`` (a device target, NOTE [device targets]) sets the
+    default implementation and how each state tensor is rounded; Adam's ``step`` counters then stay on the
+    CPU, as torch keeps them there off the CPU unless ``capturable`` or ``fused``.
     """
+    alloc = int if target is None else target.allocated
     reached = _reached(graph)
     kind = type(opt).__name__
     level = peak = new_state = 0
@@ -86,18 +89,21 @@ def step_budget(opt, graph=None, *, has_grad_names=(), after: int = 0) -> StepBu
     for group in opt.param_groups:
         params = [p for p in group["params"] if p.grad is not None or id(p) in reached]
         count += len(params)
-        sizes = [_nbytes(p) for p in params]
+        sizes = [alloc(_nbytes(p)) for p in params]
         fresh = [len(opt.state.get(p, {})) == 0 for p in params]
-        foreach = bool(group.get("foreach")) or (
-            group.get("foreach") is None and params and params[0].device.type not in ("cpu", "meta")
-        )
+        on_device = target.foreach_optimizer() if target is not None else None
+        if on_device is None:
+            on_device = bool(params) and params[0].device.type not in ("cpu", "meta")
+        foreach = bool(group.get("foreach")) or (group.get("foreach") is None and on_device)
+        on_cpu = target is None or target.name == "cpu"
+        step_bytes = alloc(4) if on_cpu or group.get("capturable") or group.get("fused") else 0
         if isinstance(opt, torch.optim.Adam):  # AdamW subclasses Adam
             impl = "foreach" if foreach else "single-tensor"
             per = 3 if group.get("amsgrad") else 2
             for n, f in zip(sizes, fresh):
                 if f:
-                    new_state += per * n + 4
-                    level += per * n + 4
+                    new_state += per * n + step_bytes
+                    level += per * n + step_bytes
             peak = max(peak, level)
             wd_temp = group.get("weight_decay", 0) and not getattr(opt, "_gs_decoupled", kind == "AdamW")
             if group.get("decoupled_weight_decay"):

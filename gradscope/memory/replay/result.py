@@ -42,6 +42,8 @@ class BackwardMemory:
         innode_unknown: node id -> why its in-node memory (kernel workspace, a formula's temporaries) is
             neither measured nor modelled (memory/kernels/workspace.py NOTE [in-node memory]).
         notes: sentences on how the numbers were obtained (extrapolated sizes, a running profiler).
+        target: the device target (``"cpu"`` unless ``target=`` said otherwise); a target not measured on
+            its device makes every printed view say "modelled, not measured".
     """
 
     order: list
@@ -62,6 +64,7 @@ class BackwardMemory:
     unmodelled_why: dict = field(default_factory=dict)  # node id -> why a traced region was not replayed
     innode_unknown: dict = field(default_factory=dict)  # node id -> why its in-node memory is not known
     notes: list = field(default_factory=list)  # sentences about how the numbers were obtained
+    target: Any = None  # the device target it was predicted for (gradscope.memory.targets; None: the CPU)
     # the rows, or a function computing them on first use
     _contributors: list[tuple[str, str, int]] | Callable[[], list[tuple[str, str, int]]] | None = field(
         default=None, repr=False, compare=False
@@ -97,6 +100,13 @@ class BackwardMemory:
             got = self._contributors = got()
         return got
 
+    def reserved(self) -> int:
+        """An estimate of the memory the device's allocator holds at backward's peak (CUDA: the caching
+        allocator's segments behind the live blocks, without fragmentation: a lower bound of
+        ``torch.cuda.memory_reserved()``; CPU: the live bytes)."""
+        make = getattr(self, "_reserved", None)
+        return int(make()) if callable(make) else self.absolute_peak
+
     @property
     def peak_module(self) -> str | None:
         """The module of the peak node (None when unknown)."""
@@ -116,10 +126,12 @@ class BackwardMemory:
         return budget_rows(self)
 
     def to_svg(self, path=None, **kwargs) -> str:
-        """The memory-over-backward curve as SVG (module bands, the peak marked); writes ``path`` when given."""
+        """The memory-over-backward curve as SVG (module bands, the peak marked): the SVG text, or with
+        ``path`` the file written and its path (as ``render(path)``)."""
         from gradscope.memory.replay.views import curve_svg
+        from gradscope.svgchart import svg_or_path
 
-        return curve_svg(self, path, **kwargs)
+        return svg_or_path(curve_svg(self, **kwargs), path)
 
     def render(self, path, **kwargs):
         """``report.render(path)`` with the peak node marked (label ``memory peak: ...``, class
@@ -155,5 +167,16 @@ class BackwardMemory:
 # below are filled from the compiled graph on first access, with the same values (a report's records do
 # not change; tests/memory/test_backward_memory_compact.py checks them against a direct computation).
 _DEFERRED = frozenset(
-    {"base", "absolute_peak", "parts", "workspace", "names", "unmodelled", "unmodelled_why", "innode_unknown", "notes"}
+    {
+        "base",
+        "absolute_peak",
+        "parts",
+        "workspace",
+        "names",
+        "unmodelled",
+        "unmodelled_why",
+        "_reserved",
+        "innode_unknown",
+        "notes",
+    }
 )

@@ -8,7 +8,7 @@ from pathlib import Path
 from gradscope._format import human_bytes, plural
 from gradscope.graph.attribution import NO_MODULE
 
-__all__ = ["text", "budget_rows", "curve_svg", "repr_html", "BAND_COLOURS"]
+__all__ = ["text", "budget_rows", "phase_peaks", "curve_svg", "repr_html", "BAND_COLOURS"]
 
 BAND_COLOURS = ("#e8f0fb", "#fbeee8", "#eaf7ea", "#f6eefb", "#fbf8e3", "#e9f6f7")
 
@@ -27,15 +27,49 @@ def _where(bm) -> str:
     return text
 
 
-def budget_rows(bm) -> list[tuple[str, int]]:
-    """``(what, bytes)`` rows of the step budget, ending with the absolute peak."""
-    rows = [(k, v) for k, v in bm.parts.items() if v]
-    rows.append(("backward's transient peak (above its start)", max(bm.peak, 0)))
+def phase_peaks(bm) -> dict[str, int]:
+    """The step's phases and the absolute peak of each: ``{"backward": ..., "AdamW.step()": ...}`` (bytes
+    alive when backward starts plus the highest level the phase reaches). ``bm.absolute_peak`` is their
+    maximum, never their sum."""
+    out = {"backward": bm.base + max(bm.peak, 0)}
     if bm.step is not None:
-        rows.append((f"{bm.step.name}.step(): state it creates", bm.step.state_new))
-        rows.append((f"{bm.step.name}.step(): its peak (above its start)", bm.step.peak))
+        out[f"{bm.step.name}.step()"] = bm.base + bm.end + bm.step.peak
+    return out
+
+
+def budget_rows(bm) -> list[tuple[str, int]]:
+    """``(what, bytes)`` rows of the step budget: what is alive when backward starts, by kind, and their sum;
+    then each phase's absolute peak; then the step's absolute peak, the largest phase (not a sum of rows)."""
+    rows = [(k, v) for k, v in bm.parts.items() if v]
+    rows.append(("alive when backward starts", bm.base))
+    rows += [(f"peak during {phase}", b) for phase, b in phase_peaks(bm).items()]
     rows.append(("absolute peak of the step", bm.absolute_peak))
     return rows
+
+
+def _budget_lines(bm) -> list[str]:
+    """The step budget as text: the parts, their sum, the phases' absolute peaks, the largest of them."""
+    rows = budget_rows(bm)
+    width = max(len(k) for k, _ in rows) + 2
+    phases = phase_peaks(bm)
+    top = max(phases, key=lambda k: phases[k])
+    lines = ["step budget (absolute bytes; the step's peak is its largest phase, not a sum of the rows):"]
+    for k, v in rows:
+        if k == "alive when backward starts":
+            lines.append(f"  {'= ' + k:<{width}}  {human_bytes(v):>10}")
+        elif k == "peak during backward":
+            lines.append(f"  {k:<{width}}  {human_bytes(v):>10}  (+{human_bytes(max(bm.peak, 0))} above its start)")
+        elif k.startswith("peak during ") and bm.step is not None:
+            st = bm.step
+            lines.append(
+                f"  {k:<{width}}  {human_bytes(v):>10}  (+{human_bytes(st.peak)} above the end of backward, "
+                f"{human_bytes(bm.base + bm.end)}; new state {human_bytes(st.state_new)}, kept)"
+            )
+        elif k == "absolute peak of the step":
+            lines.append(f"  {k:<{width}}  {human_bytes(v):>10}  (max of the phases: during {top})")
+        else:
+            lines.append(f"    {k:<{width - 2}}  {human_bytes(v):>10}")
+    return lines
 
 
 def text(bm, top: int = 5) -> str:
@@ -45,6 +79,12 @@ def text(bm, top: int = 5) -> str:
         f"  {len(bm.order)} nodes; after backward: {'+' if bm.end >= 0 else ''}{human_bytes(bm.end)} "
         "(gradients kept minus saved tensors freed).",
     ]
+    target = getattr(bm, "target", None)
+    if target is not None and target.note:  # NOTE [device targets]: a prediction not checked on its device
+        lines.append(f"  {target.note}; not modelled: {'; '.join(target.unmodelled)}.")
+        lines.append(
+            f"  reserved by the allocator at backward's peak (estimate, a lower bound): {human_bytes(bm.reserved())}."
+        )
     if bm.workspace:
         ws = sum(bm.workspace.values())
         lines.append(
@@ -69,10 +109,7 @@ def text(bm, top: int = 5) -> str:
         lines.extend(_unknown_lines(bm, unknown))
     for note in bm.notes:
         lines.append(f"  {note}")
-    lines.append("step budget:")
-    width = max(len(k) for k, _ in budget_rows(bm))
-    for k, v in budget_rows(bm):
-        lines.append(f"  {k:<{width}}  {human_bytes(v):>10}")
+    lines += _budget_lines(bm)
     every = bm.contributors()
     rows = [r for r in every if r[2] > 0][:top] + [r for r in every if r[2] < 0]
     if rows:
@@ -124,26 +161,29 @@ def _bands(bm, most: int = 12) -> list[tuple[int, int, str]]:
 
 
 def curve_svg(bm, path=None, *, width: int = 720, height: int = 300, budget: int | None = None) -> str:
-    """Memory over backward (bytes above its start after each node, and inside each node), module bands
-    behind, the peak marked. Returns the SVG text; writes it to ``path`` when given."""
+    """Memory over backward in absolute bytes, as the what-if chart draws it (``bm.base``, what is alive when
+    backward starts, plus the level after each node and inside each node), module bands behind, backward's
+    start as a dotted line, the peak marked. Returns the SVG text; writes it to ``path`` when given."""
     left, right, top, bottom = 84, 16, 44, 40
     pw, ph = width - left - right, height - top - bottom
     n = max(1, len(bm.levels))
-    values = list(bm.levels) + list(bm.inner) + [0] + ([budget - bm.base] if budget else [])
+    base = bm.base
+    values = [base + v for v in (*bm.levels, *bm.inner, 0)] + ([budget] if budget else [])
     hi, lo = max(values), min(values)
+    lo = max(0, lo - (hi - lo) * 0.1)
     span = (hi - lo) or 1
 
     def X(i):
         return left + pw * (i + 0.5) / n
 
-    def Y(v):
-        return top + ph * (1 - (v - lo) / span)
+    def Y(v):  # v: bytes above backward's start
+        return top + ph * (1 - (base + v - lo) / span)
 
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
-        f'<text x="4" y="16" font-weight="bold">memory during backward (replayed): peak '
-        f"{html.escape(human_bytes(bm.peak))} above its start</text>",
+        f'<text x="4" y="16" font-weight="bold">memory during backward (replayed, absolute): peak '
+        f"{html.escape(human_bytes(base + bm.peak))}, {html.escape(human_bytes(bm.peak))} above its start</text>",
     ]
     for k, (a, b, mod) in enumerate(_bands(bm)):
         x0, x1 = left + pw * a / n, left + pw * (b + 1) / n
@@ -161,11 +201,12 @@ def curve_svg(bm, path=None, *, width: int = 720, height: int = 300, budget: int
     for i in range(5):
         v = lo + span * i / 4
         out.append(
-            f'<text x="{left - 6}" y="{Y(v) + 4:.1f}" text-anchor="end" fill="#555">'
+            f'<text x="{left - 6}" y="{Y(v - base) + 4:.1f}" text-anchor="end" fill="#555">'
             f"{html.escape(human_bytes(v))}</text>"
         )
     out.append(
-        f'<line x1="{left}" x2="{left + pw}" y1="{Y(0):.1f}" y2="{Y(0):.1f}" stroke="#999" stroke-dasharray="2 3"/>'
+        f'<line class="start" x1="{left}" x2="{left + pw}" y1="{Y(0):.1f}" y2="{Y(0):.1f}" stroke="#999" '
+        f'stroke-dasharray="2 3"><title>alive when backward starts: {html.escape(human_bytes(base))}</title></line>'
     )
     if budget:
         y = Y(budget - bm.base)
@@ -181,19 +222,19 @@ def curve_svg(bm, path=None, *, width: int = 720, height: int = 300, budget: int
     )
     out.append(
         f'<polyline class="level" fill="none" stroke="#1f77b4" stroke-width="2" points="{after}">'
-        "<title>bytes above backward start after each node</title></polyline>"
+        "<title>bytes alive after each node</title></polyline>"
     )
     if bm.peak_node is not None:
         i = bm.order.index(bm.peak_node)
         out.append(
             f'<circle class="peak" cx="{X(i):.1f}" cy="{Y(bm.peak):.1f}" r="5" fill="#d62728">'
-            f"<title>peak {html.escape(human_bytes(bm.peak))}: {html.escape(_where(bm))}</title></circle>"
+            f"<title>peak {html.escape(human_bytes(base + bm.peak))}: {html.escape(_where(bm))}</title></circle>"
         )
         anchor = "end" if X(i) > left + pw * 0.6 else "start"
         dx = -8 if anchor == "end" else 8
         out.append(
             f'<text class="peak-label" x="{X(i) + dx:.1f}" y="{Y(bm.peak) + 4:.1f}" text-anchor="{anchor}" '
-            f'fill="#d62728">peak {html.escape(human_bytes(bm.peak))} at {html.escape(bm.names[i])}</text>'
+            f'fill="#d62728">peak {html.escape(human_bytes(base + bm.peak))} at {html.escape(bm.names[i])}</text>'
         )
     out.append(f'<text x="{left}" y="{height - 14}" fill="#555">backward start</text>')
     out.append(

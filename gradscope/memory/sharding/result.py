@@ -88,10 +88,12 @@ class ShardedStep:
         return f"<gradscope.ShardedStep {self.spec!r}: per-rank peak {human_bytes(lo)} .. {human_bytes(hi)}>"
 
     def to_svg(self, path=None, *, width: int = 640) -> str:
-        """One stacked bar per rank (its parts at the low peak) with the high end marked; writes ``path``."""
+        """One stacked bar per rank (its parts at the low peak) with the high end marked: the SVG text, or
+        with ``path`` the file written and its path (as ``render(path)``)."""
         from gradscope.memory.sharding.views import ranks_svg
+        from gradscope.svgchart import svg_or_path
 
-        return ranks_svg(self, path, width=width)
+        return svg_or_path(ranks_svg(self, width=width), path)
 
 
 def _runs(ranks: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -1,0 +1,229 @@
+"""FSDP2's per-rank step: the single-process replay with FSDP2's unshard / reshard / reduce-scatter events.
+
+NOTE [FSDP2 timeline]
+Read from torch 2.13's ``torch/distributed/fsdp/_fully_shard`` and checked per rank against torch.profiler
+on gloo (tests/memory/test_sharding.py). Each rank holds its padded shards (NOTE [FSDP2 layout]) and runs
+the whole traced forward and backward on its own batch; around each group FSDP2 adds:
+
+- **forward**, groups in forward order, the root first: the all-gather allocates the flat output (world x
+  padded shard) and a buffer of the same size that gloo's copy frees at once (2 x output at its height);
+  the copy-out allocates the unsharded parameters, then frees the *previous* group's all-gather output
+  (FSDP2 keeps the last all-gather's result alive until the next one is copied out); after the group's
+  forward its unsharded parameters are freed (``reshard_after_forward=True``), kept (False), or replaced by
+  shards of a smaller mesh (an int). The root's are kept; the root's post-forward frees the last output.
+- **backward**, groups in reverse forward order: the root's pre-backward prefetches the first group's
+  all-gather; each group's pre-backward copies out its parameters, frees its own all-gather output and
+  prefetches the next group's. After the group's last node its post-backward frees the unsharded
+  parameters, frees the previous group's reduce-scatter input, allocates its own (world x padded shard),
+  frees the unsharded gradients, allocates the sharded gradient and, on gloo, a temporary the size of the
+  input. The root's post-backward runs in the callback at the end of backward, followed by the group whose
+  post-backward hook never fired (the first block, when the model's input needs no gradient).
+- **optimizer.step()** on the local shards (``optstep.py``).
+
+The floor (``low``) frees everything as early as the program allows. The ceiling (``high``) adds what gloo
+may still hold when a collective's work object is released by its worker thread: one reduce-scatter input
+per group (seen: the per-rank peak of the same run moving in whole steps of one group).
+"""
+
+from __future__ import annotations
+
+from gradscope.graph import PARAMS
+from gradscope.graph.attribution import node_modules, seq_order, storage_uses
+from gradscope.memory.sharding.layout import ROOT, Group, group_of, groups
+from gradscope.memory.sharding.optstep import sharded_step
+from gradscope.memory.sharding.result import ShardedStep
+from gradscope.memory.sharding.specs import FSDP
+
+__all__ = ["fsdp_step"]
+
+
+def _acts_before(graph, names: list[str], total: int) -> dict[str, int]:
+    """Saved bytes alive when each group's forward starts (the single process's, in forward order, scaled
+    so that the whole forward gives ``total``, the replay's batch-scaled count)."""
+    order = seq_order(graph)
+    mods = node_modules(graph)
+    pos = {nid: i for i, nid in enumerate(order)}
+    first: dict[str, int] = {}
+    for nid in order:
+        g = group_of(mods.get(nid) or "", names)
+        first.setdefault(g, pos[nid])
+    uses = [(pos.get(u.owner, 0), u.nbytes) for u in storage_uses(graph, order) if u.category == "held"]
+    raw = sum(n for _, n in uses) or 1
+    k = total / raw
+    return {g: int(sum(n for p, n in uses if p < at) * k) for g, at in first.items()}
+
+
+class _Peak:
+    def __init__(self) -> None:
+        self.value = 0
+        self.where = ""
+
+    def at(self, level: int, where: str) -> None:
+        if level > self.value:
+            self.value, self.where = level, where
+
+
+def _forward(spec: FSDP, gs: list[Group], order: list[str], acts: dict, base: int, peak: _Peak) -> int:
+    """The forward's events from ``base``; returns what the unsharded parameters kept for backward add."""
+    world = spec.world_size
+    by = {g.name: g for g in gs}
+    root = by[ROOT]
+    ag_root = world * root.padded
+    peak.at(base + 2 * ag_root, "forward (all-gather of the root)")
+    peak.at(base + ag_root + root.full, "forward (all-gather of the root)")
+    level, prev, kept = base + root.full + ag_root, ag_root, root.full
+    for name in order:
+        g = by[name]
+        ag = world * g.padded
+        here = level + acts.get(name, 0)
+        peak.at(here + 2 * ag, f"forward (all-gather of {name})")
+        peak.at(here + ag + g.full, f"forward (all-gather of {name})")
+        level += ag - prev
+        prev = ag
+        nxt = acts.get(_next(order, name), acts.get("$end", 0))
+        peak.at(level + nxt + g.full, f"forward of {name}")
+        if spec.reshard_after_forward is False:
+            level += g.full
+            kept += g.full
+        elif spec.reshard_after_forward is not True:
+            small = g.padded * world // spec.reshard_size
+            level += small
+            kept += small
+    return kept
+
+
+def _next(order: list[str], name: str) -> str:
+    i = order.index(name)
+    return order[i + 1] if i + 1 < len(order) else "$end"
+
+
+def _node_groups(graph, bm, names: list[str]) -> list[str | None]:
+    """The group of each node of ``bm.order``; None for a parameter's or input's AccumulateGrad."""
+    nodes = graph.nodes
+    out: list[str | None] = []
+    for nid, mod in zip(bm.order, bm.modules):
+        kind = nodes[nid].get("kind") if nid in nodes else None
+        out.append(None if kind in ("param", "input") else group_of(mod or "", names))
+    return out
+
+
+def _grad_bytes(graph, gs: list[Group]) -> dict[str, int]:
+    """Unsharded gradient bytes each group's backward makes (parameters the graph reaches)."""
+    params = graph.graph.get(PARAMS, {})
+    out = {}
+    for g in gs:
+        out[g.name] = sum(g.bytes_of(p) for p in g.params if params[p].get("node") and params[p].get("requires_grad"))
+    return out
+
+
+def _backward(spec: FSDP, gs: list[Group], order: list[str], bm, node_group, grads, base: int, rank: int, peak):
+    """The backward's events over the replayed levels from ``base``; returns the level after backward."""
+    world = spec.world_size
+    by = {g.name: g for g in gs}
+    back = list(reversed(order))
+    gather = spec.reshard_after_forward is not False
+    fs = 0  # what FSDP adds to (or removes from) the single process's level
+    started: set[str] = set()
+    rs_prev = 0
+    last = {g: i for i, g in enumerate(node_group) if g}
+    final = node_group[max(last.values())] if last else ROOT
+
+    def prefetch(after: str | None) -> None:
+        nonlocal fs
+        nxt = back[back.index(after) + 1] if after in back and back.index(after) + 1 < len(back) else None
+        if after is None and back:
+            nxt = back[0]
+        if nxt is None or not gather:
+            return
+        ag = world * by[nxt].padded
+        peak.at(base + level + fs + 2 * ag, f"backward (all-gather of {nxt})")
+        fs += ag
+
+    def post(name: str) -> None:
+        nonlocal fs, rs_prev
+        g = by[name]
+        fs -= g.full  # the unsharded parameters (kept from forward too) go
+        fs -= rs_prev
+        rs = world * g.padded
+        fs += rs
+        peak.at(base + level + fs, f"backward (reduce-scatter of {name or 'the root'})")
+        fs += g.local[rank] - grads[name]
+        peak.at(base + level + fs + rs, f"backward (reduce-scatter of {name or 'the root'})")
+        rs_prev = rs
+
+    level = 0
+    prefetch(None)
+    posted: set[str] = set()
+    for i, (g, lv, inner) in enumerate(zip(node_group, bm.levels, bm.inner or bm.levels)):
+        if g is not None:  # a group's post-backward runs once its last node and its AccumulateGrads are done
+            for done in [d for d in started if d not in posted and last[d] < i and d != final]:
+                posted.add(done)
+                post(done)
+        if g and g != ROOT and g not in started:
+            started.add(g)
+            if gather:
+                fs += by[g].full
+                peak.at(base + level + fs, f"backward (copy-out of {g})")
+                fs -= world * by[g].padded
+                if spec.reshard_after_forward is not True:
+                    fs -= by[g].padded * world // spec.reshard_size
+            prefetch(g)
+        level = lv
+        peak.at(base + max(lv, inner) + fs, f"backward of {g or 'the root'}")
+    for done in [d for d in back if d in started and d not in posted and d != final]:
+        post(done)
+    post(ROOT)
+    if final != ROOT:
+        post(final)
+    fs -= rs_prev
+    return base + level + fs
+
+
+def fsdp_step(
+    graph, spec: FSDP, bm, optimizer, *, modules: list[str], before: int, single: int, change: str, device: str
+) -> ShardedStep:
+    """The per-rank step under ``spec`` from the single-process replay ``bm`` of the (changed) step;
+    ``modules``: the traced model's module names in forward order."""
+    world = spec.world_size
+    gs = groups(graph, modules, spec.modules, world)
+    names = [g.name for g in gs if g.name]
+    parts = bm.parts
+    acts_total = parts.get("saved activations and inputs", 0) + parts.get("loss", 0)
+    acts = _acts_before(graph, names, parts.get("saved activations and inputs", 0))
+    acts["$end"] = acts_total
+    node_group = _node_groups(graph, bm, names)
+    grads = _grad_bytes(graph, gs)
+    sharded = sum(g.padded for g in gs)
+    ceiling = sum(world * g.padded for g in gs if g.name) if device == "cpu" else 0
+    ranks, all_parts, phase = [], [], []
+    for rank in range(world):
+        step = sharded_step(optimizer, graph, world, rank)
+        state = step.state_before if step is not None else 0
+        base = sharded + parts.get("buffers", 0) + parts.get("leaf inputs", 0) + state
+        peak = _Peak()
+        kept = _forward(spec, gs, names, acts, base, peak)
+        end = _backward(spec, gs, names, bm, node_group, grads, base + kept + acts_total, rank, peak)
+        if step is not None:
+            peak.at(end + step.peak, f"{step.name}.step()")
+        low = peak.value
+        ranks.append((low, low + ceiling))
+        p = {
+            "sharded parameters (padded)": sharded,
+            "buffers and inputs": parts.get("buffers", 0) + parts.get("leaf inputs", 0),
+            "optimizer state (before the step)": state,
+        }
+        p["working set at the peak"] = low - sum(p.values())
+        all_parts.append(p)
+        phase.append(peak.where)
+    notes = [
+        f"each of the {world} ranks runs the traced batch; groups: the root and {len(names)} fully_shard "
+        f"module(s) ({names[0]}{', ...' if len(names) > 1 else ''})",
+    ]
+    if ceiling:
+        notes.append(
+            "high adds one reduce-scatter input per group: gloo's worker thread may release a collective's "
+            "buffers after the step has moved on"
+        )
+    else:
+        notes.append("NCCL's buffers and the streams holding blocks on the device: modelled, not measured")
+    return ShardedStep(spec, ranks, all_parts, before, single, change, device, notes, phase)
