@@ -128,44 +128,47 @@ def _measure_missing(keys: dict, memo: dict, run_custom: bool) -> tuple[str, ...
 def innode(prog, nodes: Iterable[int], run_custom: bool = False) -> InNode:
     """In-node memory of ``nodes`` (op indices of a compiled program), measured once per signature.
 
-    The answer is kept on the program (which nothing changes); a later call with ``run_custom=True``
-    measures the custom Functions the first call listed.
+    Each node's signature is kept on the program (which nothing changes), so a later call (a what-if, the
+    same report again) only looks the measurements up.
     """
-    kept = getattr(prog, "_innode", None)
-    if kept is not None and (kept[0] or not run_custom):
-        return kept[1]
+    keys_of = getattr(prog, "_innode_keys", None)
+    if keys_of is None:
+        keys_of = prog._innode_keys = {}
     memo = _load()
-    cons = consumers_of(prog)
+    cons = None
     threads = _threads()
     keys: dict = {}
-    per_node: dict = {}
     unmodelled: dict = {}
+    nodes = list(nodes)
     for v in nodes:
-        sig = node_signature(prog, v, cons, threads)
-        if sig is None:
+        key = keys_of.get(v, 0)
+        if key == 0:
+            if cons is None:
+                cons = consumers_of(prog)
+            sig = node_signature(prog, v, cons, threads)
+            key = keys_of[v] = None if sig is None else (signature_key(sig), sig)
+        if key is None:
             unmodelled[v] = f"the shapes {prog.name[v]} needs are not recorded"
-            continue
-        key = signature_key(sig)
-        keys.setdefault(key, sig)
-        per_node[v] = key
+        else:
+            keys.setdefault(key[0], key[1])
     notes = _measure_missing(keys, memo, run_custom)
     out_bytes, full, extra = {}, {}, set()
-    for v, key in per_node.items():
-        r = memo.get(key) or {"error": "not measured"}
+    for v in nodes:
+        key = keys_of.get(v)
+        if key is None:
+            continue
+        r = memo.get(key[0]) or {"error": "not measured"}
         if "error" in r:
             unmodelled[v] = r["error"]
             if r.get("retry"):
-                memo.pop(key, None)
+                memo.pop(key[0], None)
             continue
         if r.get("bytes"):
             out_bytes[v] = int(r["bytes"])
             full[v] = _grad_bytes(prog, v)
         if r.get("extrapolated"):
             extra.add(v)
-    res = InNode(out_bytes, full, unmodelled, frozenset(extra), notes)
-    if not notes:  # an answer taken under a profiler is not kept: measure again when it is gone
-        prog._innode = (run_custom, res)
-    return res
+    return InNode(out_bytes, full, unmodelled, frozenset(extra), notes)
 
 
 def scaled(res: InNode, v: int, grad_scale) -> int:
