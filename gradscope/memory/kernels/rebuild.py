@@ -48,7 +48,7 @@ _SUFFIXES += (
 
 def _snake(camel: str) -> str:
     s = re.sub(r"(?<!^)(?=[A-Z])", "_", camel).lower()
-    return re.sub(r"(\d)_d\b", r"\1d", s)
+    return re.sub(r"(\d)_d(?=_|$)", r"\1d", s)
 
 
 def _candidates(node_name: str) -> list:
