@@ -152,7 +152,8 @@ def test_measured_once_per_signature_and_cached_on_disk(monkeypatch):
     assert path.endswith(f"innode-{torch.__version__.split('+')[0]}.json")
     assert os.path.dirname(path) == os.environ["GRADSCOPE_CACHE"]
     cached = json.load(open(path))
-    assert any(json.loads(k)["op"] == "ConvolutionBackward0" for k in cached)
+    assert cached["method"] == workspace.METHOD
+    assert any(json.loads(k)["op"] == "ConvolutionBackward0" for k in cached["entries"])
 
     def refuse(*a, **k):
         raise AssertionError("measured again")

@@ -62,6 +62,11 @@ def cache_path() -> str:
     return os.path.join(folder, f"innode-{torch.__version__.split('+')[0]}.json")
 
 
+#: The measuring method's version: a cache file written by another version is not read (its entries may
+#: have been measured differently), and is replaced on the next save.
+METHOD = 2
+
+
 def _load() -> dict:
     path = cache_path()
     if not _LOADED or _LOADED[0] != path:
@@ -69,7 +74,9 @@ def _load() -> dict:
         _MEMO.clear()
         try:
             with open(path) as f:
-                _MEMO.update(json.load(f))
+                data = json.load(f)
+            if isinstance(data, dict) and data.get("method") == METHOD:
+                _MEMO.update(data.get("entries") or {})
         except (OSError, ValueError):
             pass
     return _MEMO
@@ -81,7 +88,7 @@ def _save() -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
-            json.dump(_MEMO, f)
+            json.dump({"method": METHOD, "entries": _MEMO}, f)
         os.replace(tmp, path)
     except OSError:
         pass
