@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # the answers' types; the packages are imported inside the me
 
     from gradscope.memory.planning.maxbatch import MaxBatch
     from gradscope.memory.planning.plan import Plan
+    from gradscope.memory.planning.shardplan import ShardPlan
     from gradscope.memory.planning.whatif import WhatIf
     from gradscope.memory.replay.result import BackwardMemory
     from gradscope.memory.sharding.result import ShardedStep
@@ -143,22 +144,39 @@ class Report:
         :class:`gradscope.DDP` / :class:`gradscope.FSDP`, the per-rank step (see
         :func:`gradscope.memory.planning.sharded.sharded_what_if`)."""
         if shard is not None:
+            from gradscope.errors import InputValueError
             from gradscope.memory.planning.sharded import sharded_what_if
+
+            if kwargs.get("target") is not None:
+                raise InputValueError(
+                    "what_if(shard=...) does not take target= yet: the per-rank step is predicted for the "
+                    "device the graph was built on; drop target= or shard=."
+                )
 
             return sharded_what_if(self, shard, checkpoint, offload, batch, optimizer, **kwargs)
         from gradscope.memory.planning.whatif import what_if
 
         return what_if(self, checkpoint, offload, batch, optimizer, **kwargs)
 
-    def plan(self, budget: Budget, optimizer: torch.optim.Optimizer | None = None, **kwargs: Any) -> Plan:
+    def plan(self, budget: Budget, optimizer: torch.optim.Optimizer | None = None, **kwargs: Any) -> Plan | ShardPlan:
         """The cheapest modules to checkpoint (and offload) so that the step fits ``budget`` (see
-        :func:`gradscope.memory.plan.plan`)."""
+        :func:`gradscope.memory.plan.plan`); with ``shard=`` a spec or ``"auto"``, per rank (see
+        :func:`gradscope.memory.planning.shardplan.shard_plan`)."""
+        if kwargs.get("shard") is not None:
+            from gradscope.memory.planning.shardplan import shard_plan
+
+            return shard_plan(self, budget, optimizer, **kwargs)
         from gradscope.memory.planning.plan import plan
 
         return plan(self, budget, optimizer, **kwargs)
 
     def max_batch(self, budget: Budget, optimizer: torch.optim.Optimizer | None = None, **kwargs: Any) -> MaxBatch:
-        """The largest batch whose predicted step fits ``budget`` (see :func:`gradscope.memory.plan.max_batch`)."""
+        """The largest batch whose predicted step fits ``budget`` (see :func:`gradscope.memory.plan.max_batch`);
+        with ``shard=`` a spec, per rank (its ceiling)."""
+        if kwargs.get("shard") is not None:
+            from gradscope.memory.planning.shardplan import sharded_max_batch
+
+            return sharded_max_batch(self, budget, optimizer, **kwargs)
         from gradscope.memory.planning.plan import max_batch
 
         return max_batch(self, budget, optimizer, **kwargs)

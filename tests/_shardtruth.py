@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from tests._shardmodels import batch, build, loss_of
+from tests._shardmodels import SHARDED, batch, build, loss_of
 
 __all__ = ["measure", "free_port"]
 
@@ -30,11 +30,13 @@ def free_port() -> int:
 
 def _wrap(model, cfg: dict, world: int):
     kind = cfg["kind"]
+    cfg = {"model": "mlp", **cfg}
     if cfg.get("ckpt"):
         from tests._steptruth import apply_changes
 
-        apply_changes(model, checkpoint_names=[n for n, _ in model.named_modules() if fnmatch.fnmatchcase(n, "blocks.*")
-                                               and n.count(".") == 1])
+        pat = cfg.get("modules", SHARDED[cfg["model"]])
+        apply_changes(model, checkpoint_names=[n for n, _ in model.named_modules() if fnmatch.fnmatchcase(n, pat)
+                                               and n.count(".") == pat.count(".")])
     if kind == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
@@ -55,7 +57,7 @@ def _wrap(model, cfg: dict, world: int):
         kw["offload_policy"] = CPUOffloadPolicy()
     done: list[str] = []  # the outermost module of each match, as gradscope.FSDP reads ``modules``
     for name, _ in model.named_modules():
-        if any(fnmatch.fnmatchcase(name, p) for p in cfg.get("modules", ["blocks.*"])):
+        if fnmatch.fnmatchcase(name, cfg.get("modules", SHARDED[cfg["model"]])):
             if not any(name.startswith(d + ".") for d in done):
                 done.append(name)
     for name in reversed(done):  # children before parents, as fully_shard wants
@@ -124,7 +126,8 @@ def _worker(rank: int, port: int, world: int, model_name: str, model_kw: dict, c
                             timeout=datetime.timedelta(seconds=120))
     torch.set_num_threads(1)
     try:
-        res = [[_one(rank, world, model_name, model_kw, cfg, n) for _ in range(runs)] for cfg in cfgs]
+        res = [[_one(rank, world, model_name, model_kw, {"model": model_name, **cfg}, n) for _ in range(runs)]
+               for cfg in cfgs]
     finally:
         dist.destroy_process_group()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
@@ -143,5 +146,5 @@ def measure(model_name: str, cfgs: list[dict], world: int = 2, runs: int = 1, n:
 if __name__ == "__main__":
     import sys
 
-    print(measure("mlp", json.loads(sys.argv[1]), world=int(sys.argv[2]) if len(sys.argv) > 2 else 2,
-                  runs=int(sys.argv[3]) if len(sys.argv) > 3 else 1))
+    args = sys.argv[1:] + [None] * 4
+    print(measure(args[3] or "mlp", json.loads(args[0]), world=int(args[1] or 2), runs=int(args[2] or 1)))

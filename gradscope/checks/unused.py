@@ -80,8 +80,16 @@ def check(graph, nodes=None) -> Iterator[Finding]:
         hidden = opaque_nodes(graph, nodes) if inside is None else []
         yield _untraced(plain, hidden, graph)
         return
+    hidden = opaque_nodes(graph, nodes)
     for module, names in _group(plain):
-        yield _unused(module, names, module is not None and module not in called)
+        never_called = module is not None and module not in called
+        if hidden and not never_called:
+            # the module ran, maybe inside a reentrant checkpoint body that re-enabled grad
+            # (torch.enable_grad() under the region's no_grad): its ops are not the region's, so the
+            # trace cannot tell; say what the untraced walk says (tests/trace: test_enable_grad_in_region)
+            yield _untraced(names, hidden, graph)
+        else:
+            yield _unused(module, names, never_called)
 
 
 def describe_cut(ev: dict) -> str:

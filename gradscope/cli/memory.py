@@ -120,7 +120,7 @@ def memory_cmd(target, opt_name, budget, svg, use_trace, device=None, want_plan=
         opt = make_optimizer(opt_name.lower(), loaded.model) if opt_name else None
         spec = shard_spec(**shard)
         if spec is not None:
-            sys.exit(print_sharded(report, spec, opt, limit, svg=svg))
+            sys.exit(print_sharded(report, spec, opt, limit, svg=svg, plan=want_plan))
         bm = report.backward_memory(optimizer=opt, target=device and device.lower())
     except GradscopeError as exc:
         raise UserError(str(exc)) from None

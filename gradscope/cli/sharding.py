@@ -25,21 +25,12 @@ def SHARD_OPTIONS(fn):
             metavar="PATTERN",
             help="With --fsdp: the modules passed to fully_shard before the root (default 'blocks.*').",
         ),
-        click.option(
-            "--fsdp",
-            "fsdp",
-            type=click.IntRange(min=1),
-            default=None,
-            metavar="N",
-            help="Predict each rank of an FSDP2 (fully_shard) step on N ranks.",
-        ),
-        click.option(
-            "--ddp",
-            "ddp",
-            type=click.IntRange(min=1),
-            default=None,
-            metavar="N",
-            help="Predict each rank of a DistributedDataParallel step on N ranks.",
+        *(
+            click.option(f"--{kind}", kind, type=click.IntRange(min=1), default=None, metavar="N", help=text)
+            for kind, text in (
+                ("fsdp", "Predict each rank of an FSDP2 (fully_shard) step on N ranks."),
+                ("ddp", "Predict each rank of a DistributedDataParallel step on N ranks."),
+            )
         ),
     ):
         fn = opt(fn)
@@ -61,9 +52,19 @@ def shard_spec(ddp, fsdp, shard_modules=(), bucket_view=False):
     return None
 
 
-def print_sharded(report, spec, optimizer=None, limit: int | None = None, *, svg=None, echo=click.echo) -> int:
-    """Print the per-rank step; 1 when ``limit`` is given and the highest rank's ceiling exceeds it."""
+def print_sharded(
+    report, spec, optimizer=None, limit: int | None = None, *, svg=None, plan: bool = False, echo=click.echo
+) -> int:
+    """Print the per-rank step; 1 when ``limit`` is given and the highest rank's ceiling exceeds it. With
+    ``plan``: print ``report.plan(limit, shard=spec)`` instead (the cheapest setting that fits), 1 when none."""
     from gradscope._format import human_bytes
+
+    if plan:
+        if limit is None:
+            raise UserError("--plan needs --budget SIZE (the memory the plan must fit in).")
+        found = report.plan(limit, optimizer=optimizer, shard=spec)
+        echo(str(found))
+        return 0 if found.fits else 1
 
     step = report.what_if(optimizer=optimizer, shard=spec)
     echo(str(step))

@@ -13,7 +13,10 @@ this context each attention call on meta tensors asks the target which kernel th
 kernel's meta implementation, with the conversions torch makes around it (a boolean mask turned additive;
 on CUDA, the head size padded to a multiple of 8 for flash and the mask's last dimension to 16 for the
 memory-efficient kernel). Only calls on meta tensors inside the context change; everything else dispatches
-as usual. Other ops whose CPU kernel depends on layout or flags (a channels-last convolution, ``max_pool``)
+as usual. ``F.multi_head_attention_forward`` (``nn.MultiheadAttention``, ``nn.TransformerEncoder``) calls
+attention inside itself, where a mode handling the outer call does not see it: on meta tensors its body
+runs with the mode active (:func:`without_torch_function_check`). Other ops whose CPU kernel depends on
+layout or flags (a channels-last convolution, ``max_pool``)
 build the same nodes with the same saved shapes on meta. Recurrent layers do not: CPU runs oneDNN's RNN
 layer for ``nn.LSTM`` and computes the input projections of every step at once for ``nn.GRU`` / ``nn.RNN``,
 CUDA runs cuDNN, meta the cell-by-cell path; inside this context such a call on meta tensors raises
@@ -25,6 +28,8 @@ Measured on torch 2.13 (tests/memory/test_meta_equals_cpu.py): the ops that diff
 from __future__ import annotations
 
 import contextlib
+import types
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +42,22 @@ from gradscope.memory.targets import EFFICIENT, FLASH, Target, resolve
 __all__ = ["kernels_on_meta", "cpu_kernels_on_meta"]
 
 _SDPA = F.scaled_dot_product_attention
+
+
+def without_torch_function_check(func: Any) -> Any:
+    """A copy of the Python function ``func`` (``F.multi_head_attention_forward``) whose own
+    ``has_torch_function`` check answers False, so that a TorchFunctionMode handling ``func`` can run its body
+    with the mode active and see the torch calls inside it (a mode is popped while it handles a call, and
+    re-pushed it would receive ``func`` again). Nothing of torch changes: the copy has its own globals.
+    docs/internals.md#attention-kernel-choice."""
+    scope = dict(func.__globals__, has_torch_function=lambda *_: False)
+    out = types.FunctionType(func.__code__, scope, func.__name__, func.__defaults__, func.__closure__)
+    out.__kwdefaults__ = func.__kwdefaults__
+    return out
+
+
+#: torch's Python functions that call attention inside: run with the mode active (NOTE [meta graphs]).
+_CALLS_SDPA = {F.multi_head_attention_forward: without_torch_function_check(F.multi_head_attention_forward)}
 #: The recurrent kernels (``torch._VF``) whose meta graph is not the device's, with the layer that calls each.
 _RNN = {torch._VF.lstm: "nn.LSTM", torch._VF.gru: "nn.GRU", torch._VF.rnn_tanh: "nn.RNN", torch._VF.rnn_relu: "nn.RNN"}
 _NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -50,13 +71,17 @@ class _MetaAs(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         layer = _RNN.get(func)
-        if layer is not None and any(isinstance(a, torch.Tensor) and a.device.type == "meta" for a in args[:1]):
+        if layer is not None and _on_meta(args[:1]):
             raise InputValueError(
                 f"{layer} builds a different graph on meta than on {self.target.name} (the cell-by-cell path "
                 f"instead of the {self.target.name} kernel), so its memory cannot be asked from the meta "
                 "device: build the model on the CPU with the real shapes, or run the forward outside "
                 "kernels_on_meta() to accept the meta graph's answer."
             )
+        inner = _CALLS_SDPA.get(func)
+        if inner is not None and _on_meta(args):
+            with self:  # nn.MultiheadAttention's sdpa path: the attention call inside is this mode's too
+                return inner(*args, **kwargs)
         if func is _SDPA:
             call = dict(zip(_NAMES, args), **kwargs)
             q = call.get("query")
@@ -65,6 +90,10 @@ class _MetaAs(TorchFunctionMode):
                 if out is not None:
                     return out
         return func(*args, **kwargs)
+
+
+def _on_meta(args) -> bool:
+    return any(isinstance(a, torch.Tensor) and a.device.type == "meta" for a in args)
 
 
 def _attention(target: Target, call: dict):

@@ -99,11 +99,6 @@ def checkpoint_inputs(raws, storages, classify) -> list[dict]:
         if tensor is None:
             continue
         stale = _stale(arg, tensor)
-        try:
-            if stale is None and tensor.untyped_storage()._cdata in storages.ids:
-                continue
-        except (RuntimeError, NotImplementedError, TypeError):
-            pass
         del data, tensor  # our references would read as a holder outside the graph (walk/holders.py)
         entry = classify(None, f"checkpoint input[{i}]", None, arg, storages)
         if entry is not None:

@@ -70,22 +70,31 @@ def state_tensors(modules: list[tuple[str, torch.nn.Module]]) -> list[tuple[str,
     """``(description, tensor)`` for each tensor with a ``grad_fn`` held in a module attribute or buffer."""
     out: list[tuple[str, torch.Tensor]] = []
     for name, m in modules:
-        owner = f"of module {name!r} ({type(m).__name__})" if name else f"of the model ({type(m).__name__})"
         for key, v in m.__dict__.items():
-            if key == "_buffers":
-                out.extend((f"the buffer {k!r} {owner}", b) for k, b in v.items() if b is not None and b.grad_fn)
-            elif key[0] == "_":
+            if key[0] == "_":
+                if key == "_buffers" and v:
+                    out.extend((_said("buffer", k, name, m), b) for k, b in v.items() if b is not None and b.grad_fn)
                 continue
-            elif isinstance(v, torch.Tensor):
+            if type(v) in _PLAIN:  # most attributes: cheap to pass over (this runs on every step)
+                continue
+            if isinstance(v, torch.Tensor):
                 if v.grad_fn is not None:
-                    out.append((f"the attribute {key!r} {owner}", v))
+                    out.append((_said("attribute", key, name, m), v))
             elif isinstance(v, (list, tuple, dict)):
                 out.extend(
-                    (f"the attribute {path!r} {owner}", t)
+                    (_said("attribute", path, name, m), t)
                     for path, t in tensors_in(v, key, objects=False)
                     if t.grad_fn is not None
                 )
     return out
+
+
+_PLAIN = frozenset({bool, int, float, str, type(None)})
+
+
+def _said(what: str, key: str, name: str, m: torch.nn.Module) -> str:
+    owner = f"of module {name!r} ({type(m).__name__})" if name else f"of the model ({type(m).__name__})"
+    return f"the {what} {key!r} {owner}"
 
 
 _FREED = (

@@ -37,6 +37,7 @@ from gradscope.findings import Finding, sort_findings
 from gradscope.watching.flow import Flow, UpdateRatios
 from gradscope.watching.fsdp import FsdpStamps, is_fsdp2
 from gradscope.watching.graphs import GraphWatch
+from gradscope.watching.nanparams import NonfiniteParams
 from gradscope.watching.options import select, validate
 from gradscope.watching.origin import Origin
 from gradscope.watching.params import ParamHooks
@@ -168,6 +169,7 @@ class Watch(ParamHooks):
         self._flow = Flow(self._params, history=history, vanishing=vanishing, exploding=exploding)
         self._delivery = Delivery(on_error, self._model_name, self._safety)
         self._origin = Origin(inner, self._safety) if find_origin and check_nonfinite else None
+        self._nan = NonfiniteParams()
         self._options = options_text(on_error, check_nonfinite, every, accumulate, patterns, scaler, graphs, optimizer)
         self._handles = self._install()
         self._root, self._index = inner, {wp.name: i for i, wp in enumerate(self._params)}
@@ -208,8 +210,13 @@ class Watch(ParamHooks):
     def _before_forward(self) -> None:
         self._forwards += 1
         self._refresh()
-        if self._origin is not None:
+        poisoned = self._nan.before_forward(self._params, self.backwards)  # NOTE [NaN across steps]
+        if poisoned is not None and self._origin is not None:
+            self._origin.disarm()
+        if self._origin is not None and not self._nan.poisoned:
             self._origin.before_forward()
+        if poisoned is not None:
+            self._delivery.deliver([poisoned])
 
     def _last(self) -> None:
         if self._removed:
@@ -264,6 +271,9 @@ class Watch(ParamHooks):
                 bad = []
         else:
             scale = None
+        if bad:
+            self._nan.bad_step(self.backwards, birth)
+            bad = [] if self._nan.poisoned else bad  # NOTE [NaN across steps]: said once, as nonfinite-param
         if self._origin is not None:
             if bad:
                 self._origin.arm()

@@ -66,6 +66,7 @@ class ParamHooks:
     _safety: Any
     _root: Any  # the watched module; None once removed
     _ignore: tuple[str, ...]
+    _changes: int  # bumped whenever the watched tensors change (optimizers' cached indices go stale)
     _index: dict[str, int]  # name -> index in _params (the live one, when a name was replaced)
     _flow: Any
 
@@ -130,7 +131,7 @@ class ParamHooks:
         return [p.register_hook(arrived), p.register_post_accumulate_grad_hook(accumulated)]
 
     def _install(self) -> list:
-        self._lazy = set()
+        self._lazy, self._changes = set(), 0
         return [self._hook_one(i) for i in range(len(self._params))]
 
     def _materialized(self, tid: int = -1) -> None:
@@ -146,6 +147,7 @@ class ParamHooks:
 
     def _drop(self, i: int) -> None:
         """Stop watching parameter ``i`` (its index stays, with an empty tensor that needs no gradient)."""
+        self._changes += 1
         for h in self._handles[i]:
             h.remove()
         self._handles[i] = []
@@ -175,6 +177,7 @@ class ParamHooks:
             self._params.append(WatchedParam(name, p, *self._owner(self._root, name)))
             self._slots.append((self._root.get_submodule(self._params[i].module)._parameters, name.rpartition(".")[2]))
             self._param_ids[key] = name
+            self._changes += 1
             self._index[name] = i
             self._stamp.append(latest if p.grad is not None else -1)
             self._handles.append(self._hook_one(i))

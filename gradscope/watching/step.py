@@ -105,7 +105,13 @@ _ARMED = (
 def birth_text(birth) -> str:
     """Where the first non-finite value was born (an :class:`~gradscope.watching.origin.Birth`)."""
     if birth.op == "the forward":
-        return f"The non-finite value was born in the forward, before backward. {birth.cause}"
+        anomaly = (
+            f" (torch.autograd.detect_anomaly() would name {birth.nan_op}, the first backward op that returned "
+            f"NaN, since the loss it starts from is NaN already)"
+            if birth.nan_op
+            else ""
+        )
+        return f"The non-finite value was born in the forward, before backward{anomaly}. {birth.cause}"
     module = (
         f"in module {birth.module!r}"
         if birth.module

@@ -67,17 +67,18 @@ class StepJudge:
         self._guard = guard  # reads _params, _stamp, _param_ids, backwards; calls _rescan
         self._verdict, self._after = verdict, after
         self.boundary: int | None = None  # NOTE [carried state]: the smallest of the optimizers' last steps
-        self._marks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.known = False  # an optimizer holding a watched parameter is known
         self._looked = False
         self._added: set[str] = set()  # parameters found new when the model was read again
-        self._floors: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._backwards: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._held: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> _Seen
+        self._records: list[_Seen] = []  # the same records, in a plain list (read on every step)
         self._handles = [
             register_optimizer_step_pre_hook(lambda *a: safety.run("optimizer step", self._pre, *a)),
-            register_optimizer_step_post_hook(lambda *a: safety.run("optimizer step", self._post, *a)),
+            register_optimizer_step_post_hook(  # only a step(closure) is judged after the step
+                lambda opt, args, kwargs: (
+                    None if _closure(args, kwargs) is None else safety.run("optimizer step", self._judge, opt)
+                )
+            ),
         ]
 
     def remove(self) -> None:
@@ -86,8 +87,12 @@ class StepJudge:
         self._handles = []
 
     # -- which parameters an optimizer holds ---------------------------------------------------------
-    def _indices(self, opt: torch.optim.Optimizer) -> set[int]:
+    def _indices(self, opt: torch.optim.Optimizer, seen: _Seen | None = None) -> set[int]:
+        """The watched parameters ``opt`` holds, cached while neither side changes."""
         guard = self._guard
+        key = (guard._changes, sum(len(group["params"]) for group in opt.param_groups))
+        if seen is not None and seen.key == key:
+            return seen.held
         ids, index = guard._param_ids, guard._index
         out = set()
         for group in opt.param_groups:
@@ -95,6 +100,8 @@ class StepJudge:
                 name = ids.get(id(p))
                 if name is not None:
                     out.add(index[name])
+        if seen is not None:
+            seen.key = key
         return out
 
     def discover(self) -> bool:
@@ -116,45 +123,55 @@ class StepJudge:
         if _closure(args, kwargs) is None:
             self._judge(opt)
 
-    def _post(self, opt, args, kwargs) -> None:
-        if _closure(args, kwargs) is not None:
-            self._judge(opt)
-
     def _judge(self, opt) -> None:
-        held = self._indices(opt)
+        seen = self._seen.get(opt)
+        held = self._indices(opt, seen)
         if not held:
             return  # another model's optimizer
         self.known = True
         guard = self._guard
-        step = self._steps[opt] = self._steps.get(opt, 0) + 1
-        backwards = guard.backwards - self._backwards.get(opt, 0)
-        self._backwards[opt] = guard.backwards
-        floor = self._floors.get(opt, 0)
+        if seen is None:
+            seen = self._seen[opt] = _Seen(opt)
+            self._records.append(seen)
+        seen.steps += 1
+        step, floor = seen.steps, seen.floor
+        backwards, seen.backwards = guard.backwards - seen.backwards, guard.backwards
         stamps, params = guard._stamp, guard._params
-        missing = [i for i in sorted(held) if stamps[i] < floor and params[i].param.requires_grad]
-        replaced: list[str] = []
+        missing = sorted(i for i in held if stamps[i] < floor and params[i].param.requires_grad)
         if step == 2 or missing or not step % _RESCAN_EVERY:
             replaced = guard._rescan()
             self._added.update(replaced)
             if replaced:
-                held = self._indices(opt)
+                held = self._indices(opt, seen)
                 stamps, params = guard._stamp, guard._params
                 missing = [i for i in missing if i in held and params[i].param.requires_grad]
-        self._held[opt] = frozenset(held)
-        self._floors[opt] = max(stamps, default=-1) + 1
+        seen.held, seen.floor = held, max(stamps, default=-1) + 1
         unheld: list[int] = []
         if step >= 2:
-            everyone = frozenset().union(*self._held.values())
-            unheld = [
-                i for i, s in enumerate(stamps) if s >= floor and i not in everyone and params[i].param.requires_grad
-            ]
-        self._marks[opt] = peek_sequence_nr()
-        self.boundary = min(self._marks.values())
+            unheld = [i for i, s in enumerate(stamps) if s >= floor and i not in held]
+            if unheld:  # held by no optimizer seen stepping?
+                everyone = set().union(*(x.held for x in self._records))
+                unheld = [i for i in unheld if i not in everyone and params[i].param.requires_grad]
+        seen.mark = peek_sequence_nr()
+        self._records = [x for x in self._records if x.opt() is not None]  # optimizers still alive
+        self.boundary = min(x.mark for x in self._records)
         self._after(self.boundary)
         if missing or unheld:
             verdict = StepVerdict(type(opt).__name__, step, backwards, missing, unheld)
             verdict.replaced = sorted(self._added)
             self._verdict(verdict)
+
+
+class _Seen:
+    """What a guard remembers of one optimizer (NOTE [judged at the step])."""
+
+    __slots__ = ("opt", "steps", "floor", "backwards", "held", "mark", "key")
+
+    def __init__(self, opt) -> None:
+        self.opt = weakref.ref(opt)
+        self.steps = self.floor = self.backwards = self.mark = 0
+        self.held: set[int] = set()
+        self.key: tuple = ()
 
 
 def _unheld_finding(wp, v: StepVerdict) -> Finding:

@@ -70,7 +70,7 @@ def test_ddp_prints_the_library_per_rank_peak_and_gates_the_budget(target, tmp_p
     svg = str(tmp_path / "r.svg")
     res = _run(f"{target}:step", "--optimizer", "adamw", "--ddp", "4", "--budget", "1GiB", "--svg", svg)
     assert res.exit_code == 0, res.output
-    assert "DDP on 4 ranks" in res.output and "DDP gradient buckets" in res.output and "fits" in res.output
+    assert "what if: DDP(4), per rank" in res.output and "DDP gradient buckets" in res.output and "fits" in res.output
     assert human_bytes(_library_peak(target, gradscope.DDP(4))) in res.output
     assert (tmp_path / "r.svg").read_text().count('class="gs-shard-high"') == 4
     res = _run(f"{target}:step", "--optimizer", "adamw", "--ddp", "4", "--budget", "100KiB")
@@ -80,10 +80,18 @@ def test_ddp_prints_the_library_per_rank_peak_and_gates_the_budget(target, tmp_p
 def test_fsdp_prints_the_library_per_rank_range(target):
     res = _run(f"{target}:step", "--optimizer", "adamw", "--fsdp", "2")
     assert res.exit_code == 0, res.output
-    assert "FSDP on 2 ranks" in res.output
+    assert "what if: FSDP(2), per rank" in res.output
     assert human_bytes(_library_peak(target, gradscope.FSDP(2))) in res.output
     res = _run(f"{target}:step", "--fsdp", "2", "--shard-modules", "layers.*")
     assert res.exit_code == 2 and "matches no module" in res.output and "Traceback" not in res.output
+
+
+def test_fsdp_plan_prints_the_setting_that_fits_and_gates(target):
+    res = _run(f"{target}:step", "--optimizer", "adamw", "--fsdp", "2", "--budget", "1GiB", "--plan")
+    assert res.exit_code == 0, res.output
+    assert "FSDP(2) fits" in res.output and "fully_shard(model.get_submodule(name), mesh=mesh)" in res.output
+    res = _run(f"{target}:step", "--optimizer", "adamw", "--fsdp", "2", "--budget", "10KiB", "--plan")
+    assert res.exit_code == 1 and "nothing tried fits" in res.output, res.output
 
 
 @pytest.mark.parametrize(

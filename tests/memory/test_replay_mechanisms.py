@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import gradscope
 from tests._memtruth import measure
@@ -55,3 +56,106 @@ def test_batch_that_requires_grad_is_counted_once():
     truth = _truth(lambda: ((m(x * 2.0) - target) ** 2).sum(), m, [x, target], inputs={"x": x, "y": [target]})
     assert abs(truth.prediction.absolute_peak - truth.absolute_peak) <= 64  # 8 B: a wrapped scalar
     assert truth.prediction.parts["leaf inputs"] == x.nbytes + target.nbytes  # x is a leaf too: once
+
+
+@pytest.mark.parametrize("shape", ["residual", "transposed", "reshaped"])
+def test_pass_through_nodes_do_not_materialize_sums_gradient(shape):
+    # sum()'s gradient is a stride-0 expand of one element: add and clone send that tensor on, t() and
+    # view() send views of it; none allocates the full gradient (the Linear's addmm does)
+    torch.manual_seed(0)
+    m = nn.Module()
+    m.W = nn.Parameter(torch.randn(128, 128) / 11.3)
+    m.lin = nn.Linear(128, 128)
+    x = torch.randn(8, 128)
+
+    def forward():
+        h = x @ m.W
+        if shape == "residual":
+            return (h + m.lin(h)).sum()
+        if shape == "transposed":
+            return (m.lin(h).t().clone() + h.t()).sum()
+        return (m.lin(h).reshape(16, 64) + h.view(16, 64)).sum()
+
+    truth = _truth(forward, m, [x])
+    bm = truth.prediction
+    assert bm.names == truth.order
+    assert max(abs(a - b) for a, b in zip(bm.levels, truth.levels)) <= 64
+    assert abs(bm.peak - truth.peak) <= 0.01 * truth.peak
+
+
+def _levels_and_peak(truth, level_tol=64, peak_tol=0.005):
+    bm = truth.prediction
+    assert bm.names == truth.order
+    worst = max(abs(a - b) for a, b in zip(bm.levels, truth.levels))
+    assert worst <= level_tol, f"a level off by {worst} B"
+    assert abs(bm.peak - truth.peak) <= peak_tol * truth.peak, (bm.peak, truth.peak)
+
+
+def test_checkpoint_recompute_temporaries_and_rng_copy_are_in_the_peak():
+    # the region's first unpack re-runs Linear -> ReLU under fork_rng (a copy of the RNG state): the
+    # Linear's output, which no node saves, lives until the ReLU has run
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    m = nn.Module()
+    m.lin = nn.Linear(16, 16)
+    m.blk = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16))
+    m.head = nn.Linear(16, 10)
+    x, t = torch.randn(16, 16), torch.randint(0, 10, (16,))
+    truth = _truth(lambda: F.cross_entropy(m.head(checkpoint(m.blk, m.lin(x), use_reentrant=False)), t), m, [x, t])
+    _levels_and_peak(truth)
+
+
+class _Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 2 * d)
+        self.fc2 = nn.Linear(2 * d, d)
+
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
+
+
+@pytest.mark.parametrize("retain_graph", [False, True])
+def test_checkpoint_levels_with_retain_graph(retain_graph):
+    # checkpoint hands each recomputed tensor over at its unpack and keeps none, retain_graph or not
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    m = nn.Module()
+    m.blk = _Block(128)
+    m.lin = nn.Linear(128, 128)
+    x = torch.randn(16, 128)
+    truth = _truth(lambda: (m.lin(checkpoint(m.blk, x, use_reentrant=False)) ** 2).mean(), m, [x], retain_graph)
+    _levels_and_peak(truth, level_tol=4096, peak_tol=0.01)
+
+
+def test_checkpoint_input_saved_by_the_op_before_is_freed_with_its_last_holder():
+    # sigmoid saves its output, which is also the region's input (kept by the checkpoint frame): it is
+    # freed when the sigmoid's node has run and the region's nodes are done, not kept to the end
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    m = nn.Module()
+    m.lin = nn.Linear(128, 128)
+    m.blk = _Block(128)
+    x = torch.randn(32, 128)
+
+    def forward():
+        h = checkpoint(m.blk, torch.sigmoid(m.lin(x)), use_reentrant=False)
+        return (h * h).sum()
+
+    truth = _truth(forward, m, [x])
+    _levels_and_peak(truth, level_tol=4096, peak_tol=0.01)
+
+
+@pytest.mark.parametrize("op", ["linear", "layer_norm", "softmax", "tanh"])
+def test_kernels_copy_sums_expanded_gradient_unless_they_read_it_in_place(op):
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(64, 64))
+    x = torch.randn(32, 64)
+    f = {"linear": lambda h: h, "layer_norm": lambda h: F.layer_norm(h, (64,)),
+         "softmax": lambda h: torch.softmax(h, -1), "tanh": torch.tanh}[op]
+    truth = _truth(lambda: f(m(x)).sum(), m, [x])
+    _levels_and_peak(truth)

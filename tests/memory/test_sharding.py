@@ -70,7 +70,7 @@ def test_fsdp2_fp32_reshard_per_rank_range_holds_every_run(fast_truth):
     check_range(wi, fast_truth["fsdp"], "fsdp")
     assert wi.peak == wi.peak_range[0] < wi.single  # sharding saves memory on this step
     text = str(wi)
-    assert "FSDP on 2 ranks" in text and "sharded parameters" in text and "reduce-scatter" in text
+    assert "what if: FSDP(2), per rank" in text and "sharded parameters" in text and "reduce-scatter" in text
 
 
 @pytest.mark.slow
@@ -110,3 +110,92 @@ def test_bad_specs_say_what_to_pass():
     spec = gradscope.FSDP(4, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
     assert spec.param_dtype == "bfloat16" and spec.reduce_dtype is None
     assert spec == gradscope.FSDP(4, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16)) and hash(spec)
+
+
+# The slow grid: FSDP2 on an MLP stack, a small transformer and HF Llama (tiny config), parameters in their
+# own dtype without offload; reshard True / False at 2 ranks and an int at 4; with and without a checkpoint
+# per block. Measured misses are strict xfails with the measured numbers (docs/sharding.md lists them).
+GRID = [
+    (model, world, reshard, ckpt)
+    for model in ("mlp", "gpt", "llama")
+    for world, reshards in ((2, (True, False)), (4, (2,)))
+    for reshard in reshards
+    for ckpt in (False, True)
+]
+MISSES: dict[tuple, str] = {
+    ("llama", 4, 2, False): "measured 2,880,024 B on every rank in 3 runs; predicted floor 2,949,640 B (+2.4%, "
+    "over): resharding to 2 of 4 ranks is modelled as the smaller mesh's shards kept plus a full all-gather",
+}
+
+
+def _grid_params():
+    out = []
+    for key in GRID:
+        marks = [pytest.mark.slow]
+        if key in MISSES:
+            marks.append(pytest.mark.xfail(strict=True, reason=MISSES[key]))
+        out.append(pytest.param(*key, marks=marks, id="-".join(map(str, key))))
+    return out
+
+
+_GRID_TRUTH: dict = {}
+
+
+def _grid_truth(model: str, world: int) -> dict:
+    """All configs of one model and world size, measured in one process group (3 runs each)."""
+    if (model, world) not in _GRID_TRUTH:
+        keys = [k for k in GRID if k[:2] == (model, world)]
+        cfgs = [{"kind": "fsdp", "reshard": r, "ckpt": c} for _, _, r, c in keys]
+        _GRID_TRUTH[(model, world)] = dict(zip(keys, measure(model, cfgs, world=world, runs=3)))
+    return _GRID_TRUTH[(model, world)]
+
+
+@pytest.mark.parametrize("model, world, reshard, ckpt", _grid_params())
+def test_fsdp2_grid_per_rank_range_holds_every_run(model, world, reshard, ckpt):
+    from tests._shardmodels import SHARDED
+
+    runs = _grid_truth(model, world)[(model, world, reshard, ckpt)]
+    spec = gradscope.FSDP(world, modules=[SHARDED[model]], reshard_after_forward=reshard)
+    wi = predict(model, spec, checkpoint=SHARDED[model] if ckpt else None)
+    check_range(wi, runs, (model, world, reshard, ckpt))
+
+
+def _gpt_report():
+    model = build("gpt")
+    x = batch("gpt", 8)
+    with gradscope.trace(model) as tr:
+        loss = loss_of(model(x))
+    return model, gradscope.inspect(loss, model=model, trace=tr)
+
+
+def test_plan_picks_the_first_setting_whose_ceiling_fits_and_writes_its_code():
+    model, report = _gpt_report()
+    opt = torch.optim.AdamW(model.parameters())
+    kept = gradscope.FSDP(2, reshard_after_forward=False)
+    tried = [
+        report.what_if(optimizer=opt, shard=kept),
+        report.what_if(optimizer=opt, shard=gradscope.FSDP(2)),
+        report.what_if(optimizer=opt, shard=gradscope.FSDP(2), checkpoint="blocks.*"),
+    ]
+    budget = (tried[1].high + tried[2].high) // 2  # between resharding and resharding + checkpoint
+    plan = report.plan(budget, optimizer=opt, shard=kept, margin=0)
+    assert plan.fits and plan.spec == gradscope.FSDP(2) and plan.checkpoint == ["blocks.0", "blocks.1", "blocks.2"]
+    assert plan.peak_range == tried[2].peak_range and tried[0].high > budget and tried[1].high > budget
+    assert all(model.get_submodule(n) is not None for n in plan.checkpoint)
+    assert "fully_shard(model.get_submodule(name), mesh=mesh)" in plan.code and "use_reentrant=False" in plan.code
+    assert report.plan(budget, optimizer=opt, shard="auto", margin=0).spec is None  # one process fits this one
+    one = report.what_if(optimizer=opt).peak
+    auto = report.plan(one - 1, optimizer=opt, shard="auto", margin=0)
+    assert auto.fits and auto.spec == gradscope.FSDP(2) and auto.peak_range == tried[2].peak_range
+    assert tried[1].high > one - 1 >= tried[2].high
+    assert not report.plan(1000, optimizer=opt, shard="auto").fits
+
+
+def test_max_batch_per_rank_is_the_largest_batch_whose_ceiling_fits():
+    model, report = _gpt_report()
+    opt = torch.optim.AdamW(model.parameters())
+    spec = gradscope.FSDP(2)
+    budget = report.what_if(optimizer=opt, shard=spec, batch=3).high + 1
+    mb = report.max_batch(budget, optimizer=opt, shard=spec, margin=0)
+    assert mb.batch_size == 8 and mb.fits and mb.peak <= budget
+    assert report.what_if(optimizer=opt, shard=spec, batch=(mb.batch + 1) / 8).high > budget

@@ -164,6 +164,7 @@ def test_cuda_target_rounds_each_tensor_and_says_modelled_not_measured():
     assert cuda.reserved() >= cuda.parts["parameters"] + 32 * MiB
     assert "modelled, not measured" in str(cuda) and "modelled, not measured" not in str(cpu)
     assert cuda.target == CUDA() and cpu.target == CPU()
+    assert ("(seed)", "gradients", 4) in cpu.contributors() and ("(seed)", "gradients", 512) in cuda.contributors()
 
 
 def test_what_if_and_plan_for_cuda_say_modelled_not_measured():
@@ -174,6 +175,8 @@ def test_what_if_and_plan_for_cuda_say_modelled_not_measured():
     p = report.plan(budget="1GiB", target="cuda")
     assert p.fits and "modelled, not measured" in str(p)
     assert report.max_batch(budget="64MiB", target="cuda").batch < report.max_batch(budget="64MiB").batch
+    with pytest.raises(InputValueError, match=r"^what_if\(shard=...\) does not take target= yet"):
+        report.what_if(shard=gradscope.DDP(2), target="cuda")
 
 
 _TARGET = """

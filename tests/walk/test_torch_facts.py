@@ -279,3 +279,73 @@ def test_foreach_norm_dtype_refuses_float64_and_complex():
         assert not norm.is_complex() and norm.item() == 2.0
     (half,) = _torch.foreach_norm([torch.ones(4, dtype=torch.bfloat16)], 2, dtype=torch.float32)
     assert half.dtype == torch.float32 and half.item() == 2.0
+
+
+def test_sums_gradient_is_expanded_and_passed_through():
+    # internals.md#what-one-node-does-to-memory: sum()'s gradient is a stride-0 expand of one element;
+    # t() sends a view of it, clone() and add send that same tensor: none allocates the full gradient
+    x = torch.randn(4, 8, requires_grad=True)
+    a = x * 2
+    b = a.clone()
+    c = b.t()
+    d = c + 1
+    seen = {}
+    for name, t in (("a", a), ("b", b), ("c", c), ("d", d)):
+        t.register_hook(lambda g, name=name: seen.__setitem__(name, g))
+    d.sum().backward()
+    assert seen["d"].stride() == (0, 0) and seen["d"].untyped_storage().nbytes() == 4
+    assert seen["c"] is seen["d"]                                         # add: the same tensor
+    assert seen["b"].stride() == (0, 0)                                   # t(): a view of it
+    assert seen["b"].untyped_storage().data_ptr() == seen["d"].untyped_storage().data_ptr()
+    assert seen["a"] is seen["b"]                                         # clone: the same tensor
+
+
+def test_a_mode_does_not_see_calls_inside_a_function_it_handles():
+    """docs/internals.md#attention-kernel-choice: while a TorchFunctionMode handles
+    ``F.multi_head_attention_forward`` it is popped, so the attention call inside is not seen; the copy
+    without its own check runs the body with the mode active and shows it (torch itself is unchanged)."""
+    import torch.nn.functional as F
+
+    from gradscope.memory.meta import without_torch_function_check
+
+    seen = []
+
+    class Mode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(getattr(func, "__name__", ""))
+            if func is F.multi_head_attention_forward and self.inner:
+                with self:
+                    return without_torch_function_check(func)(*args, **(kwargs or {}))
+            return func(*args, **(kwargs or {}))
+
+    mha = torch.nn.MultiheadAttention(8, 2)
+    x = torch.randn(3, 1, 8)
+    for inner in (False, True):
+        seen.clear()
+        mode = Mode()
+        mode.inner = inner
+        with mode:
+            mha(x, x, x, need_weights=False)
+        assert ("scaled_dot_product_attention" in seen) is inner
+    assert F.multi_head_attention_forward.__globals__["has_torch_function"] is not None  # torch's own, kept
+
+
+def test_fsdp2_pads_the_last_rank_shard_storage_to_chunk_zero():
+    """docs/internals.md#fsdp2-shards-and-ddp-buckets: rank 1 of 2 holds 2 of a Linear(3, 5) weight's 5
+    rows, in a storage of chunk 0's 3 rows (the fake process group: one process, no communication)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from gradscope.memory.sharding.layout import shard_rows
+
+    dist.init_process_group("fake", rank=1, world_size=2, store=FakeStore())
+    try:
+        m = torch.nn.Linear(3, 5)
+        fully_shard(m, mesh=init_device_mesh("cpu", (2,)))
+        local = m.weight.to_local()
+        assert local.shape == (shard_rows(5, 2, 1), 3) == (2, 3)
+        assert local.untyped_storage().nbytes() == shard_rows(5, 2, 0) * 3 * 4 == 36
+    finally:
+        dist.destroy_process_group()

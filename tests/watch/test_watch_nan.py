@@ -145,3 +145,69 @@ def test_raise_mode_says_how_to_get_the_origin_and_scaler_does_not_arm():
     with gradscope.watch(healthy, scaler=scaler):
         scaler.scale(healthy(x).pow(2).sum() * 100).backward()        # Inf from loss scaling: expected
         assert torch.autograd._engine_run_backward is original        # not armed
+
+
+def test_nan_applied_by_the_update_is_said_once_and_points_back():
+    torch.manual_seed(0)
+    model = Net("sqrt")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(2, 4)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with gradscope.watch(model, on_error="warn") as guard:
+            for _ in range(4):                                       # the loop goes on after the NaN
+                opt.zero_grad()
+                model(x).sum().backward()
+                opt.step()
+    assert torch.isnan(model.a.weight).all()                          # torch: the update wrote NaN
+    texts = [str(w.message) for w in said if "summary" not in str(w.message)]
+    assert guard.counts.get("nonfinite-param") == 1
+    (poison,) = [t for t in texts if "nonfinite-param" in t]
+    assert "a.weight" in poison and "gradients of backward 1 (the first non-finite step)" in poison
+    assert not any("born in the forward" in t for t in texts)          # not the misleading "check the inputs"
+    assert sum("gradients hold NaN or Inf" in t for t in texts) == 1    # the NaN gradients: said once
+
+
+def test_nan_origin_from_an_earlier_step_is_named_after_the_update():
+    torch.manual_seed(0)
+    model = Net("sqrt")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(2, 4)
+    truth = anomaly_op(Net("sqrt"), x)
+    seen = []
+    with gradscope.watch(model, on_error=seen.append):
+        for step in range(1, 4):
+            opt.zero_grad()
+            model(x).sum().backward()
+            if step >= 2:                                            # no update on step 1 (a warm-up)
+                opt.step()
+    kinds = [[f.kind for f in fs] for fs in seen]
+    assert kinds[0] == ["nonfinite-grad"] * 2 and kinds[1] == ["nonfinite-grad"] * 2   # a.weight, a.bias
+    assert kinds[2] == ["nonfinite-param"]                            # step 3: once, not per parameter
+    (poison,) = seen[2]
+    assert "At backward 2: The first non-finite value was born in the backward op SqrtBackward0" in poison.message
+    assert f"it first became NaN in {truth}, the op torch.autograd.detect_anomaly() names" in poison.message
+    assert poison.location == _line("# op: sqrt")
+
+
+def test_two_nan_losses_in_a_row_keep_the_op_anomaly_mode_names():
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    x = torch.randn(2, 4)
+
+    class NanLoss(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, x):
+            return self.inner(x) * float("nan")
+
+    truth = anomaly_op(NanLoss(), x)
+    seen = []
+    with gradscope.watch(model, on_error=seen.append):
+        for _ in range(2):
+            model.zero_grad()
+            (model(x) * float("nan")).sum().backward()
+    assert "born in the forward" in seen[1][0].message
+    assert f"detect_anomaly() would name {truth}" in seen[1][0].message

@@ -50,7 +50,9 @@ def sharded_what_if(
     device = context(report)["device"]
     change = wi.change()
     if isinstance(spec, DDP):
-        return ddp_step(report.graph, spec, run, before=wi.before, single=wi.peak, change=change, device=device)
+        step = ddp_step(report.graph, spec, run, before=wi.before, single=wi.peak, change=change, device=device)
+        step.checkpoint = list(wi.checkpoint)
+        return step
     if spec.param_dtype or spec.offload:
         raise InputValueError(
             f"what_if(shard={spec!r}): FSDP2 with a mixed-precision or offload policy is not predicted yet "
@@ -59,7 +61,7 @@ def sharded_what_if(
     from gradscope.memory.sharding.fsdp import fsdp_step
 
     modules = in_forward_order(report, sorted({m for m in wi.memory.modules if m} | _all_modules(report)))
-    return fsdp_step(
+    step = fsdp_step(
         report.graph,
         spec,
         wi.memory,
@@ -70,6 +72,8 @@ def sharded_what_if(
         change=change,
         device=device,
     )
+    step.checkpoint = list(wi.checkpoint)
+    return step
 
 
 def _all_modules(report) -> set[str]:

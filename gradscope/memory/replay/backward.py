@@ -39,6 +39,7 @@ ids, modules and locations filled in.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import gc
 import weakref
@@ -172,6 +173,8 @@ def replay(
     target = resolve(ov.target)
     alloc = None if type(target).allocated is Target.allocated else target.allocated  # CPU: bytes as asked
     sizes, grad_scale = storage_sizes(prog, ov.scale, alloc)
+    if alloc is not None:  # the seed gradient (ones_like(loss)) is a block of the device's allocator too
+        prog = dataclasses.replace(prog, root_bytes=[alloc(b) for b in prog.root_bytes])
     drop = offloaded_keys(prog, ov)
     has_grad = prog.has_grad  # read-only below; copied when overridden
     if ov.has_grad:

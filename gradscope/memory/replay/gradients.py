@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 
-__all__ = ["Memory", "outputs", "VIEW_OPS", "PASS_OPS", "OUTPUT_KINDS"]
+__all__ = ["Memory", "outputs", "VIEW_OPS", "PASS_OPS", "OUTPUT_KINDS", "EXPANDED", "READS_EXPANDED"]
 
 #: Formulas whose gradient is a view of the incoming gradient (same storage).
 VIEW_OPS = frozenset(
@@ -55,6 +55,67 @@ _PIECE_OPS = frozenset({"CatBackward0", "StackBackward0"})
 _EXPAND_OPS = frozenset({"SumBackward0", "SumBackward1"})
 #: Outputs of PASS_OPS that are not passed on (``SubBackward0``'s ``other`` gets ``-grad``).
 _PASS_ONLY_FIRST = frozenset({"SubBackward0"})
+#: View formulas that stay views whatever the incoming gradient's strides (a stride-0 expand included).
+_STRIDE_VIEWS = frozenset(
+    {
+        "TBackward0",
+        "TransposeBackward0",
+        "TransposeBackward1",
+        "PermuteBackward0",
+        "SqueezeBackward0",
+        "SqueezeBackward1",
+        "SqueezeBackward2",
+        "SqueezeBackward3",
+        "SqueezeBackward4",
+        "UnsqueezeBackward0",
+        "UnsqueezeBackward1",
+        "AliasBackward0",
+        "NumpyTBackward0",
+    }
+)
+#: ``grad.reshape(sizes)``: a view of an all-stride-0 gradient, a copy of a partly expanded one.
+_RESHAPES = frozenset({"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0"})
+#: Formulas that read a stride-0 (expanded) incoming gradient in place; any other formula that computes
+#: with it (``mm``, ``layer_norm``, ``softmax``, ``gelu``, convolution, embedding, attention...) first
+#: copies it to a dense tensor of its full size, freed when the node returns (measured on CPU: the list
+#: is what reads it in place; unknown formulas count the copy, so the peak errs high, never low).
+READS_EXPANDED = frozenset(
+    {
+        "MulBackward0",
+        "MulBackward1",
+        "DivBackward0",
+        "DivBackward1",
+        "NegBackward0",
+        "TanhBackward0",
+        "SigmoidBackward0",
+        "ReluBackward0",
+        "ThresholdBackward0",
+        "SiluBackward0",
+        "ExpBackward0",
+        "PowBackward0",
+        "PowBackward1",
+        "SqrtBackward0",
+        "AbsBackward0",
+        "SinBackward0",
+        "CosBackward0",
+        "ClampBackward1",
+        "ClampMinBackward0",
+        "ClampMaxBackward0",
+        "WhereBackward0",
+        "MseLossBackward0",
+        "NativeDropoutBackward0",
+        "NllLossBackward0",
+        "IndexBackward0",
+        "GatherBackward0",
+        "MeanBackward1",
+        "MaxBackward0",
+        "NormBackward1",
+        "NativeBatchNormBackward0",
+    }
+)
+#: The tags of an expanded gradient in ``Memory.impl_view``: ``expand0`` every stride 0 (``sum()``'s
+#: gradient, ``grad.expand(sizes)`` of a scalar), ``expand`` some strides 0 (``sum(dim)``'s).
+EXPANDED = frozenset({"expand", "expand0"})
 
 
 #: name -> bit set: 1 view, 2 expand, 4 pieces, 8 pass (0: every output is a new tensor)
@@ -173,6 +234,8 @@ def outputs(
     """The gradient tensor (impl id) the formula of ``v`` sends along each edge."""
     g0 = inputs.get(0)
     kind = _KIND.get(name, 0)
+    if g0 is not None and kind and len(inputs) == 1 and mem.impl_view.get(g0) in EXPANDED:
+        return _from_expanded(mem, g0, kind, name, edges, positions, gbytes, grad_scale, alpha)
     if g0 is None or not kind:  # nothing to pass on: a new tensor per edge
         if grad_scale is None:
             return [mem.alloc(gbytes[u][k] if k < len(gbytes[u]) else 0) for u, k in edges]
@@ -192,7 +255,8 @@ def outputs(
             outs.append(mem.view(g0))
             continue
         if g0 is not None and expand:
-            outs.append(mem.view(g0, "expand"))  # grad.expand(sizes): a stride-0 view of the incoming grad
+            # grad.expand(sizes): a stride-0 view of the incoming grad
+            outs.append(mem.view(g0, "expand0" if name == "SumBackward0" else "expand"))
             continue
         if g0 is not None and nbytes == in_bytes and len(inputs) == 1:
             if view:
@@ -206,12 +270,36 @@ def outputs(
     return outs
 
 
+def _from_expanded(
+    mem: Memory, g0: int, kind: int, name: str, edges: list, positions: list, gbytes: list, grad_scale, alpha
+) -> list:
+    """:func:`outputs` when the one incoming gradient ``g0`` is a stride-0 expand (``sum()``'s gradient):
+    a pass-through formula (``add``, ``clone``) sends that same tensor, a view formula a view of it, which
+    stays stride 0; nothing is allocated at the full size (NOTE [what one node does to memory])."""
+    tag = mem.impl_view[g0]
+    outs = []
+    for j, (u, k) in enumerate(edges):
+        if kind & 6:  # pieces of it (cat), or expanded again (sum): views, still expanded
+            outs.append(mem.view(g0, "expand0" if tag == "expand0" or name == "SumBackward0" else "expand"))
+            continue
+        if name in _STRIDE_VIEWS or (name in _RESHAPES and tag == "expand0"):
+            outs.append(mem.view(g0, tag))
+            continue
+        pos = positions[j] if j < len(positions) else j
+        if kind & 8 and name != "ToCopyBackward0" and not (pos > 0 and (name in _PASS_ONLY_FIRST or alpha != 1)):
+            outs.append(mem.ref(g0))
+            continue
+        nbytes = gbytes[u][k] if k < len(gbytes[u]) else 0
+        outs.append(mem.alloc(grad_scale(u, k, nbytes) if grad_scale is not None else nbytes))
+    return outs
+
+
 def _from_one(mem: Memory, g0: int, kind: int, name: str, edges: list, positions: list, gbytes: list, alpha) -> list:
     """:func:`outputs` of a formula with one incoming gradient ``g0`` and unscaled sizes."""
     refs, storage, views_of, st_refs = mem.impl_refs, mem.impl_storage, mem.impl_view, mem.st_refs
     st = storage[g0]
     views = kind & 7  # views of the incoming gradient (``Memory.view``, inlined), or the gradient itself
-    tag = "expand" if kind & 2 else "view"
+    tag = "expand0" if name == "SumBackward0" else "expand" if kind & 2 else "view"
     new_id = mem.ids.__next__
     if kind & 6:  # pieces of it, or an expand of it: whatever the sizes
         n = len(edges)

@@ -3,13 +3,16 @@
 NOTE [what one node does to memory] (docs/internals.md#what-one-node-does-to-memory)
 At node ``v`` the engine (1) takes the gradients in ``v``'s InputBuffer, (2) runs the formula, which
 allocates its outputs (some formulas return views of, or pass on, the incoming gradient: :data:`VIEW_OPS`,
-:data:`PASS_OPS`) plus kernel workspace that it frees before returning, (3) drops the incoming gradients,
-(4) releases ``v``'s saved tensors (unless ``retain_graph``), a storage being freed when its last holder
-goes, (5) moves each output into its target's InputBuffer; a second gradient for the same input is
-summed in place when one of the two is a plain tensor that solely owns its tensor and storage, else
-``old + new`` allocates. AccumulateGrad steals a sole-owned incoming gradient when ``.grad`` is None,
-clones it otherwise, and adds it in place when ``.grad`` is set. A non-reentrant checkpoint region
-re-creates the tensors its nodes saved at its first unpack; each lives until the last node saving it ran.
+:data:`PASS_OPS`) plus kernel workspace that it frees before returning (a formula that does not read a
+stride-0 gradient in place, :data:`READS_EXPANDED`, first copies ``sum()``'s expanded gradient to a dense
+one), (3) drops the incoming gradients, (4) releases ``v``'s saved tensors (unless ``retain_graph``), a
+storage being freed when its last holder goes, (5) moves each output into its target's InputBuffer; a second
+gradient for the same input is summed in place when one of the two is a plain tensor that solely owns its
+tensor and storage, else ``old + new`` allocates. AccumulateGrad steals a sole-owned incoming gradient when
+``.grad`` is None, clones it otherwise, and adds it in place when ``.grad`` is set. A non-reentrant
+checkpoint region re-creates the tensors its nodes saved at its first unpack; each lives until the last node
+saving it ran, with ``retain_graph=True`` too (checkpoint hands a recomputed tensor over at its unpack and
+keeps none).
 
 The simulation tracks tensors and storages with ``gradients.Memory`` (views, pass-through gradients and
 shared saved storages free exactly when torch frees them); ``gradients.outputs`` is step (2).
@@ -20,7 +23,16 @@ from __future__ import annotations
 from itertools import repeat
 
 from gradscope.memory.replay.engine import Program, engine_order, node_extras, numel_bytes, reentrant_nodes
-from gradscope.memory.replay.gradients import OUTPUT_KINDS, PASS_OPS, VIEW_OPS, Memory, outputs
+from gradscope.memory.replay.gradients import (
+    EXPANDED,
+    OUTPUT_KINDS,
+    PASS_OPS,
+    READS_EXPANDED,
+    VIEW_OPS,
+    Memory,
+    outputs,
+)
+from gradscope.memory.replay.recompute import recompute_high
 
 __all__ = ["simulate", "Trace", "VIEW_OPS", "PASS_OPS"]
 
@@ -151,7 +163,7 @@ def simulate(
         inputs = buffers[v] or _EMPTY  # a node runs once: its buffer is not read again
         if recompute and v in recompute:
             mem.level, mem.high, mem.cur = level, high, v
-            _recompute(prog, mem, v, recompute[v], sizes, drop, created_regions, done)
+            _recompute(prog, mem, v, recompute[v], sizes, drop, created_regions, done, grad_scale)
             level, high = mem.level, mem.high
         if leaf[v]:
             g = inputs.get(0)
@@ -161,7 +173,7 @@ def simulate(
                 given.add(shared[v])
             if g is None:
                 pass
-            elif not has_grad.get(v) and impl_refs.get(g) == 1 and impl_view.get(g) != "expand":
+            elif not has_grad.get(v) and impl_refs.get(g) == 1 and impl_view.get(g) not in EXPANDED:
                 grads_kept += st_bytes.get(impl_storage[g], 0)  # stolen: it becomes .grad
             else:
                 mem.level, mem.high, mem.cur = level, high, v
@@ -223,13 +235,17 @@ def simulate(
             sent = outputs(v, names[v], inputs, es, needs[v], gbytes, mem, grad_scale, alpha)
             level, high = mem.level, mem.high
             pending = [(u, k, g) for (u, k), g in zip(es, sent) if g is not None]
-        if wsd is not None and v in wsd:
-            extra = wsd[v]
-            if extra:
-                if v == snapshot_at and level + extra >= high:
-                    mem.snap = {**st_bytes, ("w", v): extra}
-                if level + extra > high:
-                    high = level + extra
+        extra = wsd.get(v, 0) if wsd is not None else 0
+        if impl_view and not kind[v] and names[v] not in READS_EXPANDED:
+            g = inputs.get(0)
+            if g is not None and gbytes[v] and impl_view.get(g) in EXPANDED:  # NOTE above: a dense copy of it
+                extra += gbytes[v][0] if unscaled else grad_scale(v, 0, gbytes[v][0])
+                extra -= _after_formula(prog, v, es, grad_scale)
+        if extra:
+            if v == snapshot_at and level + extra >= high:
+                mem.snap = {**st_bytes, ("w", v): extra}
+            if level + extra > high:
+                high = level + extra
         if extra_attrs is not None and nested is None and extra_attrs.get("region_params"):
             mem.level, mem.high, mem.cur = level, high, v
             for shape, dtype, had, *_ in extra_attrs["region_params"]:
@@ -265,6 +281,12 @@ def simulate(
                     freed = st_bytes.pop(key, 0)
                     level -= freed
                     saved_freed += freed
+        elif track_done:  # retain_graph: a recomputed tensor still dies at its last unpack (NOTE above)
+            for key in saved[v]:
+                if key[0] == "r" and key in st_refs:
+                    mem.level = level
+                    mem.drop_storage(key)
+                    level = mem.level
         if pending:  # into the InputBuffers, summed with a gradient already there
             synced = False
             for u, k, g in pending:
@@ -317,9 +339,21 @@ def _nested(prog: Program, v: int, extra_attrs: dict, given: set):
     return None if rec is None else node_effect(prog, v, rec, simulate, given)
 
 
-def _recompute(prog: Program, mem: Memory, v: int, fresh: list, sizes: dict, drop, created: set, done: set) -> None:
+def _recompute(
+    prog: Program, mem: Memory, v: int, fresh: list, sizes: dict, drop, created: set, done: set, grad_scale=None
+) -> None:
     """Node ``v`` of a checkpoint region runs: the region's tensors in ``fresh`` (``[(key, bytes)]``) not
-    made yet are re-created, each held by the region's nodes that save it and have not run."""
+    made yet are re-created, each held by the region's nodes that save it and have not run; the recompute's
+    temporaries raise the node's highest point (NOTE [recompute step by step])."""
+    rkeys = dict.fromkeys(key[1] for key, _ in fresh if key not in created and key not in drop)
+    for rkey in rkeys:  # one region after the other: each one's highest point above what the others left
+        top = recompute_high(prog, rkey, sizes, grad_scale)
+        if top:
+            mem.high = max(mem.high, mem.level + top)
+        _create(prog, mem, v, [kb for kb in fresh if kb[0][1] == rkey], sizes, drop, created, done)
+
+
+def _create(prog: Program, mem: Memory, v: int, fresh: list, sizes: dict, drop, created: set, done: set) -> None:
     saved, st_refs = prog.saved, mem.st_refs
     for key, nbytes in fresh:
         if key not in created and key not in drop:
@@ -331,6 +365,19 @@ def _recompute(prog: Program, mem: Memory, v: int, fresh: list, sizes: dict, dro
                 continue
             mem.hold_storage(key, nbytes, allocate=True)
             st_refs[key] = holders
+
+
+def _after_formula(prog: Program, v: int, es: list, grad_scale) -> int:
+    """Bytes of ``v``'s outputs made after its formula returned, so after the kernel's copy of an expanded
+    gradient is gone: ``addmm``'s ``self`` (bias) gradient is the incoming gradient itself, which the
+    engine then sums to the bias's shape."""
+    if prog.name[v] != "AddmmBackward0":
+        return 0
+    for (u, k), pos in zip(es, prog.needs[v]):
+        if pos == 0:
+            nbytes = prog.grad_bytes[u][k] if k < len(prog.grad_bytes[u]) else 0
+            return grad_scale(u, k, nbytes) if grad_scale is not None else nbytes
+    return 0
 
 
 def _by_node(workspace, leaf: list) -> dict:

@@ -226,4 +226,4 @@ def fsdp_step(
         )
     else:
         notes.append("NCCL's buffers and the streams holding blocks on the device: modelled, not measured")
-    return ShardedStep(spec, ranks, all_parts, before, single, change, device, notes, phase)
+    return ShardedStep(spec, ranks, all_parts, before, single, change, device, notes, phase, groups=names)

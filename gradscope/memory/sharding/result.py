@@ -34,6 +34,8 @@ class ShardedStep:
     device: str = "cpu"
     notes: list[str] = field(default_factory=list)
     phase: list[str] = field(default_factory=list)  # per rank: where the low peak is ("backward", ...)
+    checkpoint: list[str] = field(default_factory=list)  # the modules the change checkpoints (resolved)
+    groups: list[str] = field(default_factory=list)  # FSDP2: the modules fully_shard wraps before the root
 
     @property
     def peak_range(self) -> tuple[int, int]:
@@ -63,8 +65,7 @@ class ShardedStep:
         lo, hi = self.peak_range
         span = b(lo) if lo == hi else f"{b(lo)} .. {b(hi)}"
         lines = [
-            f"what if: {type(self.spec).__name__} on {self.world_size} ranks"
-            + ("" if self.change == "no change" else f"; {self.change}"),
+            f"what if: {self.spec.label()}, per rank" + ("" if self.change == "no change" else f"; {self.change}"),
             f"  per-rank peak {span} on {self.device} (one process, unsharded: {b(self.before)})",
         ]
         for first, last in _runs(self.ranks):

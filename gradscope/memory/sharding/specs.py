@@ -67,7 +67,10 @@ class DDP:
         if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
             raise InputValueError(f"bucket_cap_mb must be a positive number of MB, got {cap!r:.60}.")
 
-    def code(self) -> str:
+    def label(self) -> str:
+        return f"DDP({self.world_size}{', gradient_as_bucket_view=True' if self.gradient_as_bucket_view else ''})"
+
+    def code(self, names: list[str] | None = None) -> str:
         """The line a user writes."""
         extra = ", gradient_as_bucket_view=True" if self.gradient_as_bucket_view else ""
         return f"model = DistributedDataParallel(model{extra})  # {self.world_size} ranks"
@@ -137,8 +140,17 @@ class FSDP:
             return 1
         return int(r)
 
-    def code(self) -> str:
-        """The lines a user writes."""
+    def label(self) -> str:
+        """``FSDP(8, reshard_after_forward=False, bf16)``: the settings that differ from the defaults."""
+        extra = (
+            [f"reshard_after_forward={self.reshard_after_forward!r}"] if self.reshard_after_forward is not True else []
+        )
+        extra += [self.param_dtype] if self.param_dtype else []
+        extra += ["CPU offload"] if self.offload else []
+        return f"FSDP({', '.join([str(self.world_size), *extra])})"
+
+    def code(self, names: list[str] | None = None) -> str:
+        """The lines a user writes (``names``: the modules ``modules`` resolved to, when known)."""
         args = (
             [f"reshard_after_forward={self.reshard_after_forward!r}"] if self.reshard_after_forward is not True else []
         )
@@ -148,13 +160,20 @@ class FSDP:
         if self.offload:
             args.append("offload_policy=CPUOffloadPolicy()")
         a = "".join(", " + x for x in args)
-        pats = ", ".join(repr(m) for m in self.modules)
+        root = "".join(", " + x for x in args if not x.startswith("reshard_after_forward"))
+        if names is None:  # the outermost matching modules, as the prediction reads ``modules``
+            pats = ", ".join(repr(m) for m in self.modules)
+            pick = (
+                f"names = [n for n, _ in model.named_modules() if any(fnmatch.fnmatchcase(n, p) for p in [{pats}])]\n"
+                "names = [n for n in names if not any(n.startswith(o + '.') for o in names)]\n"
+            )
+        else:
+            pick = f"names = {names!r}\n"
         return (
-            f"mesh = init_device_mesh(device, ({self.world_size},))\n"
-            f"for name, m in model.named_modules():\n"
-            f"    if any(fnmatch.fnmatchcase(name, p) for p in [{pats}]):\n"
-            f"        fully_shard(m, mesh=mesh{a})\n"
-            f"fully_shard(model, mesh=mesh{a.replace(f', reshard_after_forward={self.reshard_after_forward!r}', '')})"
+            f"mesh = init_device_mesh(device, ({self.world_size},))\n{pick}"
+            f"for name in names:\n"
+            f"    fully_shard(model.get_submodule(name), mesh=mesh{a})\n"
+            f"fully_shard(model, mesh=mesh{root})"
         )
 
 

@@ -1,0 +1,153 @@
+"""``report.plan(budget, shard=...)`` and ``report.max_batch(budget, shard=...)``: per rank.
+
+NOTE [sharded plans]
+A spec is tried as given, then with the cheaper-to-fit settings in order of cost: FSDP2 resharding after
+forward (an all-gather more per group in backward), then a checkpoint per ``fully_shard`` module (its
+forward again). ``shard="auto"`` looks for the smallest world size (1, 2, 4, ... 1024) at which one of
+these fits, unsharded first: a step that fits one process needs no sharding, and DDP never lowers a
+rank's peak, so the sharded candidates are FSDP2's. A candidate fits when the *ceiling* of its highest
+rank (``peak_range[1]``) is within the budget less ``margin``. Mixed precision and CPU offload are not
+predicted yet, so the search does not use them and says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from gradscope._format import human_bytes
+from gradscope.errors import InputValueError
+from gradscope.memory.planning.maxbatch import MaxBatch
+from gradscope.memory.planning.plancode import parse_budget, plan_code
+from gradscope.memory.planning.sharded import check_spec, sharded_what_if
+from gradscope.memory.planning.whatif import what_if
+from gradscope.memory.sharding.result import ShardedStep
+from gradscope.memory.sharding.specs import DDP, FSDP
+
+__all__ = ["ShardPlan", "shard_plan", "sharded_max_batch"]
+
+_WORLDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+@dataclass
+class ShardPlan:
+    """The cheapest sharded setting that fits ``budget`` per rank (see :func:`shard_plan`)."""
+
+    budget: int
+    spec: DDP | FSDP | None
+    checkpoint: list[str]
+    fits: bool
+    peak_range: tuple[int, int]
+    result: ShardedStep | None = None
+    tried: list[str] = field(default_factory=list)
+    message: str = ""
+
+    @property
+    def peak(self) -> int:
+        return self.peak_range[0]
+
+    @property
+    def code(self) -> str:
+        parts = [plan_code(self.checkpoint, [])] if self.checkpoint else []
+        if self.spec is not None:
+            parts.append(self.spec.code(self.result.groups if self.result and self.result.groups else None))
+        return "\n\n".join(p for p in parts if p)
+
+    def __str__(self) -> str:
+        b = human_bytes
+        lo, hi = self.peak_range
+        if not self.fits:
+            head = f"budget {b(self.budget)} per rank: nothing tried fits"
+        elif self.spec is None:
+            head = f"budget {b(self.budget)}: fits one process unsharded (peak {b(lo)})"
+        else:
+            ck = f" + checkpoint {', '.join(self.checkpoint)}" if self.checkpoint else ""
+            head = f"budget {b(self.budget)} per rank: {self.spec.label()}{ck} fits (per-rank peak {b(lo)} .. {b(hi)})"
+        lines = [head] + [f"  tried: {t}" for t in self.tried]
+        if self.message:
+            lines.append("  " + self.message)
+        if self.fits and self.code:
+            lines += ["", "The code:", *(("    " + ln).rstrip() for ln in self.code.splitlines())]
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def _variants(spec: DDP | FSDP) -> list[tuple[DDP | FSDP, bool]]:
+    """``(spec, checkpoint the sharded modules)`` in order of cost (NOTE [sharded plans])."""
+    if isinstance(spec, DDP):
+        return [(spec, False), (spec, True)]
+    out: list[tuple[DDP | FSDP, bool]] = [(spec, False)]
+    if spec.reshard_after_forward is not True:
+        out.append((replace(spec, reshard_after_forward=True), False))
+    out.append((out[-1][0], True))
+    return out
+
+
+def shard_plan(report, budget, optimizer=None, shard="auto", *, margin: float = 0.02, **kw) -> ShardPlan:
+    """The smallest world size, then the cheapest setting, whose per-rank ceiling fits ``budget``.
+
+    Args:
+        shard: a :class:`gradscope.DDP` / :class:`gradscope.FSDP` (its world size kept), or ``"auto"``:
+            FSDP2 over ``modules`` (``kw["modules"]``, default ``["blocks.*"]``) at growing world sizes.
+    """
+    limit = int(parse_budget(budget) * (1 - margin))
+    modules = kw.pop("modules", ("blocks.*",))
+    tried: list[str] = []
+    if shard == "auto":
+        one = what_if(report, optimizer=optimizer, **kw)
+        tried.append(f"one process: {human_bytes(one.peak)}")
+        if one.peak <= limit:
+            return ShardPlan(parse_budget(budget), None, [], True, (one.peak, one.peak), None, tried)
+        specs: list[DDP | FSDP] = [FSDP(w, modules=modules, reshard_after_forward=False) for w in _WORLDS if w > 1]
+    else:
+        specs = [check_spec(shard)]
+    best = None
+    previous = None  # the best ceiling at the previous world size
+    for spec in specs:
+        here = None
+        for variant, ck in _variants(spec):
+            pats = list(variant.modules) if isinstance(variant, FSDP) else list(modules)
+            step = sharded_what_if(report, variant, pats if ck else None, None, 1.0, optimizer, **kw)
+            lo, hi = step.peak_range
+            tried.append(f"{variant.label()}{' + checkpoint' if ck else ''}: {human_bytes(lo)} .. {human_bytes(hi)}")
+            if hi <= limit:
+                return ShardPlan(parse_budget(budget), variant, step.checkpoint, True, (lo, hi), step, tried)
+            here = hi if here is None else min(here, hi)
+            if best is None or hi < best[2].peak_range[1]:
+                best = (variant, ck, step)
+        if previous is not None and here is not None and here >= previous:
+            break  # more ranks no longer lower the ceiling: padding and activations dominate
+        previous = here
+    if best is None:
+        raise InputValueError("plan(shard=...) had nothing to try.")
+    msg = "mixed precision and CPU offload are not predicted yet, so they were not tried"
+    return ShardPlan(parse_budget(budget), best[0], best[2].checkpoint, False, best[2].peak_range, best[2], tried, msg)
+
+
+def sharded_max_batch(report, budget, optimizer=None, shard=None, *, margin: float = 0.02, **kw) -> MaxBatch:
+    """The largest integer batch whose per-rank ceiling fits ``budget`` under ``shard`` (batch 0 when none)."""
+    limit = int(parse_budget(budget) * (1 - margin))
+    b0 = what_if(report, optimizer=optimizer, **kw).batch_size
+    if not b0:
+        raise InputValueError(
+            "max_batch(shard=...) found no activation whose shape shows the batch size; pass batch_size=."
+        )
+
+    seen: dict[int, int] = {}
+
+    def high(n: int) -> int:
+        if n not in seen:
+            seen[n] = sharded_what_if(report, shard, batch=n / b0, optimizer=optimizer, batch_size=b0, **kw).high
+        return seen[n]
+
+    ck, off = list(kw.get("checkpoint") or []), list(kw.get("offload") or [])
+    if high(1) > limit:
+        return MaxBatch(0, high(1), parse_budget(budget), b0, 0, ck, off)
+    lo, hi = 1, 2
+    while high(hi) <= limit:  # the ceiling grows with the batch: double, then bisect
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if high(mid) <= limit else (lo, mid)
+    per = max(0, round((high(lo) - high(1)) / (lo - 1))) if lo > 1 else 0
+    return MaxBatch(lo, high(lo), parse_budget(budget), b0, per, ck, off)
