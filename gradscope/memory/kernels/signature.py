@@ -152,6 +152,8 @@ def node_signature(prog, v: int, consumers: dict, threads: int) -> dict | None:
         if shape is None:
             return None
         stride = _grad_stride(prog, consumers, v, k, list(shape))
+        if stride is not None and not any(stride):  # an expanded gradient: its materialization is the
+            stride = None  # replay's (memory/replay/gradients.py); the formula is measured on a dense one
         grads.append([k, list(shape), stride, dts[k] if k < len(dts) else "float32"])
     sig = {
         "op": prog.name[v],
