@@ -103,18 +103,20 @@ def finding_nodes(graph, finding) -> list:
 def cut_site(graph, finding, order=None) -> tuple[dict | None, str | None]:
     """A ``detached-branch`` finding's cut event (from ``trace()``) and the op it sits before.
 
-    The op is the first node of the graph created after the cut (the next sequence number): the
-    drawing links the cut's octagon to it, and never folds or boxes it away.
+    The op is the first node of the graph created after the cut (a later sequence number) in the module
+    call where the cut was made (the cut value is read there: ResNet's residual add after a detached
+    ``downsample``); else the first one anywhere. The drawing links the cut's octagon to it, and never
+    folds or boxes it away.
     """
     events = [e for e in graph.graph.get(EVENTS, ()) if e.get("kind") != "inplace"]
     ev = next((e for e in events if set(finding.params) & set(e.get("params", ()))), None)
     if ev is None or not isinstance(ev.get("seq"), int):
         return ev, None
-    for n in forward_order(graph) if order is None else order:
-        seq = graph.nodes[n].get("seq")
-        if seq is not None and seq >= ev["seq"]:
-            return ev, n
-    return ev, None
+    after = [
+        n for n in (forward_order(graph) if order is None else order) if (graph.nodes[n].get("seq") or -1) >= ev["seq"]
+    ]
+    here = next((n for n in after if graph.nodes[n].get("module") == ev.get("module")), None)
+    return ev, here if here is not None else next(iter(after), None)
 
 
 def build_view(

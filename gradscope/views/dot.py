@@ -15,6 +15,7 @@ import graphviz
 import networkx as nx
 
 from gradscope._format import human_bytes, plural, shape_str
+from gradscope.findings import INPLACE_HAZARD
 from gradscope.graph.attribution import node_bytes
 from gradscope.views.clusters import calls, emit_clusters, unused_and_cuts
 from gradscope.views.collapse import View, depth, finding_nodes, fold_lines, truncate
@@ -186,8 +187,10 @@ class _Builder:
             lines += _saved_lines(d["saved"])
         if own and not self.compact:
             lines.append(f"holds {human_bytes(own)}")
-        for f in self.flagged.get(n, ()):
+        for f in self.flagged.get(n, ()):  # an in-place write: its line (trace()), where the fix goes
             lines.append(f"!! {f.kind}")
+            if f.kind == INPLACE_HAZARD and f.location:
+                lines.append(f"written in place at {f.location}")
         if d.get("planned"):  # set by Plan.render(): the module is checkpointed / offloaded
             lines.append(f"plan: {d['planned']}")
         classes = ["gs-op"] + (["gs-root"] if d.get("root") else []) + (["gs-planned"] if d.get("planned") else [])

@@ -21,7 +21,7 @@ from ._memprogram import generate
 FAST_SEEDS = (0, 2, 25, 50, 53, 57, 74, 138, 142, 193)
 
 #: Slow profile floors over the modelled programs (measured on seeds 0..499; see docs/memory.md).
-FLOORS = {"peak": 0.80, "levels": 0.94, "step": 0.88}
+FLOORS = {"peak": 0.97, "levels": 0.98, "step": 0.99}
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -159,3 +159,22 @@ def test_kernels_copy_sums_expanded_gradient_unless_they_read_it_in_place(op):
          "softmax": lambda h: torch.softmax(h, -1), "tanh": torch.tanh}[op]
     truth = _truth(lambda: f(m(x)).sum(), m, [x])
     _levels_and_peak(truth)
+
+
+def test_checkpoint_binary_op_saving_two_inputs_of_one_shape_recreates_each_once():
+    # mul saves sigmoid(h) and h, both (16, 64): each slot is matched to its own input, so the recompute
+    # re-creates two tensors, not three
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    m = nn.Module()
+    m.fc = nn.Linear(64, 64)
+    m.head = nn.Linear(64, 64)
+    x = torch.randn(16, 64)
+
+    def gated(a):
+        h = m.fc(a)
+        return (torch.sigmoid(h) * h).tanh() + h.mean(-1, keepdim=True)
+
+    truth = _truth(lambda: m.head(checkpoint(gated, x, use_reentrant=False)).pow(2).mean(), m, [x])
+    _levels_and_peak(truth, level_tol=4096, peak_tol=0.01)

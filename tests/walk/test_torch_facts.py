@@ -349,3 +349,23 @@ def test_fsdp2_pads_the_last_rank_shard_storage_to_chunk_zero():
         assert local.untyped_storage().nbytes() == shard_rows(5, 2, 0) * 3 * 4 == 36
     finally:
         dist.destroy_process_group()
+
+
+def test_non_reentrant_recompute_stops_at_the_last_saved_tensor():
+    # internals.md#non-reentrant-checkpoint: backward re-runs the region only until the last tensor its
+    # forward saved is packed again (an op saves its inputs before it runs), so later ops do not run
+    calls = []
+
+    def fn(x):
+        calls.append("sin")
+        a = x.sin()                # saves x
+        calls.append("cos")
+        b = a.cos()                # saves a: the last pack
+        calls.append("mul")
+        return b * 2               # saves nothing
+
+    x = torch.randn(4, requires_grad=True)
+    y = checkpoint(fn, x, use_reentrant=False)
+    calls.clear()
+    y.sum().backward()
+    assert calls == ["sin", "cos"]

@@ -320,7 +320,8 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
 class _RegionView:
     """What ``regions.recorded_regions`` reads of a graph, answered from the records: ``nodes.items()``
     over the nodes the general reader read (only they can hold recomputed slots), ``nodes[nid]`` any
-    node's dict, ``_pred[nid]`` its inputs as ``{input id: {"output": k}}`` (as the DiGraph's ``pred``)."""
+    node's dict, ``_pred[nid]`` its inputs as ``{input id: {"output": k, "index": position}}`` (as the
+    DiGraph's ``pred``)."""
 
     __slots__ = ("nodes", "_pred")
 
@@ -354,7 +355,7 @@ class _ViewPred:
         for k in range(r.kid_off[i], r.kid_off[i + 1]):
             u = r.kids[k]
             if u >= 0 and self._ids[u] not in out:
-                out[self._ids[u]] = {"output": r.kid_out[k]}
+                out[self._ids[u]] = {"output": r.kid_out[k], "index": k - r.kid_off[i]}
         return out
 
 

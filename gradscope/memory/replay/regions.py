@@ -30,6 +30,9 @@ _VIEWS = (
     "AliasBackward0",
 )
 
+#: The input position of a binary op's saved input slot (``mul``: ``self`` is input 0, ``other`` input 1).
+_POSITIONS = {"self": 0, "other": 1}
+
 
 def _from_param(graph, u, pred) -> bool:
     d = graph.nodes[u]
@@ -97,6 +100,8 @@ def recorded_regions(graph, index: dict, saved: list, storages: dict, shapes: di
                 ]
                 if any(_from_param(graph, u, pred) or u not in inside for u, _ in cands):
                     continue  # a parameter (or a view of one), or the region's input: not re-created
+                if len(cands) > 1 and slot in _POSITIONS:  # several inputs of that shape: the slot's own
+                    cands = [c for c in cands if pred[nid][c[0]].get("index") == _POSITIONS[slot]] or cands
                 if len(cands) == 1:
                     source = cands[0]
                 elif not cands:
