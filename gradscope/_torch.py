@@ -263,12 +263,12 @@ foreach_sub_: Callable[..., Any] = torch._foreach_sub_
 
 
 #: ``torch._C._autograd._profiler_enabled()``: whether a torch.profiler session is running on this thread
-#: (the memory replay's workspace measurement, memory/kernels/calibrate.py, runs its own profile only when not).
+#: (the in-node memory measurement, memory/kernels/measure.py, runs its own session only when not).
 profiler_enabled: Callable[[], bool] = torch._C._autograd._profiler_enabled
 
 #: ``torch._C._profiler._EventType.Allocation``: the tag of an allocator event in
 #: ``prof.profiler.kineto_results.experimental_event_tree()`` (``node.typed == (tag, event)``, the event's
-#: ``alloc_size`` negative for a free). memory/kernels/calibrate.py sums them in time order for an op's workspace.
+#: ``alloc_size`` negative for a free). memory/kernels/measure.py sums them in time order for a node's in-node memory.
 PROFILER_ALLOCATION: Any = torch._C._profiler._EventType.Allocation
 
 

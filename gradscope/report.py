@@ -111,15 +111,24 @@ class Report:
         optimizer: torch.optim.Optimizer | None = None,
         inputs: Any = None,
         target: str | Target | None = None,
+        run_custom: bool = False,
     ) -> BackwardMemory:
         """Replay ``backward()`` (and ``optimizer.step()``) over the graph: what it will allocate and free,
         node by node, before it runs (see :func:`gradscope.memory.backward.backward_memory`). ``inputs``:
         the batch you hold through the step (tensors, or lists / dicts of them): the absolute peak counts
         it even when no op saved it. ``target``: ``"cpu"`` (default), ``"cuda"`` (modelled, not measured)
-        or a ``gradscope.memory.targets.Target``."""
+        or a ``gradscope.memory.targets.Target``. With ``run_custom=True`` custom autograd.Functions'
+        backward is run on random tensors to measure its in-node memory."""
         from gradscope.memory.replay.backward import backward_memory
 
-        return backward_memory(self, retain_graph=retain_graph, optimizer=optimizer, inputs=inputs, target=target)
+        return backward_memory(
+            self,
+            retain_graph=retain_graph,
+            optimizer=optimizer,
+            inputs=inputs,
+            target=target,
+            run_custom=run_custom,
+        )
 
     def what_if(
         self,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-import os
 import sys
 import time
 
@@ -69,10 +68,6 @@ def main():
 
     Exit codes: 0 ok, 1 error findings (check), 2 usage or TARGET mistake.
     """
-    # torch.profiler (the one-time kernel workspace measurement of `gradscope memory`) prints "USDT: ...
-    # profiler_start" lines to stderr at kineto's default log level; this process is ours, and an explicit
-    # setting wins. Read once, when the first profiler starts.
-    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 
 @main.command(short_help="Render TARGET's graph to .svg/.png/.pdf/.html/.dot/.json/.graphml.")

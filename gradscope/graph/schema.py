@@ -93,6 +93,7 @@ class SavedEntry(TypedDict, total=False):
     status: str  # one of the saved-slot states above
     storage: int | None  # storage id (an index into graph.graph["storage_bytes"]); None: unknown
     scalar: bool  # present (True) on a wrapped Python number (``x * 2``): not an activation
+    stride: list[int]  # present only when the tensor is not contiguous (a transposed or channels-last view)
     version: int  # stale only: the tensor's version now (it was modified in place)
     saved_version: int | None  # stale only: the version backward expects (from torch's error text); None: unknown
     recompute: dict[str, Any]  # recomputed (checkpoint) only, when the frame tells: {"region", "index", "shape",

@@ -33,9 +33,9 @@ _STORAGE_ERRORS = (RuntimeError, NotImplementedError, TypeError)
 Read = tuple[tuple, int, tuple | None]
 
 
-def fast_reader(storages: StorageIds, shapes: dict, slot_outs: dict, held_add: Callable) -> Callable:
-    """The per-node fast reader over the walk's tables (``shapes`` and ``slot_outs`` intern what it reads;
-    ``held_add`` collects the held storage ids of the whole graph)."""
+def fast_reader(storages: StorageIds, shapes: dict, slot_outs: dict, held_add: Callable, strides: dict) -> Callable:
+    """The per-node fast reader over the walk's tables (``shapes``/``slot_outs`` intern what it reads; ``held_add``
+    collects held storage ids; ``strides``: node index -> {slot: strides} of non-contiguous saved tensors)."""
     sids = storages.ids
     sids_get = sids.get
     sizes = storages.sizes
@@ -48,7 +48,7 @@ def fast_reader(storages: StorageIds, shapes: dict, slot_outs: dict, held_add: C
     dtypes_get = _DTYPES.get
     devices_get = _DEVICES.get
 
-    def read(node, spec: ClassSpec) -> Read | int:
+    def read(node, spec: ClassSpec, i: int) -> Read | int:
         rec: tuple = ()  # () + t is t itself: no copy for the common single slot
         node_sids = None
         held = 0
@@ -104,6 +104,8 @@ def fast_reader(storages: StorageIds, shapes: dict, slot_outs: dict, held_add: C
                     hrec[2] = extra
                 if hrec[3] == 1 and data._is_view():  # first seen as a view's base
                     note_base(impls, data, sid)
+            if not data.is_contiguous():
+                strides.setdefault(i, {})[s] = list(data.stride())
             dt = data.dtype
             dev = data.device
             canon = shape_get(shape)

@@ -87,7 +87,7 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
     held_extra = 0
     small = len(_SHAPES) + len(_OUTS) + len(_SLOT_OUTS) < _MAX_SHAPES
     slot_outs = _SLOT_OUTS if small else {}
-    read_fast = fast_reader(storages, _SHAPES if small else {}, slot_outs, held_add)
+    read_fast = fast_reader(storages, _SHAPES if small else {}, slot_outs, held_add, r.strides)
     read_outs = _outs_reader(_OUTS if small else {}, slot_outs)
     read_leaf = _leaf_reader(r, names)
     specs_get = SPECS.get
@@ -117,7 +117,7 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
             outs_add(_NO_OUT)
             continue
         # -- saved tensors: NOTE [walk fast path] ------------------------------------------------------
-        got = read_fast(node, spec) if fast and spec.code == OP else 0
+        got = read_fast(node, spec, i) if fast and spec.code == OP else 0
         if type(got) is tuple:
             rec, held, out = got
             saved_add(rec)

@@ -84,6 +84,7 @@ class Records:
         "special",
         "param_nodes",
         "held_total",
+        "strides",
         "storage_ptrs",
         "_dicts",
         "_digraph",
@@ -107,6 +108,7 @@ class Records:
         self.special: list[int] = []  # nodes read by the general reader (NOTE [walk fast path])
         self.param_nodes: dict = {}  # parameter name -> node id
         self.held_total = 0
+        self.strides: dict = {}  # node index -> {slot: strides} of its non-contiguous saved tensors (fast path)
         self.storage_ptrs: dict = {}  # StorageImpl pointer -> storage id (build.py's _storage_ptrs)
         self._dicts: dict = {}  # node index -> attribute dict already handed out
         self._digraph = None
@@ -171,6 +173,7 @@ class Records:
         if type(rec) is list:
             return rec
         sizes = self.sizes
+        strided = self.strides.get(i)
         out = []
         for k in range(0, len(rec), 5):
             sid = rec[k + 4]
@@ -188,6 +191,8 @@ class Records:
             }
             if scalar:
                 e["scalar"] = True
+            if strided is not None and rec[k] in strided:
+                e["stride"] = strided[rec[k]]
             out.append(e)
         return out
 

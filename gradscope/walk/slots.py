@@ -142,6 +142,11 @@ def slot_meta(slot: str, t: torch.Tensor, status: str, storages: StorageIds, dev
     }
     if shape is not None and not shape and is_wrapped_scalar(t):
         entry["scalar"] = True
+    try:
+        if not t.is_contiguous():
+            entry["stride"] = list(t.stride())
+    except RuntimeError:  # a nested or sparse tensor: no strides
+        pass
     return entry
 
 

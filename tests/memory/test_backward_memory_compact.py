@@ -63,8 +63,9 @@ def test_deferred_fields_equal_a_direct_computation(name):
     """backward_memory() fills base, absolute_peak, parts, workspace, names and unmodelled on first access
     (backward.py NOTE [deferred fields]): the values are those computed from the graph directly, whichever
     field is read first, and the same as on a report whose DiGraph was built."""
-    from gradscope.memory.kernels.workspace import node_workspace
+    from gradscope.memory.kernels.workspace import innode
     from gradscope.memory.replay.accounting import step_base
+    from gradscope.memory.replay.gradients import VIEW_OPS
 
     torch.manual_seed(0)
     model, inputs, loss_fn = MODELS[name]()
@@ -72,7 +73,8 @@ def test_deferred_fields_equal_a_direct_computation(name):
     report = gradscope.inspect(loss, model=model)
     prog = program(report)
     parts = step_base(prog, report.peek_graph(), prog.storages, frozenset(), prog.has_grad, None)
-    ws = {prog.ids[i]: w for i in range(len(prog.ids)) if (w := node_workspace(prog, i))}
+    ops = [i for i in range(len(prog.ids)) if not prog.leaf[i] and prog.name[i] not in VIEW_OPS]
+    ws = {prog.ids[i]: w for i, w in innode(prog, ops).bytes.items()}
     direct = {"base": sum(parts.values()), "parts": parts, "workspace": ws,
               "names": [prog.name[prog.index[n]] for n in report.backward_memory().order]}
     direct["absolute_peak"] = direct["base"] + report.backward_memory().peak

@@ -1,2 +1,3 @@
-"""What one op allocates inside itself while its backward runs (kernel workspace): ``workspace.py`` looks
-it up per node, ``calibrate.py`` measures it once per op and shapes and caches it per machine."""
+"""What a backward node allocates and frees inside itself (kernel workspace, a formula's temporaries):
+``signature.py`` says what it depends on, ``rebuild.py`` runs the node's backward again on fresh tensors,
+``measure.py`` measures every signature in one profiler session, ``workspace.py`` caches and looks it up."""

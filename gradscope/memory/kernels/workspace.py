@@ -1,51 +1,85 @@
-"""Kernel workspace: memory a backward kernel allocates and frees inside one node (no graph shows it).
+"""In-node memory: what a backward node allocates and frees before it returns (no graph shows it).
 
-NOTE [workspace calibration]
-On CPU, ``convolution_backward`` (oneDNN reorders and scratchpads), RNN backward
-(``MkldnnRnnLayerBackward0``), attention backward, layer/batch norm backward, broadcasting ``mul`` and
-``pow`` allocate temporaries that are freed before the node returns; their size depends on the op, the
-shapes, the dtype, the thread count and the algorithm oneDNN picks, so no closed formula holds (conv:
-81,912 bytes at batch 1, 98,296 at 4, 196,600 at 8 for the same layer). gradscope measures it: for each
-(op, shapes, dtype, attributes, threads) the op is run once on random CPU tensors of those shapes under
-``torch.profiler`` and the node's in-node peak minus its outputs is the workspace. Results are cached per
-machine in ``~/.cache/gradscope/workspace-<torch>.json`` (``GRADSCOPE_CACHE`` overrides the folder). An op
-whose tensors exceed :data:`LIMIT` (or that lives on ``meta``/an accelerator) is measured at two smaller
-batch sizes and extrapolated linearly in the batch. Ops outside :data:`BUILDERS` count no workspace.
-Set ``GRADSCOPE_WORKSPACE=0`` to switch measuring off (cached values are still used).
+NOTE [in-node memory]
+Inside one node, a backward formula allocates temporaries besides the gradients it returns: oneDNN
+reorders and scratchpads in ``convolution_backward`` (a depthwise convolution on a channels-last input
+allocates several times its input), the intermediates of a composite formula (``logsumexp``, ``gelu``,
+a custom Function's ``backward``), sorting buffers in ``embedding_dense_backward``. Their size depends on
+the op, the shapes, the strides, the dtype, the thread count and the algorithm a library picks, so no
+closed formula holds. gradscope measures every node type the same way: a node's signature
+(``signature.py``: op, saved tensors with shape, strides and dtype, saved values, the inputs that need a
+gradient, the layout of the gradients it receives) is run again on fresh random CPU tensors
+(``rebuild.py``: the op's forward found among torch's operators, then ``torch.autograd.grad``), all
+distinct signatures in one torch.profiler session (``measure.py``), and the highest point above what the
+backward leaves behind is the node's in-node memory. Results are cached per signature in
+``~/.cache/gradscope/innode-<torch>.json`` (``GRADSCOPE_CACHE`` sets the folder). A signature with a
+tensor above ``measure.LIMIT`` (1 MiB) is measured at two smaller sizes and extrapolated (``measure.py``
+says how), so a 7B-parameter model's shapes cost seconds. What cannot be measured (a custom Function's
+backward unless ``run_custom=True``, an op the rebuild cannot match, custom Functions under a running
+torch.profiler) is returned as unmodelled with the reason: the peak is then a lower bound.
+``GRADSCOPE_WORKSPACE=0`` switches measuring off (cached values are still used; the rest is unmodelled).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
-from gradscope.memory.replay.engine import numel_bytes
+from gradscope.memory.kernels.signature import consumers_of, node_signature, signature_key
 
-__all__ = ["node_workspace", "LIMIT", "cache_path"]
-
-#: Above this many bytes of tensors an op is measured at smaller batches and extrapolated.
-LIMIT = 32 * 1024 * 1024
+__all__ = ["InNode", "innode", "cache_path"]
 
 _MEMO: dict = {}
-_LOADED = [False]
+_LOADED: list = []
+
+
+@dataclass(frozen=True, slots=True)
+class InNode:
+    """In-node memory of the nodes of one program (indices into it).
+
+    Attributes:
+        bytes: node index -> bytes allocated and freed inside it (only nodes that have some).
+        full: node index -> the bytes of its first gradient when measured (for a scaled replay).
+        unmodelled: node index -> why its in-node memory is not known.
+        extrapolated: node indices whose value was extrapolated from smaller sizes.
+        notes: sentences for the printed result (a profiler was running...).
+    """
+
+    bytes: dict = field(default_factory=dict)
+    full: dict = field(default_factory=dict)
+    unmodelled: dict = field(default_factory=dict)
+    extrapolated: frozenset = frozenset()
+    notes: tuple = ()
 
 
 def cache_path() -> str:
+    """The cache file of this machine's measurements (``GRADSCOPE_CACHE`` sets its folder)."""
     import torch
 
     folder = os.environ.get("GRADSCOPE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "gradscope")
-    return os.path.join(folder, f"workspace-{torch.__version__.split('+')[0]}.json")
+    return os.path.join(folder, f"innode-{torch.__version__.split('+')[0]}.json")
 
 
-def _load() -> None:
-    if _LOADED[0]:
-        return
-    _LOADED[0] = True
-    try:
-        with open(cache_path()) as f:
-            _MEMO.update(json.load(f))
-    except (OSError, ValueError):
-        pass
+#: The measuring method's version: a cache file written by another version is not read (its entries may
+#: have been measured differently), and is replaced on the next save.
+METHOD = 2
+
+
+def _load() -> dict:
+    path = cache_path()
+    if not _LOADED or _LOADED[0] != path:
+        _LOADED[:] = [path]
+        _MEMO.clear()
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            if isinstance(data, dict) and data.get("method") == METHOD:
+                _MEMO.update(data.get("entries") or {})
+        except (OSError, ValueError):
+            pass
+    return _MEMO
 
 
 def _save() -> None:
@@ -54,136 +88,103 @@ def _save() -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
-            json.dump(_MEMO, f)
+            json.dump({"method": METHOD, "entries": _MEMO}, f)
         os.replace(tmp, path)
     except OSError:
         pass
 
 
-def _slot(d: dict, name: str):
-    for e in d.get("saved") or ():
-        if e.get("slot") == name:
-            return e
-    return None
-
-
-def _spec(prog, v: int):
-    """``(op, tensors: {slot: (shape, dtype)}, attrs)`` for an op in BUILDERS, else None."""
-    from gradscope.memory.kernels.calibrate import BUILDERS
-
-    name = prog.name[v]
-    if name not in BUILDERS:
-        return None
-    d = prog.attrs[v]
-    tensors = {}
-    for e in d.get("saved") or ():
-        if e.get("shape") is not None and not e.get("scalar"):
-            tensors[e["slot"]] = (list(e["shape"]), e.get("dtype") or "float32")
-    outs = d.get("out_shapes") or []
-    dts = d.get("out_dtypes") or []
-    tensors["grad"] = (list(outs[0]) if outs else [], dts[0] if dts else "float32")
-    attrs = dict(d.get("attrs") or {})
-    flag = _neighbours(prog, v, name)
-    if attrs.get("batch_first"):  # only the layer whose output goes through transpose(0, 1) gets it batch-major
-        attrs["grad_batch_major"] = flag
-    if name.startswith("ScaledDotProduct"):
-        attrs["heads_transposed"] = flag
-    return name, tensors, attrs
-
-
-_TRANSPOSES = ("TransposeBackward0", "TransposeBackward1")
-
-
-def _neighbours(prog, v: int, name: str) -> bool | None:
-    """What an op's workspace depends on besides its own attributes: for RNN, whether a transpose(0, 1)
-    consumes its output (batch-major gradient); for attention, whether its query comes from a
-    transpose(1, 2) (heads split by HF / nanoGPT, or not as in nn.MHA). None for other ops."""
-    if name.startswith("ScaledDotProduct"):
-        q = [u for (u, _), pos in zip(prog.edges[v], prog.needs[v]) if pos == 0]
-        return bool(q) and prog.name[q[0]] in _TRANSPOSES
-    if name == "MkldnnRnnLayerBackward0":
-        return any(prog.name[u] in _TRANSPOSES for u in _consumers(prog).get(v, ()))
-    return None
-
-
-def _consumers(prog) -> dict:
-    """Node -> the nodes that consumed its output 0 (their gradient flows into it)."""
-    cons = getattr(prog, "_consumers", None)
-    if cons is None:
-        cons = {}
-        for u, es in enumerate(prog.edges):
-            for t, k in es:
-                if k == 0:
-                    cons.setdefault(t, []).append(u)
-        prog._consumers = cons
-    return cons
-
-
-#: (compact digest of the node, input positions, threads, neighbour flag) -> (workspace, grad bytes):
-#: repeat ops skip building their dict and cache key (the digest holds everything the key is made of)
-_FAST: dict = {}
-
-
-def node_workspace(prog, v: int, grad_scale=None) -> int:
-    """Workspace bytes of node ``v`` (see NOTE [workspace calibration]); 0 for ops without a builder."""
-    if prog.leaf[v]:
-        return 0
-    raw = getattr(prog.attrs, "raw_key", None)
-    fast = raw(v) if raw is not None else None
-    if fast is not None:
-        fast = (fast, tuple(prog.needs[v]), _threads(), _neighbours(prog, v, prog.name[v]))
-        try:
-            got = _FAST.get(fast)
-        except TypeError:  # an unhashable value: no memo for this op
-            got = fast = None
-        if got is not None:
-            return _scaled(got[0], got[1], grad_scale, v)
-    spec = _spec(prog, v)
-    if spec is None:
-        return 0
-    name, tensors, attrs = spec
-    needs = prog.needs[v]
-    dtype = tensors["grad"][1]
-    scale = 1.0
-    full = numel_bytes(tensors["grad"][0], tensors["grad"][1])
-    if grad_scale is not None:
-        scale = grad_scale(v, 0, full) / full if full else 1.0
-    key = repr(
-        (name, sorted(tensors.items()), sorted(attrs.items()), needs, _threads(), prog.attrs[v].get("device") or "cpu")
-    )
-    _load()
-    hit = _MEMO.get(key)
-    if hit is None:
-        if os.environ.get("GRADSCOPE_WORKSPACE", "1") == "0":
-            return 0
-        from gradscope._torch import profiler_enabled
-        from gradscope.memory.kernels.calibrate import measure_workspace
-
-        if profiler_enabled():
-            return 0  # a profiler is running: measure another time (nothing cached)
-        hit = measure_workspace(name, tensors, attrs, needs, dtype, LIMIT)
-        _MEMO[key] = hit = hit or 0  # None: the builder does not apply (no broadcast...): no workspace
-        _save()
-    if fast is not None:
-        if len(_FAST) >= 4096:  # a memo (the calibration cache keeps the measurements): bounded
-            _FAST.clear()
-        _FAST[fast] = (hit, full)
-    return int(round(hit * scale)) if scale != 1.0 else int(hit)
-
-
-def _scaled(hit, full: int, grad_scale, v: int) -> int:
-    if grad_scale is None or not full:
-        return int(hit)
-    scale = grad_scale(v, 0, full) / full
-    return int(round(hit * scale)) if scale != 1.0 else int(hit)
-
-
 def _threads() -> int:
-    if not _NUM_THREADS:
-        import torch
+    import torch
 
-        _NUM_THREADS.append(torch.get_num_threads)
-    return _NUM_THREADS[0]()
+    return torch.get_num_threads()
 
 
-_NUM_THREADS: list = []  # torch.get_num_threads, bound on first use
+def _grad_bytes(prog, v: int) -> int:
+    gb = prog.grad_bytes[v]
+    return int(gb[0]) if gb else 0
+
+
+def _measure_missing(keys: dict, memo: dict, run_custom: bool) -> tuple[str, ...]:
+    """Measure the signatures not cached yet (``{key: signature}``); returns notes for the output."""
+    from gradscope.memory.kernels.measure import measure
+
+    todo = [k for k in keys if k not in memo or (run_custom and memo[k].get("custom"))]
+    if not todo:
+        return ()
+    if os.environ.get("GRADSCOPE_WORKSPACE", "1") == "0":
+        for k in todo:
+            memo.setdefault(
+                k, {"error": "in-node memory measuring is switched off (GRADSCOPE_WORKSPACE=0)", "retry": 1}
+            )
+        return ()
+    results, elsewhere = measure([keys[k] for k in todo], run_custom)
+    for k, r in zip(todo, results):
+        if keys[k].get("function") and "error" in r and not run_custom:
+            r = {**r, "custom": True}  # measured once run_custom=True is given
+        memo[k] = r
+    _save()
+    if elsewhere:
+        return (
+            "A torch.profiler was running, so in-node memory was measured in a separate Python process "
+            "(custom autograd.Functions were not measured).",
+        )
+    return ()
+
+
+def innode(prog, nodes: Iterable[int], run_custom: bool = False) -> InNode:
+    """In-node memory of ``nodes`` (op indices of a compiled program), measured once per signature.
+
+    Each node's signature is kept on the program (which nothing changes), so a later call (a what-if, the
+    same report again) only looks the measurements up.
+    """
+    keys_of = getattr(prog, "_innode_keys", None)
+    if keys_of is None:
+        keys_of = prog._innode_keys = {}
+    memo = _load()
+    cons = None
+    threads = _threads()
+    keys: dict = {}
+    unmodelled: dict = {}
+    nodes = list(nodes)
+    for v in nodes:
+        key = keys_of.get(v, 0)
+        if key == 0:
+            if cons is None:
+                cons = consumers_of(prog)
+            sig = node_signature(prog, v, cons, threads)
+            key = keys_of[v] = None if sig is None else (signature_key(sig), sig)
+        if key is None:
+            unmodelled[v] = f"the shapes {prog.name[v]} needs are not recorded"
+        else:
+            keys.setdefault(key[0], key[1])
+    notes = _measure_missing(keys, memo, run_custom)
+    out_bytes, full, extra = {}, {}, set()
+    for v in nodes:
+        key = keys_of.get(v)
+        if key is None:
+            continue
+        r = memo.get(key[0]) or {"error": "not measured"}
+        if "error" in r:
+            unmodelled[v] = r["error"]
+            if r.get("retry"):
+                memo.pop(key[0], None)
+            continue
+        if r.get("bytes"):
+            out_bytes[v] = int(r["bytes"])
+            full[v] = _grad_bytes(prog, v)
+        if r.get("extrapolated"):
+            extra.add(v)
+    return InNode(out_bytes, full, unmodelled, frozenset(extra), notes)
+
+
+def scaled(res: InNode, v: int, grad_scale) -> int:
+    """Node ``v``'s in-node bytes, scaled with its gradient when the replay resizes tensors."""
+    w = res.bytes.get(v, 0)
+    full = res.full.get(v, 0)
+    if not w or grad_scale is None or not full:
+        return w
+    return int(round(w * grad_scale(v, 0, full) / full))
+
+
+__all__ += ["scaled"]

@@ -43,14 +43,12 @@ import dataclasses
 import fnmatch
 import gc
 import weakref
-from itertools import compress
 from typing import Any
 
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.findings import FREED_GRAPH
 from gradscope.graph.attribution import node_modules
-from gradscope.memory.kernels.calibrate import BUILDERS
-from gradscope.memory.kernels.workspace import node_workspace
+from gradscope.memory.kernels.workspace import InNode, innode, scaled
 from gradscope.memory.replay.accounting import (
     Overrides,
     batch_bytes,
@@ -63,6 +61,7 @@ from gradscope.memory.replay.accounting import (
 )
 from gradscope.memory.replay.compile import Lazy, compile_records
 from gradscope.memory.replay.engine import Program, compile_graph, reentrant_nodes
+from gradscope.memory.replay.gradients import VIEW_OPS
 from gradscope.memory.replay.optimizer import step_budget
 from gradscope.memory.replay.reentrant import modelled_region, node_effect
 from gradscope.memory.replay.result import BackwardMemory
@@ -149,6 +148,7 @@ def replay(
     optimizer=None,
     retain_graph: bool = False,
     workspace: bool = True,
+    run_custom: bool = False,
     inputs=None,
 ) -> BackwardMemory:
     """Replay backward (and the optimizer step) over ``report``'s graph with ``overrides`` applied.
@@ -182,12 +182,8 @@ def replay(
         for i, (_, name) in prog.leaves().items():
             if name in ov.has_grad:
                 has_grad[i] = bool(ov.has_grad[name])
-    ws = {}
-    if workspace:
-        for i in compress(range(len(prog.name)), map(BUILDERS.__contains__, prog.name)):
-            w = node_workspace(prog, i, grad_scale)
-            if w:
-                ws[i] = alloc(w) if alloc else w
+    inn = _innode(prog, run_custom) if workspace else InNode()
+    ws = {v: (alloc(w) if alloc else w) for v in inn.bytes if (w := scaled(inn, v, grad_scale))}
     tr: Trace = simulate(
         prog,
         retain_graph=retain_graph,
@@ -257,6 +253,15 @@ def replay(
             parts["optimizer state"] = step.state_before
         base = sum(parts.values())
         unmodelled, why = _unmodelled_regions(prog)
+        unknown = {ids[v]: r for v, r in inn.unmodelled.items()}
+        unmodelled += [n for n in unknown if n not in why]
+        notes = list(inn.notes)
+        if inn.extrapolated:
+            n = len(inn.extrapolated)
+            notes.append(
+                f"In-node memory of {n} node{'s' if n > 1 else ''} was extrapolated from measurements at smaller "
+                "sizes (tensors above 1 MiB)."
+            )
         return {
             "base": base,
             "absolute_peak": base + max(high, 0),
@@ -264,7 +269,9 @@ def replay(
             "workspace": {ids[v]: w for v, w in ws.items()},
             "names": list(map(prog.name.__getitem__, tr.order)),
             "unmodelled": unmodelled,
-            "unmodelled_why": why,
+            "unmodelled_why": {**unknown, **why},
+            "innode_unknown": unknown,
+            "notes": notes,
             "_reserved": lambda: reserved(parts),
         }
 
@@ -289,6 +296,18 @@ def replay(
     )
 
 
+def _innode(prog: Program, run_custom: bool) -> InNode:
+    """In-node memory of every op node but views (their gradient is a view of the incoming one) and reentrant
+    checkpoint regions (their recompute and nested backward: reentrant.py, or listed as unmodelled)."""
+    regions = {v for v, _ in reentrant_nodes(prog)}
+    nodes = [
+        v
+        for v, (lf, name) in enumerate(zip(prog.leaf, prog.name))
+        if not lf and name not in VIEW_OPS and v not in regions
+    ]
+    return innode(prog, nodes, run_custom)
+
+
 def _unmodelled_regions(prog: Program) -> tuple[list, dict]:
     """Node ids of the reentrant checkpoint regions the replay could not model (see BackwardMemory), and
     for the traced ones why their recording could not be used."""
@@ -305,15 +324,18 @@ def _unmodelled_regions(prog: Program) -> tuple[list, dict]:
     return out, why
 
 
-def backward_memory(report, retain_graph: bool = False, optimizer=None, inputs=None, target=None) -> BackwardMemory:
+def backward_memory(
+    report, retain_graph: bool = False, optimizer=None, inputs=None, target=None, run_custom: bool = False
+) -> BackwardMemory:
     """``report.backward_memory()``: the unchanged step (see :class:`BackwardMemory`); ``inputs``: the batch
     the caller holds through the step, for the absolute peak (:func:`replay`); ``target``: the device
-    (``"cpu"`` by default, ``"cuda"`` or a Target: NOTE [device targets])."""
+    (``"cpu"`` by default, ``"cuda"`` or a Target: NOTE [device targets]); ``run_custom=True`` runs custom
+    autograd.Functions' backward on random tensors to measure their in-node memory."""
     ov = None if target is None else Overrides(target=resolve(target))
     enabled = gc.isenabled()
     gc.disable()  # the replay allocates many small objects; generational passes would dominate its time
     try:
-        return replay(report, ov, optimizer=optimizer, retain_graph=retain_graph, inputs=inputs)
+        return replay(report, ov, optimizer=optimizer, retain_graph=retain_graph, inputs=inputs, run_custom=run_custom)
     finally:
         if enabled:
             gc.enable()

@@ -37,7 +37,11 @@ class BackwardMemory:
         unmodelled: reentrant checkpoint nodes whose recompute and nested backward are not replayed (the
             region has its own ``forward``: NOTE [reentrant checkpoint backward]); when not empty, ``peak``
             and ``absolute_peak`` are lower bounds. ``unmodelled_why``: for the traced ones, why the
-            recording could not be used (memory/replay/traced.py NOTE [traced reentrant regions]).
+            recording could not be used (memory/replay/traced.py NOTE [traced reentrant regions]). Nodes
+            whose in-node memory is not known are listed too (``innode_unknown``: node id -> why).
+        innode_unknown: node id -> why its in-node memory (kernel workspace, a formula's temporaries) is
+            neither measured nor modelled (memory/kernels/workspace.py NOTE [in-node memory]).
+        notes: sentences on how the numbers were obtained (extrapolated sizes, a running profiler).
         target: the device target (``"cpu"`` unless ``target=`` said otherwise); a target not measured on
             its device makes every printed view say "modelled, not measured".
     """
@@ -58,6 +62,8 @@ class BackwardMemory:
     parts: dict = field(default_factory=dict)
     unmodelled: list = field(default_factory=list)
     unmodelled_why: dict = field(default_factory=dict)  # node id -> why a traced region was not replayed
+    innode_unknown: dict = field(default_factory=dict)  # node id -> why its in-node memory is not known
+    notes: list = field(default_factory=list)  # sentences about how the numbers were obtained
     target: Any = None  # the device target it was predicted for (gradscope.memory.targets; None: the CPU)
     # the rows, or a function computing them on first use
     _contributors: list[tuple[str, str, int]] | Callable[[], list[tuple[str, str, int]]] | None = field(
@@ -161,5 +167,16 @@ class BackwardMemory:
 # below are filled from the compiled graph on first access, with the same values (a report's records do
 # not change; tests/memory/test_backward_memory_compact.py checks them against a direct computation).
 _DEFERRED = frozenset(
-    {"base", "absolute_peak", "parts", "workspace", "names", "unmodelled", "unmodelled_why", "_reserved"}
+    {
+        "base",
+        "absolute_peak",
+        "parts",
+        "workspace",
+        "names",
+        "unmodelled",
+        "unmodelled_why",
+        "_reserved",
+        "innode_unknown",
+        "notes",
+    }
 )

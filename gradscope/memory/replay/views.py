@@ -88,20 +88,27 @@ def text(bm, top: int = 5) -> str:
     if bm.workspace:
         ws = sum(bm.workspace.values())
         lines.append(
-            f"  kernel workspace (measured per op and shapes): {plural(len(bm.workspace), 'node')}, up to "
+            f"  in-node memory (kernel workspace and temporaries, measured per op signature): "
+            f"{plural(len(bm.workspace), 'node')}, up to "
             f"{human_bytes(max(bm.workspace.values()))} in one node ({human_bytes(ws)} in all)."
         )
-    if bm.unmodelled:
-        n = len(bm.unmodelled)
+    unknown = bm.innode_unknown
+    regions = [n for n in bm.unmodelled if n not in unknown]
+    if regions:
+        n = len(regions)
         its = "their" if n > 1 else "its"
-        why = next(iter(bm.unmodelled_why.values()), None)
+        why = next((bm.unmodelled_why[r] for r in regions if r in bm.unmodelled_why), None)
         hint = f"Traced, but not replayed: {why}." if why else "gradscope.trace() around the forward models them."
         lines.append(
-            f"  NOTE: {n} reentrant checkpoint region{'s' if n > 1 else ''} ({', '.join(bm.unmodelled[:4])}"
+            f"  NOTE: {n} reentrant checkpoint region{'s' if n > 1 else ''} ({', '.join(regions[:4])}"
             f"{', ...' if n > 4 else ''}): backward re-runs {its} forward, which no graph shows before it runs; "
             f"{its} recompute and nested backward are not in these numbers, so the peaks are lower bounds. "
             f"{hint} checkpoint(..., use_reentrant=False) is replayed exactly."
         )
+    if unknown:
+        lines.extend(_unknown_lines(bm, unknown))
+    for note in bm.notes:
+        lines.append(f"  {note}")
     lines += _budget_lines(bm)
     every = bm.contributors()
     rows = [r for r in every if r[2] > 0][:top] + [r for r in every if r[2] < 0]
@@ -111,6 +118,27 @@ def text(bm, top: int = 5) -> str:
         for m, kind, b in rows:
             lines.append(f"  {m:<{mw}}  {kind:<24} {human_bytes(b):>10}")
     return "\n".join(lines)
+
+
+def _unknown_lines(bm, unknown: dict) -> list[str]:
+    """The lower-bound note: nodes whose in-node memory is not known, grouped by reason."""
+    names = dict(zip(bm.order, bm.names))
+    by_why: dict = {}
+    for nid, why in unknown.items():
+        by_why.setdefault(why, []).append(nid)
+    n = len(unknown)
+    lines = [
+        f"  NOTE: the in-node memory of {n} node{'s' if n > 1 else ''} is not known, so the peaks are lower "
+        "bounds (backward can go higher inside them):"
+    ]
+    for why, nids in sorted(by_why.items(), key=lambda kv: -len(kv[1]))[:4]:
+        ops = sorted({names.get(x, x) for x in nids})
+        where = [bm.locations[x] for x in nids if x in bm.locations][:2]
+        at = f" at {', '.join(where)}" if where else ""
+        lines.append(f"    {', '.join(ops[:3])}{', ...' if len(ops) > 3 else ''} ({len(nids)}{at}): {why}.")
+    if len(by_why) > 4:
+        lines.append(f"    ... and {len(by_why) - 4} more reasons (bm.innode_unknown).")
+    return lines
 
 
 def _bands(bm, most: int = 12) -> list[tuple[int, int, str]]:
