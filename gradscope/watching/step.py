@@ -221,8 +221,9 @@ def error_message(
             if stale
             else ""
         )
-        known = list(dict.fromkeys(causes[wp.module] for wp in missing if wp.module in (causes or {})))
-        generic = len(known) < n and not all(wp.module in (causes or {}) for wp in missing)
+        why = causes or {}
+        known = list(dict.fromkeys(why[wp.module] for wp in missing if wp.module in why))
+        generic = not all(wp.module in why for wp in missing)
         parts.append(
             f"- {n} parameter{'s' if n > 1 else ''} with requires_grad=True received no gradient: "
             f"{_names(missing)}.{stale_text} "
