@@ -152,8 +152,9 @@ def node_signature(prog, v: int, consumers: dict, threads: int) -> dict | None:
         if shape is None:
             return None
         stride = _grad_stride(prog, consumers, v, k, list(shape))
-        if stride is not None and not any(stride):  # an expanded gradient: its materialization is the
-            stride = None  # replay's (memory/replay/gradients.py); the formula is measured on a dense one
+        if stride is not None and not any(stride) and not d.get("function"):  # an expanded gradient: the
+            stride = None  # replay counts a built-in formula's copy of it (memory/replay/gradients.py) and
+            # measures the formula on a dense one; user code is measured on the expanded one itself
         grads.append([k, list(shape), stride, dts[k] if k < len(dts) else "float32"])
     sig = {
         "op": prog.name[v],

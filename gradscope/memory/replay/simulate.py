@@ -238,7 +238,9 @@ def simulate(
         extra = wsd.get(v, 0) if wsd is not None else 0
         if impl_view and not kind[v] and names[v] not in READS_EXPANDED:
             g = inputs.get(0)
-            if g is not None and gbytes[v] and impl_view.get(g) in EXPANDED:  # NOTE above: a dense copy of it
+            # NOTE above: a dense copy of it; a custom Function's backward is measured on the expanded
+            # gradient itself (memory/kernels/signature.py), so its copy, if any, is in the measurement
+            if g is not None and gbytes[v] and impl_view.get(g) in EXPANDED and not prog.attrs[v].get("function"):
                 extra += gbytes[v][0] if unscaled else grad_scale(v, 0, gbytes[v][0])
                 extra -= _after_formula(prog, v, es, grad_scale)
         if extra:
