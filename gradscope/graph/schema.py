@@ -114,10 +114,10 @@ class NodeAttrs(TypedDict, total=False):
     opaque: bool  # a node whose saved values cannot be read (checkpoint, compiled)
     seq: int | None  # autograd sequence number (forward creation order); None on leaves
     attrs: dict[str, Any]  # non-tensor saved values (dims, sizes, flags) as plain data
-    out_shapes: list[list[int]]
+    out_shapes: list[list[int] | None]  # None: an output with no one shape (a nested tensor)
     out_dtypes: list[str]  # ops: the dtype of each output, parallel to out_shapes
     function: str  # custom autograd.Function: "module.QualName"
-    shape: list[int]  # leaves only
+    shape: list[int] | None  # leaves only; None for a nested tensor
     dtype: str  # leaves only
     requires_grad: bool  # leaves only
     grad: bool  # leaves only: .grad was already set when inspected (backward adds into it)

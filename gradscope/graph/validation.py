@@ -110,7 +110,7 @@ def _node_ok(d) -> bool:
     attrs, outs = d.get("attrs"), d.get("out_shapes")
     if not (attrs is None or (type(attrs) is dict and plain_ok(attrs, 1))):
         return False
-    if not (outs is None or (type(outs) is list and all(shape_ok(s) for s in outs))):
+    if not (outs is None or (type(outs) is list and all(s is None or shape_ok(s) for s in outs))):
         return False
     return all(_saved_ok(e) for e in d["saved"]) and _rest_ok(d, _NODE_BY_HAND, _NODE_FIELDS, 1)
 
@@ -163,7 +163,7 @@ def _node(where, d, ids: set) -> None:
     if "attrs" in d and d["attrs"] is not None:
         expect_obj(f"{where}.attrs", d["attrs"])
     for i, s in enumerate(expect_list(f"{where}.out_shapes", d.get("out_shapes"), null=True)):
-        expect_shape(f"{where}.out_shapes[{i}]", s)
+        expect_shape(f"{where}.out_shapes[{i}]", s, null=True)  # None: a nested tensor has no one shape
     _rest(where, d, _NODE_BY_HAND, _NODE_FIELDS, get_type_hints(NodeAttrs))
 
 
@@ -257,6 +257,8 @@ def validate(data, source: str = "the report") -> str:
         if type(data) is not dict or type(data.get("nodes")) is not list:
             raise Bad("the top level must be an object with a 'nodes' list")
         edges = "edges" if "edges" in data else "links"
+        if edges not in data:
+            raise Bad("the 'edges' list is missing")
         ids: set = set()
         add = ids.add
         for i, d in enumerate(data["nodes"]):

@@ -14,19 +14,15 @@ from dataclasses import dataclass, field
 import graphviz
 import networkx as nx
 
-from gradscope._format import human_bytes, plural, shape_str
-from gradscope.findings import INPLACE_HAZARD
+from gradscope._format import human_bytes, plural
 from gradscope.graph.attribution import node_bytes
+from gradscope.views import elements
 from gradscope.views.clusters import calls, emit_clusters, unused_and_cuts
-from gradscope.views.collapse import View, depth, finding_nodes, fold_lines, truncate
+from gradscope.views.collapse import View, depth, finding_nodes, truncate
 from gradscope.views.style import COLORS, esc
 from gradscope.views.style import attrs as _attrs
 from gradscope.views.style import dot_id as _q
-from gradscope.views.style import label as _label
 from gradscope.views.style import legend as _legend
-from gradscope.views.style import saved_lines as _saved_lines
-from gradscope.views.style import shade as _shade
-from gradscope.views.style import short as _short
 from gradscope.views.wrap import wrap
 
 __all__ = ["Drawing", "draw", "COLORS"]
@@ -133,15 +129,15 @@ class _Builder:
         if self.show_saved is None:
             self.show_saved = not self.compact
         for gid, grp in view.groups.items():
-            self.group(gid, grp, top)
+            elements.group(self, gid, grp, top)
         for n, d in g.nodes(data=True):
             if n in view.owner:
                 self.out.element_of[n] = view.owner[n]
             elif d["kind"] == "op":
-                self.op(n, d, top)
+                elements.op(self, n, d, top)
         for n, d in g.nodes(data=True):
             if d["kind"] != "op" and n not in view.owner:
-                self.leaf(n, d)
+                elements.leaf(self, n, d)
         for u, v in g.edges():
             if g.nodes[u]["kind"] == "op" or u in view.owner:
                 self.edge(self.out.element_of[u], self.out.element_of[v])
@@ -165,177 +161,11 @@ class _Builder:
         self.emit()
         return self.out
 
-    def _first_op(self, grp):
-        ops = [m for m in grp.members if self.g.nodes[m]["kind"] == "op"]
-        return min(ops, key=lambda m: (self.g.nodes[m].get("seq") or -1, m)) if ops else None
-
     def mark(self, eid, finding):
         attrs = self.items[eid][1]
         if "gs-finding" not in attrs["class"]:
             attrs["class"] += " gs-finding"
             attrs.update(color=COLORS["finding"], penwidth="3", fontsize=str(FINDING_FONT))
-
-    def op(self, n, d, top):
-        lines = [d["name"]]
-        outs = d.get("out_shapes") or []
-        if d.get("root"):
-            lines.append("root -> " + ", ".join(shape_str(s) for s in d.get("root_shapes") or outs[:1]))
-        elif outs and not self.compact:
-            lines.append("-> " + shape_str(outs[0]))
-        own = self.own.get(n, 0)
-        if self.show_saved and d["saved"]:
-            lines += _saved_lines(d["saved"])
-        if own and not self.compact:
-            lines.append(f"holds {human_bytes(own)}")
-        for f in self.flagged.get(n, ()):  # an in-place write: its line (trace()), where the fix goes
-            lines.append(f"!! {f.kind}")
-            if f.kind == INPLACE_HAZARD and f.location:
-                lines.append(f"written in place at {f.location}")
-        if d.get("planned"):  # set by Plan.render(): the module is checkpointed / offloaded
-            lines.append(f"plan: {d['planned']}")
-        classes = ["gs-op"] + (["gs-root"] if d.get("root") else []) + (["gs-planned"] if d.get("planned") else [])
-        attrs: dict[str, str] = {"fillcolor": _shade(own, top)}
-        if d.get("memory_peak"):  # set by BackwardMemory.render(): backward's memory peak is here
-            lines.append(d["memory_peak"])
-            classes.append("gs-memory-peak")
-            attrs.update(color=str(COLORS["finding"]), penwidth="3")
-        if d.get("root"):
-            attrs.update(peripheries="2", penwidth="2")
-        if n in self.context:
-            lines = [f"{'from' if self.g.out_degree(n) else 'to'} {n} {d['name']}"]
-            classes.append("gs-context")
-            attrs.update(style="rounded,dashed", fontsize="8", fillcolor="#ffffff")
-        params = [self.g.nodes[p]["name"] for p in self.g.predecessors(n) if self.g.nodes[p]["kind"] == "param"]
-        info = {
-            "kind": "op",
-            "name": d["name"],
-            "op": d["name"],
-            "node": n,
-            "module": self.view.module_of.get(n),
-            "params": params,
-            "bytes": human_bytes(own),
-            "held": own,
-            "by_reference": self.by_ref.get(n, 0),
-            "context": n in self.context,
-            "saved": _saved_lines(d["saved"]) if d["saved"] else [],
-        }
-        if d.get("location"):  # traced: the user's line that made the node (viewer panel, SVG tooltip)
-            info["location"] = d["location"]
-            attrs["tooltip"] = esc(f"{n} {d['name']} at {d['location']}")
-        self.add(n, self.cluster_of_node(n), _label(lines), classes, info, **attrs)
-        self.out.element_of[n] = n
-
-    def group(self, gid, grp, top):
-        if grp.kind == "fold":
-            lines = fold_lines(grp)
-            cluster = self.call_key(grp.module, self._first_op(grp))
-        elif grp.kind == "chain":
-            lines = [
-                f"{grp.title}: "
-                + ", ".join(x.replace("Backward0", "") for x in grp.pattern[:4])
-                + (", ..." if len(grp.pattern) > 4 else "")
-            ]
-            cluster = self.call_key(grp.module, self._first_op(grp))
-        else:
-            cluster = self.call_key(truncate(grp.module, depth(grp.module) - 1), self._first_op(grp))
-            named = grp.title if self.compact or self.clusters is False else _short(grp.title, cluster)
-            if named.split(".")[0].isdigit():  # "layers.1", not "1", inside the cluster "layers"
-                named = ".".join(grp.title.split(".")[-2 - named.count(".") :])
-            call = gid.rpartition("#")[2] if "#" in gid else None
-            lines = [f"{named}  (collapsed{', call ' + call if call else ''})"]
-        lines.append(f"{plural(grp.n_ops, 'op')}, {human_bytes(grp.saved_bytes)} saved")
-        if grp.worst is not None:
-            lines.append(f"!! {grp.worst.kind}")
-        classes, marks = ["gs-group", f"gs-{grp.kind}"], {}
-        members = [self.g.nodes[m] for m in grp.members]
-        planned = sorted({d["planned"] for d in members if d.get("planned")})  # Plan.render() (see op())
-        if planned:
-            lines.append("plan: " + ", ".join(planned))
-            classes.append("gs-planned")
-        peak = next((d["memory_peak"] for d in members if d.get("memory_peak")), None)  # BackwardMemory.render()
-        if peak:
-            lines.append(peak)
-            classes.append("gs-memory-peak")
-            marks = {"color": COLORS["finding"], "penwidth": "3"}
-        info = {
-            "kind": grp.kind,
-            "name": grp.title,
-            "group": gid,
-            "module": grp.module,
-            "ops": grp.n_ops,
-            "bytes": human_bytes(grp.saved_bytes),
-            "held": grp.saved_bytes,
-            "members": len(grp.members),
-            "reps": grp.reps,
-            "expandable": True,
-            "params": sorted({self.g.nodes[m]["name"] for m in grp.members if self.g.nodes[m]["kind"] == "param"}),
-            "op_names": sorted({self.g.nodes[m]["name"] for m in grp.members if self.g.nodes[m]["kind"] == "op"}),
-            "pattern": list(grp.pattern[:12]),
-            "worst": grp.worst.message if grp.worst else None,
-        }
-        shade = _shade(grp.saved_bytes, top)
-        fill = COLORS["group"] if shade == COLORS["shades"][0] else shade
-        self.add(
-            gid,
-            cluster,
-            _label(lines),
-            classes,
-            info,
-            shape="box3d",
-            margin="0.14,0.05",
-            style="filled",
-            fillcolor=fill,
-            **{"color": COLORS["group_line"], **marks},
-        )
-
-    def leaf(self, n, d):
-        kind = d["kind"]
-        users = list(dict.fromkeys(self.out.element_of[c] for c in self.g.successors(n)))
-        base = {"fillcolor": COLORS[kind], "color": COLORS[kind + "_line"]}
-        info = {
-            "kind": kind,
-            "name": d["name"],
-            "node": n,
-            "module": d.get("module"),
-            "params": [d["name"]] if kind == "param" else [],
-            "shape": shape_str(d.get("shape")),
-            "dtype": d.get("dtype"),
-            "bytes": "0 B",
-            "saved": [],
-        }
-        if len(users) <= 1:
-            cluster = self.cluster_of(users[0]) if users else None
-            lines = [
-                _short(d["name"], cluster) if kind == "param" else d["name"],
-                f"{shape_str(d.get('shape'))} {d.get('dtype') or ''}",
-            ]
-            classes = [f"gs-{kind}"]
-            if d.get("root"):  # inspect(leaf): the root is the leaf itself
-                classes.append("gs-root")
-                base.update(peripheries="2", penwidth="2")
-            self.add(n, cluster, _label(lines), classes, info, **base)
-            self.out.element_of[n] = n
-            for u in users:
-                self.edge(n, u)
-                self.beside[n] = u
-            return
-        for i, u in enumerate(users):
-            sid = f"{n}~{i}"
-            cluster = self.cluster_of(u)
-            label = _label([_short(d["name"], cluster), f"shared x{self.g.out_degree(n)}"])
-            self.add(
-                sid,
-                cluster,
-                label,
-                [f"gs-{kind}", "gs-stub", f"gs-of-{n}"],
-                info,
-                fontsize="8",
-                style="rounded,filled,dashed",
-                **base,
-            )
-            self.edge(sid, u)
-            self.beside[sid] = u
-        self.out.element_of[n] = f"{n}~0"
 
     def edge(self, a, b):
         if a != b:

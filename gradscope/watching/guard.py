@@ -38,6 +38,7 @@ from gradscope.watching.flow import Flow, UpdateRatios
 from gradscope.watching.fsdp import FsdpStamps, is_fsdp2
 from gradscope.watching.graphs import GraphWatch
 from gradscope.watching.nanparams import NonfiniteParams
+from gradscope.watching.nograd import NoGradCalls
 from gradscope.watching.options import select, validate
 from gradscope.watching.origin import Origin
 from gradscope.watching.params import ParamHooks
@@ -172,6 +173,7 @@ class Watch(ParamHooks):
         self._nan = NonfiniteParams()
         self._options = options_text(on_error, check_nonfinite, every, accumulate, patterns, scaler, graphs, optimizer)
         self._handles = self._install()
+        self._nograd = NoGradCalls(inner, [wp.module for wp in self._params], self._safety)
         self._root, self._index = inner, {wp.name: i for i, wp in enumerate(self._params)}
         self._graphs = GraphWatch(
             inner,
@@ -284,9 +286,9 @@ class Watch(ParamHooks):
         if not missing and not bad:
             self._deliver(late)
             return
-        armed = self._origin is not None and birth is None
+        armed, why = self._origin is not None and birth is None, self._nograd.causes()
         self._delivery.deliver(
-            *check_report(missing, bad, n, self.backwards, self._ddp_strict, scale, birth, armed, late)
+            *check_report(missing, bad, n, self.backwards, self._ddp_strict, scale, birth, armed, late, why)
         )
 
     def _on_verdict(self, v: StepVerdict) -> None:
@@ -295,7 +297,7 @@ class Watch(ParamHooks):
             return
         missing = [self._params[i] for i in v.missing]
         unheld = [self._params[i] for i in v.unheld]
-        self._delivery.deliver(*step_report(missing, unheld, v, self._ddp_strict))
+        self._delivery.deliver(*step_report(missing, unheld, v, self._ddp_strict, self._nograd.causes()))
 
     def _deliver(self, findings) -> None:
         if findings:
@@ -314,6 +316,7 @@ class Watch(ParamHooks):
         for handle in self._node_hooks:
             handle.remove()
         self._handles, self._node_hooks = [], []
+        self._nograd.remove()
         if self._origin is not None:
             self._origin.disarm()
             self._origin = None

@@ -132,10 +132,14 @@ def birth_text(birth) -> str:
     )
 
 
-def none_grad_findings(missing: list[WatchedParam], context: str, ddp_strict: bool, hint: str = "") -> list[Finding]:
-    """One ``none-grad`` finding per parameter that received no gradient in the checked backward(s)."""
+def none_grad_findings(
+    missing: list[WatchedParam], context: str, ddp_strict: bool, hint: str = "", causes: dict | None = None
+) -> list[Finding]:
+    """One ``none-grad`` finding per parameter that received no gradient in the checked backward(s);
+    ``causes``: module name -> the known cause (it replaces the list of likely causes)."""
     out = []
     for wp in missing:
+        known = (causes or {}).get(wp.module)
         stale = (
             " Its .grad still holds a value from an earlier step (zero_grad(set_to_none=False)), which "
             "the optimizer would apply again."
@@ -148,7 +152,8 @@ def none_grad_findings(missing: list[WatchedParam], context: str, ddp_strict: bo
                 NONE_GRAD,
                 ERROR,
                 f"Parameter {wp.name!r} ({where_text(wp)}) received no gradient {context}.{stale} "
-                f"{_NONE_CAUSES} {_NONE_NEXT}{hint and ' ' + hint}{ddp}",
+                + (known or f"{_NONE_CAUSES} {_NONE_NEXT}{hint and ' ' + hint}")
+                + ddp,
                 params=(wp.name,),
             )
         )
@@ -203,6 +208,7 @@ def error_message(
     birth=None,
     armed=False,
     hint: str = "",
+    causes: dict | None = None,
 ) -> str:
     """The text of the :class:`~gradscope.GradientError`: every offending parameter, causes, next step."""
     parts = [f"gradscope.watch: problems {context}:"]
@@ -215,10 +221,14 @@ def error_message(
             if stale
             else ""
         )
+        why = causes or {}
+        known = list(dict.fromkeys(why[wp.module] for wp in missing if wp.module in why))
+        generic = not all(wp.module in why for wp in missing)
         parts.append(
             f"- {n} parameter{'s' if n > 1 else ''} with requires_grad=True received no gradient: "
-            f"{_names(missing)}.{stale_text} {_NONE_CAUSES} {_NONE_NEXT}"
-            + (f" {hint}" if hint else "")
+            f"{_names(missing)}.{stale_text} "
+            + " ".join(known + ([_NONE_CAUSES, _NONE_NEXT] if generic else []))
+            + (f" {hint}" if hint and generic else "")
             + (f" {_DDP_NOTE}" if ddp_strict else "")
         )
     if bad:
@@ -237,7 +247,7 @@ def error_message(
     return "\n".join(parts)
 
 
-def check_report(missing, bad, n, backwards, ddp_strict, scale, birth, armed, late) -> tuple:
+def check_report(missing, bad, n, backwards, ddp_strict, scale, birth, armed, late, causes=None) -> tuple:
     """``(findings, message, quiet message)`` of a check at the end of ``n`` backwards (the last is number
     ``backwards``): the error's text names the step, the warned one does not (NOTE in
     :mod:`gradscope.watching.quiet`)."""
@@ -251,14 +261,14 @@ def check_report(missing, bad, n, backwards, ddp_strict, scale, birth, armed, la
     context = where + (f", {rank})" if rank else ")")
     hint = SEVERAL_BACKWARDS if n == 1 else ""
     findings = sort_findings(
-        none_grad_findings(missing, context, ddp_strict, hint)
+        none_grad_findings(missing, context, ddp_strict, hint, causes)
         + nonfinite_findings(bad, context, scale, birth, armed)
         + list(late)
     )
-    message = error_message(missing, bad, context, ddp_strict, scale, birth, armed, hint) + "".join(
+    message = error_message(missing, bad, context, ddp_strict, scale, birth, armed, hint, causes) + "".join(
         f"\n- {f.kind} ({f.severity}): {f.message}" for f in late if f.severity == ERROR
     )
     quiet = error_message(
-        missing, bad, stable + (f" ({rank})" if rank else ""), ddp_strict, scale, birth, armed, hint
+        missing, bad, stable + (f" ({rank})" if rank else ""), ddp_strict, scale, birth, armed, hint, causes
     ) + "".join(f"\n- {f.kind} ({f.severity}): {f.message}" for f in late)
     return findings, message, quiet

@@ -193,7 +193,7 @@ def _unheld_finding(wp, v: StepVerdict) -> Finding:
     )
 
 
-def step_report(missing: list, unheld: list, v: StepVerdict, ddp_strict: bool) -> tuple:
+def step_report(missing: list, unheld: list, v: StepVerdict, ddp_strict: bool, causes=None) -> tuple:
     """``(findings, message, quiet message)`` of one optimizer step (NOTE [judged at the step])."""
     rank = rank_text()
     ran = (
@@ -207,9 +207,11 @@ def step_report(missing: list, unheld: list, v: StepVerdict, ddp_strict: bool) -
     )
     stable = f"between two steps of {v.optimizer}" + (f" ({rank})" if rank else "")
     findings = sort_findings(
-        none_grad_findings(missing, context + held, ddp_strict) + [_unheld_finding(wp, v) for wp in unheld]
+        none_grad_findings(missing, context + held, ddp_strict, causes=causes)
+        + [_unheld_finding(wp, v) for wp in unheld]
     )
     warned = "".join(f"\n- {f.kind} ({f.severity}): {f.message}" for f in findings if f.severity == WARNING)
-    message = error_message(missing, [], context, ddp_strict, None) if missing else None
-    quiet = (error_message(missing, [], stable, ddp_strict, None) if missing else "gradscope.watch:") + warned
+    message = error_message(missing, [], context, ddp_strict, None, causes=causes) if missing else None
+    quiet = error_message(missing, [], stable, ddp_strict, None, causes=causes) if missing else "gradscope.watch:"
+    quiet += warned
     return findings, message, quiet

@@ -56,3 +56,23 @@ def test_a_schema_field_not_checked_by_hand_is_checked_from_its_annotation():
     data["nodes"][i]["requires_grad"] = True
     data["nodes"][i]["not_in_the_schema"] = "kept"  # a field a newer gradscope may add
     assert Report.from_json(data).graph.nodes[data["nodes"][i]["id"]]["not_in_the_schema"] == "kept"
+
+
+def test_a_nested_tensor_graph_loads_back(tmp_path):
+    # A nested tensor has no one shape: the walk writes None, and load() must take back what render() wrote.
+    y = torch.nested.nested_tensor([torch.randn(3), torch.randn(5)], requires_grad=True)
+    report = gradscope.inspect(torch.nested.to_padded_tensor(y * 2, 0.0).sum())
+    nodes = report.graph.nodes.values()
+    assert any(None in (a.get("out_shapes") or []) or ("shape" in a and a["shape"] is None) for a in nodes)
+    path = report.render(tmp_path / "nested.json")
+    back = gradscope.load(path)
+    assert nx.utils.graphs_equal(back.graph, report.graph)
+
+
+def test_a_file_without_its_edges_is_refused_in_one_sentence(tmp_path):
+    data = _report().to_json()
+    del data["edges"]
+    path = tmp_path / "no-edges.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputValueError, match="'edges' list is missing"):
+        gradscope.load(path)
