@@ -303,9 +303,6 @@ def simulate(
                     synced = True
                 if sole(old):
                     unref(g)
-                elif sole(g):
-                    unref(old)
-                    slot[k] = g
                 else:
                     # ``old + new`` has the gradient's size, whatever storage the two view (a piece of
                     # cat's gradient, sum()'s one-element expand)
