@@ -15,9 +15,14 @@ on CUDA, the head size padded to a multiple of 8 for flash and the mask's last d
 memory-efficient kernel). Only calls on meta tensors inside the context change; everything else dispatches
 as usual. ``F.multi_head_attention_forward`` (``nn.MultiheadAttention``, ``nn.TransformerEncoder``) calls
 attention inside itself, where a mode handling the outer call does not see it: on meta tensors its body
-runs with the mode active (:func:`without_torch_function_check`). Other ops whose CPU kernel depends on
-layout or flags (a channels-last convolution, ``max_pool``)
-build the same nodes with the same saved shapes on meta. Recurrent layers do not: CPU runs oneDNN's RNN
+runs with the mode active (:func:`without_torch_function_check`). Convolution keeps the layout on CPU:
+its output (and in backward its input and weight gradients) is channels-last when the input or the weight
+is, for 2-d convolutions of every dtype and for 3-d ones that oneDNN runs (float32 / bfloat16), contiguous
+otherwise and for 1-d; meta's convolution always returns a contiguous output (and channels-last gradients
+from either). With the target ``"cpu"``, the context holds a dispatch mode that gives each convolution on
+meta tensors, forward and backward, CPU's strides (:func:`cpu_conv_format`), so the next ops see the layout
+CPU gives them. Other ops whose CPU kernel depends on layout or flags (``max_pool``) build the same nodes
+with the same saved shapes on meta. Recurrent layers do not: CPU runs oneDNN's RNN
 layer for ``nn.LSTM`` and computes the input projections of every step at once for ``nn.GRU`` / ``nn.RNN``,
 CUDA runs cuDNN, meta the cell-by-cell path; inside this context such a call on meta tensors raises
 :class:`~gradscope.errors.InputValueError` naming the layer, rather than answer for another graph.
@@ -34,6 +39,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from gradscope._torch import cpu_flash_attention
 from gradscope.errors import InputValueError
@@ -60,6 +66,7 @@ def without_torch_function_check(func: Any) -> Any:
 _CALLS_SDPA = {F.multi_head_attention_forward: without_torch_function_check(F.multi_head_attention_forward)}
 #: The recurrent kernels (``torch._VF``) whose meta graph is not the device's, with the layer that calls each.
 _RNN = {torch._VF.lstm: "nn.LSTM", torch._VF.gru: "nn.GRU", torch._VF.rnn_tanh: "nn.RNN", torch._VF.rnn_relu: "nn.RNN"}
+_CL = {4: torch.channels_last, 5: torch.channels_last_3d}
 _NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 
@@ -94,6 +101,50 @@ class _MetaAs(TorchFunctionMode):
 
 def _on_meta(args) -> bool:
     return any(isinstance(a, torch.Tensor) and a.device.type == "meta" for a in args)
+
+
+def cpu_conv_format(input: torch.Tensor, weight: torch.Tensor) -> torch.memory_format:
+    """The memory format of CPU's convolution output and gradients for this input and weight (torch 2.13,
+    docs/internals.md#convolution-layout-on-cpu): channels-last when either is, for 2-d convolutions and for
+    3-d ones run by oneDNN (float32 / bfloat16, oneDNN enabled); contiguous otherwise."""
+    cl = _CL.get(input.dim())
+    if cl is None:
+        return torch.contiguous_format
+    if cl is torch.channels_last_3d and not (
+        torch.backends.mkldnn.is_available()
+        and torch.backends.mkldnn.enabled
+        and input.dtype in (torch.float32, torch.bfloat16)
+    ):
+        return torch.contiguous_format
+    return cl if _channels_last(input) or _channels_last(weight) else torch.contiguous_format
+
+
+def _channels_last(t: torch.Tensor) -> bool:
+    """Whether torch's ``suggest_memory_format`` says channels-last: strides ordered N, spatial..., C and
+    not also contiguous (a tensor that is both, one channel or 1 x 1 spatial, counts as contiguous)."""
+    if t.is_contiguous():
+        return False
+    strides = t.stride()
+    order = sorted(range(t.dim()), key=lambda d: (-strides[d], d))
+    return order == [0, *range(2, t.dim()), 1]
+
+
+def _like(t: torch.Tensor, fmt: torch.memory_format) -> torch.Tensor:
+    """A meta tensor of ``t``'s shape and dtype in the memory format ``fmt``."""
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device, memory_format=fmt)
+
+
+class _CpuConvStrides(TorchDispatchMode):
+    """Convolution on meta tensors, below autograd: the output and gradients in CPU's memory format."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten.convolution.default and out.device.type == "meta":
+            return _like(out, cpu_conv_format(args[0], args[1]))
+        if func is torch.ops.aten.convolution_backward.default and args[1].device.type == "meta":
+            fmt = cpu_conv_format(args[1], args[2])
+            return tuple(_like(t, fmt) if t is not None and i < 2 else t for i, t in enumerate(out))
+        return out
 
 
 def _attention(target: Target, call: dict):
@@ -155,7 +206,8 @@ def kernels_on_meta(target="cpu"):
         ...     loss = model(tokens).logsumexp(-1).mean()
         >>> gradscope.inspect(loss, model=model).backward_memory(target="cuda").peak  # doctest: +SKIP
     """
-    with _MetaAs(resolve(target)):
+    target = resolve(target)
+    with _MetaAs(target), _CpuConvStrides() if target.name == "cpu" else contextlib.nullcontext():
         yield
 
 

@@ -369,3 +369,24 @@ def test_non_reentrant_recompute_stops_at_the_last_saved_tensor():
     calls.clear()
     y.sum().backward()
     assert calls == ["sin", "cos"]
+
+
+def test_convolution_layout_on_cpu_and_on_meta():
+    """CPU's convolution keeps channels-last (input or weight), for 2-d and for oneDNN's 3-d (float32), not
+    for float64 3-d or 1-d; meta's returns a contiguous output and channels-last gradients from either."""
+    import torch.nn.functional as F
+
+    cl, cl3 = torch.channels_last, torch.channels_last_3d
+    x, w = torch.randn(2, 4, 5, 5).contiguous(memory_format=cl), torch.randn(6, 4, 3, 3)
+    assert F.conv2d(x, w).is_contiguous(memory_format=cl)
+    assert F.conv2d(x.double(), w.double()).is_contiguous(memory_format=cl)
+    assert F.conv2d(x.contiguous(), w.contiguous(memory_format=cl)).is_contiguous(memory_format=cl)
+    x3, w3 = torch.randn(2, 4, 5, 5, 5).contiguous(memory_format=cl3), torch.randn(6, 4, 3, 3, 3)
+    assert F.conv3d(x3, w3).is_contiguous(memory_format=cl3)
+    y3 = F.conv3d(x3.double(), w3.double())
+    assert y3.is_contiguous() and not y3.is_contiguous(memory_format=cl3)
+    xm, wm = x.to("meta").requires_grad_(), w.to("meta").requires_grad_()
+    out = F.conv2d(xm, wm)
+    assert out.is_contiguous() and not out.is_contiguous(memory_format=cl)
+    gx, gw = torch.autograd.grad(out, (xm, wm), torch.ones_like(out))
+    assert gx.is_contiguous(memory_format=cl) and gw.is_contiguous(memory_format=cl) and not gx.is_contiguous()

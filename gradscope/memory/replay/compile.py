@@ -10,15 +10,16 @@ them), the saved storage keys of each node, gradient sizes from the output shape
 not need is made on first use: ``Program.attrs`` builds a node's dict when it is read, ``Program.module``
 runs the module inference over the DiGraph only when a module name is asked for. Non-reentrant
 checkpoint regions (``regions.py``) read the nodes the general reader read and their inputs through
-:class:`_RegionView`.
+:class:`~gradscope.memory.replay.columns.RegionView`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from itertools import compress, islice
 
 from gradscope.graph import PARAMS, ROOT_SHAPES, ROOTS
+from gradscope.memory.replay.columns import GraphAttrs, Lazy, NodeAttrs, RegionView
 from gradscope.memory.replay.dtypes import numel_bytes
 from gradscope.memory.replay.engine import Program, node_dtype, slot_keys
 from gradscope.memory.replay.holders import external_storages
@@ -27,81 +28,6 @@ __all__ = ["compile_records", "Lazy", "NodeAttrs"]
 
 _UINT64_MAX = (1 << 64) - 1
 _FLOATS = ("float", "bfloat", "complex")
-
-
-class Lazy(Sequence):
-    """A read-only list computed on first use (``make() -> list``); compares equal to the list."""
-
-    __slots__ = ("_make", "_items")
-
-    def __init__(self, make: Callable[[], list]) -> None:
-        self._make: Callable[[], list] | None = make
-        self._items: list | None = None
-
-    def _get(self) -> list:
-        if self._items is None:
-            assert self._make is not None
-            self._items, self._make = list(self._make()), None
-        return self._items
-
-    def __getitem__(self, i):
-        return self._get()[i]
-
-    def __len__(self) -> int:
-        return len(self._get())
-
-    def __iter__(self):
-        return iter(self._get())
-
-    def __eq__(self, other) -> bool:
-        return self._get() == (list(other) if isinstance(other, Sequence) else other)
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return repr(self._get())
-
-
-class NodeAttrs(Sequence):
-    """``Program.attrs`` over compact records: node ``i``'s contract dict, built when it is read."""
-
-    __slots__ = ("_records",)
-
-    def __init__(self, records) -> None:
-        self._records = records
-
-    def __getitem__(self, i):
-        return self._records.node_attrs(i)
-
-    def __len__(self) -> int:
-        return len(self._records)
-
-    def raw_key(self, i: int):
-        """A digest of op ``i``'s saved shapes, values and outputs from the columns (no dict made), or None (a
-        node the general reader read): a memo key for per-op results (unhashable when a value is)."""
-        r = self._records
-        rec = r.saved[i]
-        if type(rec) is list:
-            return None
-        sids = rec[4::5]
-        key = (
-            r.types[i].name,
-            rec[0::5],
-            rec[1::5],
-            rec[2::5],
-            tuple(map(_NEGATIVE, sids)),  # a wrapped scalar
-            r.values[i],
-            r.outs[i],  # (device, output shapes, output dtypes)
-        )
-        return key  # unhashable values raise TypeError where it is looked up
-
-    def built(self, i: int) -> dict | None:
-        """The dict of node ``i`` when something already built it (a trace annotates every op), else None."""
-        return self._records._dicts.get(i)
-
-    def built_dicts(self) -> dict:
-        """``{node index: dict}`` of the dicts already built (read-only)."""
-        return self._records._dicts
 
 
 def _grouped(kids, kid_out, start: int, end: int) -> tuple[list, list]:
@@ -148,9 +74,6 @@ def _sizes(o, dts, default: str | None = None) -> tuple[list, list]:
     return shapes, [numel_bytes(sh, dts[k] if k < len(dts) else default) for k, sh in enumerate(shapes)]
 
 
-_NEGATIVE = (0).__gt__
-
-
 def _extras(records, leaf: list, extra: dict) -> list:
     """Fill ``extra`` with what the replay reads of the ops' values (the dict of an op the general reader
     read, ``{"alpha": a}`` of a fast-path op with an alpha slot); returns the same per node (None for the
@@ -181,6 +104,64 @@ def _has_regions(records) -> bool:
         if type(rec) is list and any(e.get("status") == "recomputed" for e in rec):
             return True
     return False
+
+
+def _edges(n: int, off: list, kids: list, kid_out: list) -> tuple[list, list]:
+    """Each node's edges ``(target, output)`` grouped per target, and the positions that need a gradient."""
+    edges: list = [()] * n
+    needs: list = [()] * n
+    for i, start, end in zip(range(n), off, islice(off, 1, None)):  # the edges
+        d = end - start
+        if not d:
+            continue
+        if d == 1:  # one edge (most nodes), two distinct ones, or the general grouping
+            u = kids[start]
+            if u >= 0:
+                edges[i], needs[i] = [(u, kid_out[start])], [0]
+        elif d == 2 and kids[start] != kids[start + 1] and kids[start] >= 0 and kids[start + 1] >= 0:
+            edges[i], needs[i] = [(kids[start], kid_out[start]), (kids[start + 1], kid_out[start + 1])], [0, 1]
+        else:
+            ks = kids[start:end]
+            if min(ks) >= 0 and len(set(ks)) == d:  # distinct targets: nothing to group
+                edges[i], needs[i] = list(zip(ks, kid_out[start:end])), list(range(d))
+            else:
+                edges[i], needs[i] = _grouped(kids, kid_out, start, end)
+    return edges, needs
+
+
+def _saved(records, rsaved, leaf: list, ids: list, sizes) -> tuple[list, dict, dict]:
+    """Each op's saved storage keys, and every key's bytes and shape."""
+    saved: list = [()] * len(leaf)
+    storages: dict = {}
+    shapes: dict = {}
+    for i in compress(range(len(leaf)), rsaved):  # the saved storages of each op
+        if leaf[i]:
+            continue
+        rec = rsaved[i]
+        if type(rec) is list:
+            saved[i] = slot_keys(rec, ids[i], storages, shapes)
+            continue
+        if len(rec) == 5:  # one saved tensor (most ops)
+            sid = rec[4]
+            if sid >= 0:  # else a wrapped Python scalar
+                key = ("s", sid)
+                saved[i] = (key,)
+                if key not in storages:
+                    storages[key] = sizes[sid]
+                    shapes[key] = list(rec[1])
+            continue
+        keys: list = []
+        for sid, shp in zip(rec[4::5], rec[1::5]):
+            if sid < 0:
+                continue  # a wrapped Python scalar
+            key = ("s", sid)
+            if key not in storages:
+                storages[key] = sizes[sid]
+                shapes[key] = list(shp)
+            if key not in keys:
+                keys.append(key)
+        saved[i] = tuple(keys)
+    return saved, storages, shapes
 
 
 def compile_records(records, ids: list, modules: Callable[[], dict]):
@@ -226,62 +207,16 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
             grad = params.get(lname, {}).get("grad")
         has_grad[i] = bool(grad)
         leaf_info[i] = (kind, lname)
-    edges: list = [()] * n
-    needs: list = [()] * n
-    saved: list = [()] * n
-    storages: dict = {}
-    shapes: dict = {}
     extra: dict = {}  # what the replay reads of ``attrs`` (alpha, the reentrant checkpoint's region)
-    for i, start, end in zip(range(n), off, islice(off, 1, None)):  # the edges
-        d = end - start
-        if not d:
-            continue
-        if d == 1:  # one edge (most nodes), two distinct ones, or the general grouping
-            u = kids[start]
-            if u >= 0:
-                edges[i], needs[i] = [(u, kid_out[start])], [0]
-        elif d == 2 and kids[start] != kids[start + 1] and kids[start] >= 0 and kids[start + 1] >= 0:
-            edges[i], needs[i] = [(kids[start], kid_out[start]), (kids[start + 1], kid_out[start + 1])], [0, 1]
-        else:
-            ks = kids[start:end]
-            if min(ks) >= 0 and len(set(ks)) == d:  # distinct targets: nothing to group
-                edges[i], needs[i] = list(zip(ks, kid_out[start:end])), list(range(d))
-            else:
-                edges[i], needs[i] = _grouped(kids, kid_out, start, end)
-    for i in compress(range(n), rsaved):  # the saved storages of each op
-        if leaf[i]:
-            continue
-        rec = rsaved[i]
-        if type(rec) is list:
-            saved[i] = slot_keys(rec, ids[i], storages, shapes)
-            continue
-        if len(rec) == 5:  # one saved tensor (most ops)
-            sid = rec[4]
-            if sid >= 0:  # else a wrapped Python scalar
-                key = ("s", sid)
-                saved[i] = (key,)
-                if key not in storages:
-                    storages[key] = sizes[sid]
-                    shapes[key] = list(rec[1])
-            continue
-        keys: list = []
-        for sid, shp in zip(rec[4::5], rec[1::5]):
-            if sid < 0:
-                continue  # a wrapped Python scalar
-            key = ("s", sid)
-            if key not in storages:
-                storages[key] = sizes[sid]
-                shapes[key] = list(shp)
-            if key not in keys:
-                keys.append(key)
-        saved[i] = tuple(keys)
+    edges, needs = _edges(n, off, kids, kid_out)
+    saved, storages, shapes = _saved(records, rsaved, leaf, ids, sizes)
     per_node = _extras(records, leaf, extra)
     index = dict(zip(ids, range(n)))
     regions, recompute = {}, {}
     if _has_regions(records):  # NOTE [recorded checkpoint regions]
         from gradscope.memory.replay.regions import recorded_regions
 
-        regions, recompute = recorded_regions(_RegionView(records, ids, index), index, saved, storages, shapes)
+        regions, recompute = recorded_regions(RegionView(records, ids, index), index, saved, storages, shapes)
     roots = [index[r] for r in gattrs.get(ROOTS, ()) if r in index]
     root_bytes = []
     for r, shape in zip(roots, gattrs.get(ROOT_SHAPES, ())):
@@ -300,7 +235,7 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
         saved=saved,
         storages=storages,
         shapes=shapes,
-        external=external_storages(_GraphAttrs(gattrs)),
+        external=external_storages(GraphAttrs(gattrs)),
         has_grad=has_grad,
         roots=roots,
         root_bytes=root_bytes,
@@ -315,54 +250,3 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
     )
     prog.__dict__["_extras"] = per_node  # what engine.node_extras would make from ``extra``
     return prog
-
-
-class _RegionView:
-    """What ``regions.recorded_regions`` reads of a graph, answered from the records: ``nodes.items()``
-    over the nodes the general reader read (only they can hold recomputed slots), ``nodes[nid]`` any
-    node's dict, ``_pred[nid]`` its inputs as ``{input id: {"output": k, "index": position}}`` (as the
-    DiGraph's ``pred``)."""
-
-    __slots__ = ("nodes", "_pred")
-
-    def __init__(self, records, ids: list, index: dict) -> None:
-        self.nodes = _ViewNodes(records, ids, index)
-        self._pred = _ViewPred(records, ids, index)
-
-
-class _ViewNodes:
-    __slots__ = ("_r", "_ids", "_index")
-
-    def __init__(self, records, ids, index) -> None:
-        self._r, self._ids, self._index = records, ids, index
-
-    def __getitem__(self, nid) -> dict:
-        return self._r.node_attrs(self._index[nid])
-
-    def items(self) -> list:
-        return [(self._ids[i], self._r.node_attrs(i)) for i in sorted(self._r.special)]
-
-
-class _ViewPred:
-    __slots__ = ("_r", "_ids", "_index")
-
-    def __init__(self, records, ids, index) -> None:
-        self._r, self._ids, self._index = records, ids, index
-
-    def __getitem__(self, nid) -> dict:
-        r, i = self._r, self._index[nid]
-        out: dict = {}
-        for k in range(r.kid_off[i], r.kid_off[i + 1]):
-            u = r.kids[k]
-            if u >= 0 and self._ids[u] not in out:
-                out[self._ids[u]] = {"output": r.kid_out[k], "index": k - r.kid_off[i]}
-        return out
-
-
-class _GraphAttrs:
-    """What ``holders.external_storages`` reads of a graph: ``graph.graph``."""
-
-    __slots__ = ("graph",)
-
-    def __init__(self, graph: dict) -> None:
-        self.graph = graph

@@ -1,0 +1,139 @@
+"""Read-only views over the walk's compact records that the compiled :class:`~gradscope.memory.replay.engine.Program`
+hands out (NOTE [compiling from the compact records] in :mod:`gradscope.memory.replay.compile`): a list made on
+first use, a node's contract dict built when read, and what the checkpoint-region reader and the holder count
+read of a graph, answered from the columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+__all__ = ["Lazy", "NodeAttrs", "RegionView", "GraphAttrs"]
+
+_NEGATIVE = (0).__gt__
+
+
+class Lazy(Sequence):
+    """A read-only list computed on first use (``make() -> list``); compares equal to the list."""
+
+    __slots__ = ("_make", "_items")
+
+    def __init__(self, make: Callable[[], list]) -> None:
+        self._make: Callable[[], list] | None = make
+        self._items: list | None = None
+
+    def _get(self) -> list:
+        if self._items is None:
+            assert self._make is not None
+            self._items, self._make = list(self._make()), None
+        return self._items
+
+    def __getitem__(self, i):
+        return self._get()[i]
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __eq__(self, other) -> bool:
+        return self._get() == (list(other) if isinstance(other, Sequence) else other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self._get())
+
+
+class NodeAttrs(Sequence):
+    """``Program.attrs`` over compact records: node ``i``'s contract dict, built when it is read."""
+
+    __slots__ = ("_records",)
+
+    def __init__(self, records) -> None:
+        self._records = records
+
+    def __getitem__(self, i):
+        return self._records.node_attrs(i)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def raw_key(self, i: int):
+        """A digest of op ``i``'s saved shapes, values and outputs from the columns (no dict made), or None (a
+        node the general reader read): a memo key for per-op results (unhashable when a value is)."""
+        r = self._records
+        rec = r.saved[i]
+        if type(rec) is list:
+            return None
+        sids = rec[4::5]
+        key = (
+            r.types[i].name,
+            rec[0::5],
+            rec[1::5],
+            rec[2::5],
+            tuple(map(_NEGATIVE, sids)),  # a wrapped scalar
+            r.values[i],
+            r.outs[i],  # (device, output shapes, output dtypes)
+        )
+        return key  # unhashable values raise TypeError where it is looked up
+
+    def built(self, i: int) -> dict | None:
+        """The dict of node ``i`` when something already built it (a trace annotates every op), else None."""
+        return self._records._dicts.get(i)
+
+    def built_dicts(self) -> dict:
+        """``{node index: dict}`` of the dicts already built (read-only)."""
+        return self._records._dicts
+
+
+class RegionView:
+    """What ``regions.recorded_regions`` reads of a graph, answered from the records: ``nodes.items()``
+    over the nodes the general reader read (only they can hold recomputed slots), ``nodes[nid]`` any
+    node's dict, ``_pred[nid]`` its inputs as ``{input id: {"output": k, "index": position}}`` (as the
+    DiGraph's ``pred``)."""
+
+    __slots__ = ("nodes", "_pred")
+
+    def __init__(self, records, ids: list, index: dict) -> None:
+        self.nodes = _ViewNodes(records, ids, index)
+        self._pred = _ViewPred(records, ids, index)
+
+
+class _ViewNodes:
+    __slots__ = ("_r", "_ids", "_index")
+
+    def __init__(self, records, ids, index) -> None:
+        self._r, self._ids, self._index = records, ids, index
+
+    def __getitem__(self, nid) -> dict:
+        return self._r.node_attrs(self._index[nid])
+
+    def items(self) -> list:
+        return [(self._ids[i], self._r.node_attrs(i)) for i in sorted(self._r.special)]
+
+
+class _ViewPred:
+    __slots__ = ("_r", "_ids", "_index")
+
+    def __init__(self, records, ids, index) -> None:
+        self._r, self._ids, self._index = records, ids, index
+
+    def __getitem__(self, nid) -> dict:
+        r, i = self._r, self._index[nid]
+        out: dict = {}
+        for k in range(r.kid_off[i], r.kid_off[i + 1]):
+            u = r.kids[k]
+            if u >= 0 and self._ids[u] not in out:
+                out[self._ids[u]] = {"output": r.kid_out[k], "index": k - r.kid_off[i]}
+        return out
+
+
+class GraphAttrs:
+    """What ``holders.external_storages`` reads of a graph: ``graph.graph``."""
+
+    __slots__ = ("graph",)
+
+    def __init__(self, graph: dict) -> None:
+        self.graph = graph
