@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import gc
 import weakref
 from typing import Any
@@ -184,7 +185,8 @@ def replay(
                 has_grad[i] = bool(ov.has_grad[name])
     inn = _innode(prog, run_custom) if workspace else InNode()
     ws = {v: (alloc(w) if alloc else w) for v in inn.bytes if (w := scaled(inn, v, grad_scale))}
-    tr: Trace = simulate(
+    sim = functools.partial(
+        simulate,
         prog,
         retain_graph=retain_graph,
         has_grad=has_grad,
@@ -193,6 +195,7 @@ def replay(
         workspace=ws or None,
         drop=drop,
     )
+    tr: Trace = sim()
     step = None
     high = tr.peak
     if optimizer is not None:  # read now: the optimizer's state changes with every step
@@ -222,18 +225,7 @@ def replay(
 
     def snapshot() -> Trace:  # what is alive at backward's peak, simulated again once, when asked
         if not snaps:
-            snaps.append(
-                simulate(
-                    prog,
-                    retain_graph=retain_graph,
-                    has_grad=has_grad,
-                    storage_bytes=sizes,
-                    grad_scale=grad_scale,
-                    workspace=ws or None,
-                    drop=drop,
-                    snapshot_at=tr.peak_at,
-                )
-            )
+            snaps.append(sim(snapshot_at=tr.peak_at))
         return snaps[0]
 
     def contributors() -> list[tuple[str, str, int]]:

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import itertools
 
-__all__ = ["Memory", "outputs", "VIEW_OPS", "PASS_OPS", "OUTPUT_KINDS", "EXPANDED", "READS_EXPANDED"]
+__all__ = ["Memory", "outputs", "VIEW_OPS", "STRIDE_VIEWS", "PASS_OPS", "OUTPUT_KINDS", "EXPANDED", "READS_EXPANDED"]
 
-#: Formulas whose gradient is a view of the incoming gradient (same storage).
-VIEW_OPS = frozenset(
+#: View formulas that stay views whatever the incoming gradient's strides (a stride-0 expand included).
+STRIDE_VIEWS = frozenset(
     {
-        "ViewBackward0",
-        "UnsafeViewBackward0",
         "TBackward0",
         "TransposeBackward0",
         "TransposeBackward1",
@@ -26,16 +24,21 @@ VIEW_OPS = frozenset(
         "SqueezeBackward4",
         "UnsqueezeBackward0",
         "UnsqueezeBackward1",
-        "ReshapeAliasBackward0",
         "AliasBackward0",
-        "SumBackward0",
-        "SumBackward1",
-        "ExpandBackward0",
-        "ViewAsRealBackward0",
-        "ViewAsComplexBackward0",
         "NumpyTBackward0",
     }
 )
+#: Formulas whose gradient is a view of the incoming gradient (same storage).
+VIEW_OPS = STRIDE_VIEWS | {
+    "ViewBackward0",
+    "UnsafeViewBackward0",
+    "ReshapeAliasBackward0",
+    "SumBackward0",
+    "SumBackward1",
+    "ExpandBackward0",
+    "ViewAsRealBackward0",
+    "ViewAsComplexBackward0",
+}
 #: Formulas that send the incoming gradient tensor itself (when the bytes and dtype match).
 PASS_OPS = frozenset(
     {
@@ -55,24 +58,6 @@ _PIECE_OPS = frozenset({"CatBackward0", "StackBackward0"})
 _EXPAND_OPS = frozenset({"SumBackward0", "SumBackward1"})
 #: Outputs of PASS_OPS that are not passed on (``SubBackward0``'s ``other`` gets ``-grad``).
 _PASS_ONLY_FIRST = frozenset({"SubBackward0"})
-#: View formulas that stay views whatever the incoming gradient's strides (a stride-0 expand included).
-_STRIDE_VIEWS = frozenset(
-    {
-        "TBackward0",
-        "TransposeBackward0",
-        "TransposeBackward1",
-        "PermuteBackward0",
-        "SqueezeBackward0",
-        "SqueezeBackward1",
-        "SqueezeBackward2",
-        "SqueezeBackward3",
-        "SqueezeBackward4",
-        "UnsqueezeBackward0",
-        "UnsqueezeBackward1",
-        "AliasBackward0",
-        "NumpyTBackward0",
-    }
-)
 #: ``grad.reshape(sizes)``: a view of an all-stride-0 gradient, a copy of a partly expanded one.
 _RESHAPES = frozenset({"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0"})
 #: Formulas that read a stride-0 (expanded) incoming gradient in place; any other formula that computes
@@ -282,7 +267,7 @@ def _from_expanded(
         if kind & 6:  # pieces of it (cat), or expanded again (sum): views, still expanded
             outs.append(mem.view(g0, "expand0" if tag == "expand0" or name == "SumBackward0" else "expand"))
             continue
-        if name in _STRIDE_VIEWS or (name in _RESHAPES and tag == "expand0"):
+        if name in STRIDE_VIEWS or (name in _RESHAPES and tag == "expand0"):
             outs.append(mem.view(g0, tag))
             continue
         pos = positions[j] if j < len(positions) else j

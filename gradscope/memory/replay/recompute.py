@@ -21,43 +21,29 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 
 from gradscope.memory.replay.engine import Program
+from gradscope.memory.replay.gradients import STRIDE_VIEWS
 
 __all__ = ["recompute_high"]
 
 #: Forward ops whose output is a view of their first input (same storage).
-_FORWARD_VIEWS = frozenset(
-    {
-        "ViewBackward0",
-        "UnsafeViewBackward0",
-        "ReshapeAliasBackward0",
-        "TBackward0",
-        "TransposeBackward0",
-        "TransposeBackward1",
-        "PermuteBackward0",
-        "SqueezeBackward0",
-        "SqueezeBackward1",
-        "SqueezeBackward2",
-        "SqueezeBackward3",
-        "SqueezeBackward4",
-        "UnsqueezeBackward0",
-        "UnsqueezeBackward1",
-        "ExpandBackward0",
-        "AliasBackward0",
-        "SliceBackward0",
-        "SelectBackward0",
-        "NarrowBackward0",
-        "SplitBackward0",
-        "SplitWithSizesBackward0",
-        "UnbindBackward0",
-        "AsStridedBackward0",
-        "UnfoldBackward0",
-        "DiagonalBackward0",
-        "ViewAsRealBackward0",
-        "ViewAsComplexBackward0",
-        "NumpyTBackward0",
-        "CopySlices",
-    }
-)
+_FORWARD_VIEWS = STRIDE_VIEWS | {
+    "ViewBackward0",
+    "UnsafeViewBackward0",
+    "ReshapeAliasBackward0",
+    "ExpandBackward0",
+    "SliceBackward0",
+    "SelectBackward0",
+    "NarrowBackward0",
+    "SplitBackward0",
+    "SplitWithSizesBackward0",
+    "UnbindBackward0",
+    "AsStridedBackward0",
+    "UnfoldBackward0",
+    "DiagonalBackward0",
+    "ViewAsRealBackward0",
+    "ViewAsComplexBackward0",
+    "CopySlices",
+}
 
 
 def recompute_high(prog: Program, rkey, sizes: dict, grad_scale) -> int | None:
