@@ -18,6 +18,7 @@ import torch.multiprocessing as mp
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from tests._shardmodels import SHARDED, batch, build, loss_of
+from tests._steptruth import trace_events
 
 __all__ = ["measure", "free_port"]
 
@@ -69,16 +70,7 @@ def _wrap(model, cfg: dict, world: int):
 
 
 def _curve(prof, marker: str) -> dict:
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            events = json.load(f)["traceEvents"]
-    finally:
-        os.unlink(path)
-    mem = [e for e in events if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
-    mem.sort(key=lambda e: e["ts"])
+    events, mem = trace_events(prof)
     start = min(e["ts"] for e in events if e.get("name") == marker)
     level, peak, at_start = 0, 0, None
     for e in mem:

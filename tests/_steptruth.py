@@ -45,9 +45,8 @@ def existing_bytes(model, inputs, optimizer=None) -> int:
     return sum(_storages(ts).values())
 
 
-def _memory_curve(prof) -> tuple[list[int], int, dict]:
-    """The running level after each ``[memory]`` event, the highest level before backward, and the highest
-    level inside each ``gradscope-test::<phase>`` range (``backward``, ``optimizer``)."""
+def trace_events(prof) -> tuple[list, list]:
+    """The profiler's chrome-trace events, and its CPU ``[memory]`` events in time order."""
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     try:
@@ -58,6 +57,13 @@ def _memory_curve(prof) -> tuple[list[int], int, dict]:
         os.unlink(path)
     mem = [e for e in events if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
     mem.sort(key=lambda e: e["ts"])
+    return events, mem
+
+
+def _memory_curve(prof) -> tuple[list[int], int, dict]:
+    """The running level after each ``[memory]`` event, the highest level before backward, and the highest
+    level inside each ``gradscope-test::<phase>`` range (``backward``, ``optimizer``)."""
+    events, mem = trace_events(prof)
     ranges = {e["name"].split("::")[1]: (e["ts"], e["ts"] + e.get("dur", 0)) for e in events
               if e.get("name") in ("gradscope-test::backward", "gradscope-test::optimizer") and e.get("ph") == "X"}
     starts = [ranges["backward"][0]] if "backward" in ranges else []
