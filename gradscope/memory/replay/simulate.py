@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from itertools import repeat
 
-from gradscope.memory.replay.engine import Program, engine_order, node_extras, numel_bytes, reentrant_nodes
+from gradscope.memory.replay.engine import Program, engine_order, node_extras, numel_bytes
 from gradscope.memory.replay.gradients import (
     EXPANDED,
     OUTPUT_KINDS,
@@ -32,7 +32,7 @@ from gradscope.memory.replay.gradients import (
     Memory,
     outputs,
 )
-from gradscope.memory.replay.recompute import recompute_high
+from gradscope.memory.replay.steps import after_formula, by_node, recompute_node, shared_leaves
 
 __all__ = ["simulate", "Trace", "VIEW_OPS", "PASS_OPS"]
 
@@ -148,11 +148,11 @@ def simulate(
     kind = list(map(OUTPUT_KINDS.get, names, repeat(0)))  # 0: every output a new tensor
     unscaled = grad_scale is None
     ext = node_extras(prog)
-    wsd = workspace if workspace is None or type(workspace) is dict else _by_node(workspace, leaf)
+    wsd = workspace if workspace is None or type(workspace) is dict else by_node(workspace, leaf)
     track_done = bool(recompute)
 
     given: set = set()  # parameters whose .grad a traced reentrant region's nested backward set
-    shared = _shared_leaves(prog)  # leaf index -> name, for the parameters such regions use too
+    shared = shared_leaves(prog)  # leaf index -> name, for the parameters such regions use too
     order = out.order = engine_order(prog)
     level = high = mem.level  # kept in locals; written to ``mem`` around every call that reads or changes it
     grads_kept = saved_freed = 0
@@ -163,7 +163,7 @@ def simulate(
         inputs = buffers[v] or _EMPTY  # a node runs once: its buffer is not read again
         if recompute and v in recompute:
             mem.level, mem.high, mem.cur = level, high, v
-            _recompute(prog, mem, v, recompute[v], sizes, drop, created_regions, done, grad_scale)
+            recompute_node(prog, mem, v, recompute[v], sizes, drop, created_regions, done, grad_scale)
             level, high = mem.level, mem.high
         if leaf[v]:
             g = inputs.get(0)
@@ -242,7 +242,7 @@ def simulate(
             # gradient itself (memory/kernels/signature.py), so its copy, if any, is in the measurement
             if g is not None and gbytes[v] and impl_view.get(g) in EXPANDED and not prog.attrs[v].get("function"):
                 extra += gbytes[v][0] if unscaled else grad_scale(v, 0, gbytes[v][0])
-                extra -= _after_formula(prog, v, es, grad_scale)
+                extra -= after_formula(prog, v, es, grad_scale)
         if extra:
             if v == snapshot_at and level + extra >= high:
                 mem.snap = {**st_bytes, ("w", v): extra}
@@ -339,65 +339,3 @@ def _nested(prog: Program, v: int, extra_attrs: dict, given: set):
 
     rec = modelled_region(extra_attrs)
     return None if rec is None else node_effect(prog, v, rec, simulate, given)
-
-
-def _recompute(
-    prog: Program, mem: Memory, v: int, fresh: list, sizes: dict, drop, created: set, done: set, grad_scale=None
-) -> None:
-    """Node ``v`` of a checkpoint region runs: the region's tensors in ``fresh`` (``[(key, bytes)]``) not
-    made yet are re-created, each held by the region's nodes that save it and have not run; the recompute's
-    temporaries raise the node's highest point (NOTE [recompute step by step])."""
-    rkeys = dict.fromkeys(key[1] for key, _ in fresh if key not in created and key not in drop)
-    for rkey in rkeys:  # one region after the other: each one's highest point above what the others left
-        top = recompute_high(prog, rkey, sizes, grad_scale)
-        if top:
-            mem.high = max(mem.high, mem.level + top)
-        _create(prog, mem, v, [kb for kb in fresh if kb[0][1] == rkey], sizes, drop, created, done)
-
-
-def _create(prog: Program, mem: Memory, v: int, fresh: list, sizes: dict, drop, created: set, done: set) -> None:
-    saved, st_refs = prog.saved, mem.st_refs
-    for key, nbytes in fresh:
-        if key not in created and key not in drop:
-            created.add(key)
-            nbytes = sizes.get(key, nbytes)
-            holders = sum(1 for u in prog.regions.get(key[1], ()) if key in saved[u] and (u == v or u not in done))
-            if not holders:  # re-created and dropped inside the recompute
-                mem.high = max(mem.high, mem.level + nbytes)
-                continue
-            mem.hold_storage(key, nbytes, allocate=True)
-            st_refs[key] = holders
-
-
-def _after_formula(prog: Program, v: int, es: list, grad_scale) -> int:
-    """Bytes of ``v``'s outputs made after its formula returned, so after the kernel's copy of an expanded
-    gradient is gone: ``addmm``'s ``self`` (bias) gradient is the incoming gradient itself, which the
-    engine then sums to the bias's shape."""
-    if prog.name[v] != "AddmmBackward0":
-        return 0
-    for (u, k), pos in zip(es, prog.needs[v]):
-        if pos == 0:
-            nbytes = prog.grad_bytes[u][k] if k < len(prog.grad_bytes[u]) else 0
-            return grad_scale(u, k, nbytes) if grad_scale is not None else nbytes
-    return 0
-
-
-def _by_node(workspace, leaf: list) -> dict:
-    """``{node index: bytes}`` of a ``workspace(node index)`` callable, over the op nodes."""
-    return {v: w for v, lf in enumerate(leaf) if not lf and (w := workspace(v))}
-
-
-def _shared_leaves(prog: Program) -> dict | None:
-    """Leaf index -> name of the parameters that the graph and a traced reentrant region both use (their
-    ``.grad`` is set by whichever backward reaches them first), or None (cached on the program)."""
-    got = prog.__dict__.get("_shared_leaves", 0)
-    if got != 0:
-        return got
-    from gradscope.memory.replay.traced import region_params
-
-    names: set = set()
-    for _, extra in reentrant_nodes(prog):
-        names |= region_params(extra.get("region_recompute") or {})
-    found = {i: n for i, (kind, n) in prog.leaves().items() if kind == "param" and n in names} if names else {}
-    prog.__dict__["_shared_leaves"] = found or None
-    return found or None
