@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -22,6 +24,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def module_cache_dir(tmp_path_factory):
+    """GRADSCOPE_CACHE pointed at a fresh folder for one test module (its in-node measurements are its own)."""
+    old = os.environ.get("GRADSCOPE_CACHE")
+    os.environ["GRADSCOPE_CACHE"] = str(tmp_path_factory.mktemp("gs-cache"))
+    yield
+    if old is None:
+        os.environ.pop("GRADSCOPE_CACHE", None)
+    else:
+        os.environ["GRADSCOPE_CACHE"] = old
 
 
 @pytest.fixture(autouse=True)

@@ -24,15 +24,8 @@ FAST_SEEDS = (0, 2, 25, 50, 53, 57, 74, 138, 142, 193)
 FLOORS = {"peak": 0.97, "levels": 0.98, "step": 0.99}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _cache_dir(tmp_path_factory):
-    old = os.environ.get("GRADSCOPE_CACHE")
-    os.environ["GRADSCOPE_CACHE"] = str(tmp_path_factory.mktemp("gs-cache"))
-    yield
-    if old is None:
-        os.environ.pop("GRADSCOPE_CACHE", None)
-    else:
-        os.environ["GRADSCOPE_CACHE"] = old
+#: The in-node measurements of this module go to a cache of its own (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("module_cache_dir")
 
 
 @pytest.mark.parametrize("seed", FAST_SEEDS)

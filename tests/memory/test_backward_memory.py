@@ -39,17 +39,8 @@ def _run(name: str, grad_set: bool, retain_graph: bool = False):
     return _CACHE[key]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _cache_dir(tmp_path_factory):
-    import os
-
-    old = os.environ.get("GRADSCOPE_CACHE")
-    os.environ["GRADSCOPE_CACHE"] = str(tmp_path_factory.mktemp("gs-cache"))
-    yield
-    if old is None:
-        os.environ.pop("GRADSCOPE_CACHE", None)
-    else:
-        os.environ["GRADSCOPE_CACHE"] = old
+#: The in-node measurements of this module go to a cache of its own (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("module_cache_dir")
 
 
 CASES = [(n, g) for n in MODELS for g in (False, True)]

@@ -3,7 +3,6 @@ the input batch in the absolute peak, pass-through nodes, non-reentrant checkpoi
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import pytest
@@ -17,15 +16,8 @@ from tests._memtruth import measure
 warnings.filterwarnings("ignore", message=".*use_reentrant.*")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _cache_dir(tmp_path_factory):
-    old = os.environ.get("GRADSCOPE_CACHE")
-    os.environ["GRADSCOPE_CACHE"] = str(tmp_path_factory.mktemp("gs-cache"))
-    yield
-    if old is None:
-        os.environ.pop("GRADSCOPE_CACHE", None)
-    else:
-        os.environ["GRADSCOPE_CACHE"] = old
+#: The in-node measurements of this module go to a cache of its own (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("module_cache_dir")
 
 
 def _truth(forward, model, batch, retain_graph=False, **kw):
