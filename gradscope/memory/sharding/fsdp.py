@@ -156,7 +156,7 @@ def _backward(spec: FSDP, gs: list[Group], order: list[str], bm, node_group, gra
         rs = world * g.padded
         fs += rs
         peak.at(base + level + fs, f"backward (reduce-scatter of {name or 'the root'})")
-        fs += (g.padded if apart else g.local[rank]) - grads[name]
+        fs += g.padded - grads[name]  # the sharded gradients are views into one flat output (padded)
         peak.at(base + level + fs + rs, f"backward (reduce-scatter of {name or 'the root'})")
         if apart:  # the sharded gradient's copy to the host; the device's output goes
             fs -= g.padded
@@ -227,7 +227,7 @@ def fsdp_step(
         all_parts.append(p)
         phase.append(peak.where)
         if spec.offload:
-            host.append(host_parts(gs, grads, rank, state, step))
+            host.append(host_parts(gs, grads, rank if apart else None, state, step))
     notes = [
         f"each of the {world} ranks runs the traced batch; groups: the root and {len(names)} fully_shard "
         f"module(s) ({names[0]}{', ...' if len(names) > 1 else ''})",

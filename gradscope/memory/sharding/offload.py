@@ -7,7 +7,8 @@ each padded shard is moved to the host when ``fully_shard`` runs (pinned by defa
 are copied there after each reduce-scatter, and ``optimizer.step()`` runs there with its state. The device
 keeps the buffers, the inputs, the activations and FSDP2's working set: before each all-gather every shard
 of the group is copied to the device (``.to(device)``), copied into the flat output and dropped; after each
-reduce-scatter the sharded gradient (one padded shard) is copied to the host and dropped on the device. A
+reduce-scatter the group's sharded gradients (views into one flat output of a padded shard) are copied to
+the host, each its unpadded rows, and the output is dropped on the device. A
 group resharded to a smaller mesh after forward (``reshard_after_forward=int``) keeps those shards on the
 device, so its backward all-gather copies nothing from the host.
 
@@ -31,12 +32,14 @@ __all__ = ["host_parts", "offload_notes"]
 HOST_PARAMS = "sharded parameters (padded)"
 
 
-def host_parts(gs: list[Group], grads: dict[str, int], rank: int, state: int, step) -> dict[str, int]:
-    """Rank ``rank``'s host memory at its peak under CPU offload, by kind: the padded shards, the sharded
-    gradients of the groups backward reaches, the optimizer state and the step's own peak above them."""
+def host_parts(gs: list[Group], grads: dict[str, int], rank: int | None, state: int, step) -> dict[str, int]:
+    """A rank's host memory at its peak under CPU offload, by kind: the padded shards, the sharded gradients
+    of the groups backward reaches, the optimizer state and the step's own peak above them. ``rank``: the
+    rank whose gradients are copied to the host (its unpadded rows); None on the CPU, where each group's
+    gradients stay views into its padded reduce-scatter output."""
     out = {
         HOST_PARAMS: sum(g.padded for g in gs),
-        "gradients (sharded)": sum(g.local[rank] for g in gs if grads.get(g.name)),
+        "gradients (sharded)": sum(g.padded if rank is None else g.local[rank] for g in gs if grads.get(g.name)),
         "optimizer state (before the step)": state,
     }
     if step is not None:
