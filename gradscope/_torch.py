@@ -23,6 +23,9 @@ from gradscope._torchcheck import check_torch
 __all__ = [
     "PARALLEL_WRAPPERS",
     "unwrap_parallel",
+    "is_fsdp2",
+    "fsdp2_groups",
+    "fsdp2_params",
     "peek_sequence_nr",
     "sequence_nr",
     "NO_SEQUENCE_NR",
@@ -348,3 +351,29 @@ PARALLEL_WRAPPERS = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataPar
 def unwrap_parallel(model):
     """The model inside a DistributedDataParallel / DataParallel wrapper, or ``model`` itself."""
     return model.module if isinstance(model, PARALLEL_WRAPPERS) else model
+
+
+def is_fsdp2(module) -> bool:
+    """Whether ``fully_shard`` was applied to ``module`` (public: ``torch.distributed.fsdp.FSDPModule``)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch built without distributed
+        return False
+    return isinstance(module, FSDPModule)
+
+
+def fsdp2_groups(module) -> list:
+    """The parameter groups ``fully_shard(module)`` made (``FSDPParamGroup``: ``mesh_info``,
+    ``post_forward_mesh_info``, ``mp_policy``, ``offload_policy``).
+    docs/internals.md#fsdp2s-settings-on-a-wrapped-model."""
+    return list(module._get_fsdp_state()._fsdp_param_groups)
+
+
+def fsdp2_params(group) -> list[tuple[Any, str, torch.Tensor, torch.Tensor | None]]:
+    """Per parameter of an FSDP2 group: ``(module, attribute name, sharded parameter, the unsharded parameter
+    the forward runs on or None before the first all-gather)``. docs/internals.md#fsdp2s-settings-on-a-wrapped-model."""
+    out = []
+    for fp in group.fsdp_params:
+        info = fp._module_info
+        out.append((info.module, info.param_name, fp.sharded_param, getattr(fp, "_unsharded_param", None)))
+    return out

@@ -225,13 +225,16 @@ def _buffers_info(buffers, storages: StorageIds) -> list:
 
 
 def _params_info(where: dict, names, storages: StorageIds) -> dict:
-    out = {}
+    out: dict[str, dict] = {}
     ids_get = storages.ids.get
     for name, p in names.values():
         try:
             sid = ids_get(p.untyped_storage()._cdata)
         except (RuntimeError, NotImplementedError):
             sid = None
+        if name in out:  # a second tensor of the same parameter (FSDP2's unsharded one): its storage
+            out[name]["storage"] = out[name]["storage"] if sid is None else sid
+            continue
         dtype = p.dtype
         try:
             shape = list(p.shape)
