@@ -312,8 +312,8 @@ print("survived")
 
 
 def test_deep_graph_freed_by_a_later_tensor_and_a_kept_activation():
-    # a deep graph freed through a later tensor, and one freed from the middle: torch alone frees these; after inspect() the
-    # last drop (of y, then of mid) used to overflow the C stack.
+    # a deep graph freed through a later tensor, and one freed from the middle: torch alone frees these;
+    # after inspect() the last drop (of y, then of mid) used to overflow the C stack.
     code = f"N = 120_000\n{_OWNED_LATER}"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONFAULTHANDLER": "1"})

@@ -83,8 +83,7 @@ class CUDA(Target):
     unmodelled = (
         "workspace inside CUDA kernels (cuDNN convolution, attention backward, cuBLAS beyond its "
         "workspace): the CPU measurement stands in where one exists",
-        "a large block served from the allocator's cache may count up to 1 MiB more than asked "
-        "(an unsplit remainder)",
+        "a large block served from the allocator's cache may count up to 1 MiB more than asked (an unsplit remainder)",
         "the CUDA context and the memory of other processes",
     )
 
