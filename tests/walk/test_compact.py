@@ -19,8 +19,8 @@ from gradscope.checks import run_checks
 from gradscope.report import held_bytes
 from gradscope.views.text import top_nodes
 from gradscope.walk.build import build, flatten_roots, param_names
-from tests.walk._graphs import GRAPHS
 from tests.fuzz._program import programs, run_program
+from tests.walk._graphs import GRAPHS
 
 _FUZZ = settings(max_examples=40, deadline=None, derandomize=True, database=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
