@@ -21,11 +21,7 @@ from torch.nn.modules import module as _nn_module
 from gradscope._torchcheck import check_torch
 
 __all__ = [
-    "PARALLEL_WRAPPERS",
-    "unwrap_parallel",
-    "is_fsdp2",
     "fsdp2_groups",
-    "fsdp2_params",
     "peek_sequence_nr",
     "sequence_nr",
     "NO_SEQUENCE_NR",
@@ -343,37 +339,11 @@ def cancel_next_backward(fn: Callable[[Any], None]) -> None:
         _unwrap()
 
 
-# -- model wrappers (public API; here so that one place unwraps them) -------------------------------------
-#: Wrappers whose ``.module`` is the model the user wrote: its parameter names carry no ``module.`` prefix.
-PARALLEL_WRAPPERS = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
-
-
-def unwrap_parallel(model):
-    """The model inside a DistributedDataParallel / DataParallel wrapper, or ``model`` itself."""
-    return model.module if isinstance(model, PARALLEL_WRAPPERS) else model
-
-
-def is_fsdp2(module) -> bool:
-    """Whether ``fully_shard`` was applied to ``module`` (public: ``torch.distributed.fsdp.FSDPModule``)."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # torch built without distributed
-        return False
-    return isinstance(module, FSDPModule)
-
-
 def fsdp2_groups(module) -> list:
-    """The parameter groups ``fully_shard(module)`` made (``FSDPParamGroup``: ``mesh_info``,
-    ``post_forward_mesh_info``, ``mp_policy``, ``offload_policy``).
-    docs/internals.md#fsdp2s-settings-on-a-wrapped-model."""
-    return list(module._get_fsdp_state()._fsdp_param_groups)
-
-
-def fsdp2_params(group) -> list[tuple[Any, str, torch.Tensor, torch.Tensor | None]]:
-    """Per parameter of an FSDP2 group: ``(module, attribute name, sharded parameter, the unsharded parameter
-    the forward runs on or None before the first all-gather)``. docs/internals.md#fsdp2s-settings-on-a-wrapped-model."""
+    """``fully_shard(module)``'s parameter groups, each with ``(module, attribute, sharded parameter, unsharded
+    parameter or None)`` per parameter: docs/internals.md#fsdp2s-settings-on-a-wrapped-model."""
     out = []
-    for fp in group.fsdp_params:
-        info = fp._module_info
-        out.append((info.module, info.param_name, fp.sharded_param, getattr(fp, "_unsharded_param", None)))
+    for g in module._get_fsdp_state()._fsdp_param_groups:
+        info = [(fp._module_info, fp.sharded_param, getattr(fp, "_unsharded_param", None)) for fp in g.fsdp_params]
+        out.append((g, [(i.module, i.param_name, sharded, unsharded) for i, sharded, unsharded in info]))
     return out

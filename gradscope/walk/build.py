@@ -232,9 +232,8 @@ def _params_info(where: dict, names, storages: StorageIds) -> dict:
             sid = ids_get(p.untyped_storage()._cdata)
         except (RuntimeError, NotImplementedError):
             sid = None
-        if name in out:  # a second tensor of the same parameter (FSDP2's unsharded one): its storage
-            out[name]["storage"] = out[name]["storage"] if sid is None else sid
-            continue
+        if sid is None and name in out and type(p).__name__ == "DTensor":  # FSDP2's sharded parameter, after
+            sid = out[name]["storage"]  # its unsharded one (walk/named.py fsdp2_names): the graph saved that one
         dtype = p.dtype
         try:
             shape = list(p.shape)

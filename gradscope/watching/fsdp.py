@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from gradscope._torch import current_graph_task_id, is_fsdp2, queue_engine_callback, version
+from gradscope._torch import current_graph_task_id, queue_engine_callback, version
+from gradscope._wrappers import is_fsdp2
 
 __all__ = ["is_fsdp2", "FsdpStamps"]
 

@@ -10,7 +10,8 @@ model's (``walk/named.py``).
 
 from __future__ import annotations
 
-from gradscope._torch import fsdp2_groups, is_fsdp2
+from gradscope._torch import fsdp2_groups
+from gradscope._wrappers import is_fsdp2
 from gradscope.errors import InputValueError
 from gradscope.memory.sharding.specs import DDP, FSDP
 
@@ -62,9 +63,9 @@ def wrapped_spec(model) -> tuple[DDP | FSDP, int] | None:
         )
     settings = set()
     for _, m in named[1:]:
-        for g in fsdp2_groups(m):
+        for g, _ in fsdp2_groups(m):
             settings.add((_reshard(g), g.mp_policy, type(g.offload_policy).__name__))
-    root = (fsdp2_groups(model) or [g for _, m in named[1:] for g in fsdp2_groups(m)])[0]
+    root = ([g for g, _ in fsdp2_groups(model)] or [g for _, m in named[1:] for g, _ in fsdp2_groups(m)])[0]
     if len(settings) > 1:
         raise InputValueError(
             f"model='s fully_shard-ed modules differ in reshard_after_forward / mp_policy / offload_policy "
