@@ -33,12 +33,19 @@ def predict(model_name: str, spec, n: int = 8, opt: bool = True, **kw):
 
 
 FAST = ["ddp", "ddp-view"]
-FSDP_FAST = {"fsdp": {"kind": "fsdp"}}
+FSDP_FAST = {"fsdp": {"kind": "fsdp"}, "fsdp-bf16": {"kind": "fsdp", "mp": True}}
+
+
+def bf16_fp32_reduce():
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
 
 @pytest.fixture(scope="module")
 def fast_truth():
-    """The fast subset, measured in one process group: DDP default and bucket view, FSDP2 fp32 reshard True."""
+    """The fast subset, measured in one process group: DDP default and bucket view, FSDP2 reshard True with
+    the parameters in float32 and in bfloat16 (float32 reduce)."""
     cfgs = [DDP_CONFIGS[n][0] for n in FAST] + list(FSDP_FAST.values())
     return dict(zip(FAST + list(FSDP_FAST), measure("mlp", cfgs, world=2, runs=3)))
 
@@ -82,6 +89,15 @@ def test_fsdp2_fp32_reshard_per_rank_range_holds_every_run(fast_truth):
     assert "what if: FSDP(2), per rank" in text and "sharded parameters" in text and "reduce-scatter" in text
 
 
+def test_fsdp2_bf16_params_fp32_reduce_per_rank_range_holds_every_run(fast_truth):
+    wi = predict("mlp", gradscope.FSDP(2, mp_policy=bf16_fp32_reduce()))
+    check_range(wi, fast_truth["fsdp-bf16"], "fsdp-bf16")
+    fp32 = predict("mlp", gradscope.FSDP(2))
+    # the shards, their gradients and AdamW's state stay in float32: the same sharded parameters
+    assert wi.parts[0]["sharded parameters (padded)"] == fp32.parts[0]["sharded parameters (padded)"]
+    assert "FSDP(2, bfloat16)" in str(wi) and "float32 on purpose" in str(wi).replace("\n    ", " ")
+
+
 @pytest.mark.slow
 def test_ddp_without_optimizer_peaks_in_backward_with_the_buckets_alive():
     """No optimizer: the peak is in backward, where the bucket views hold every gradient from the start."""
@@ -122,17 +138,19 @@ def test_bad_specs_say_what_to_pass():
 
 
 # The slow grid: FSDP2 on an MLP stack, a small transformer and HF Llama (tiny config), parameters in their
-# own dtype without offload; reshard True / False at 2 ranks and an int at 4; with and without a checkpoint
-# per block. Measured misses are strict xfails with the measured numbers (docs/sharding.md lists them).
+# own dtype (float32) or bfloat16 with a float32 reduce ("bf16"), without offload; reshard True / False at 2
+# ranks and an int at 4; with and without a checkpoint per block. Measured misses are strict xfails with the
+# measured numbers (docs/sharding.md lists them).
 GRID = [
-    (model, world, reshard, ckpt)
+    (model, world, reshard, ckpt, prec)
     for model in ("mlp", "gpt", "llama")
     for world, reshards in ((2, (True, False)), (4, (2,)))
     for reshard in reshards
     for ckpt in (False, True)
+    for prec in ("fp32", "bf16")
 ]
 MISSES: dict[tuple, str] = {
-    ("llama", 4, 2, False): "measured 2,880,024 B on every rank in 3 runs; predicted floor 2,949,640 B (+2.4%, "
+    ("llama", 4, 2, False, "fp32"): "measured 2,880,024 B on every rank in 3 runs; predicted floor 2,949,640 B (+2.4%, "
     "over): resharding to 2 of 4 ranks is modelled as the smaller mesh's shards kept plus a full all-gather",
 }
 
@@ -154,19 +172,21 @@ def _grid_truth(model: str, world: int) -> dict:
     """All configs of one model and world size, measured in one process group (3 runs each)."""
     if (model, world) not in _GRID_TRUTH:
         keys = [k for k in GRID if k[:2] == (model, world)]
-        cfgs = [{"kind": "fsdp", "reshard": r, "ckpt": c} for _, _, r, c in keys]
+        cfgs = [{"kind": "fsdp", "reshard": r, "ckpt": c, "mp": p == "bf16"} for _, _, r, c, p in keys]
         _GRID_TRUTH[(model, world)] = dict(zip(keys, measure(model, cfgs, world=world, runs=3)))
     return _GRID_TRUTH[(model, world)]
 
 
-@pytest.mark.parametrize("model, world, reshard, ckpt", _grid_params())
-def test_fsdp2_grid_per_rank_range_holds_every_run(model, world, reshard, ckpt):
+@pytest.mark.parametrize("model, world, reshard, ckpt, prec", _grid_params())
+def test_fsdp2_grid_per_rank_range_holds_every_run(model, world, reshard, ckpt, prec):
     from tests._shardmodels import SHARDED
 
-    runs = _grid_truth(model, world)[(model, world, reshard, ckpt)]
-    spec = gradscope.FSDP(world, modules=[SHARDED[model]], reshard_after_forward=reshard)
+    key = (model, world, reshard, ckpt, prec)
+    runs = _grid_truth(model, world)[key]
+    mp = bf16_fp32_reduce() if prec == "bf16" else None
+    spec = gradscope.FSDP(world, modules=[SHARDED[model]], reshard_after_forward=reshard, mp_policy=mp)
     wi = predict(model, spec, checkpoint=SHARDED[model] if ckpt else None)
-    check_range(wi, runs, (model, world, reshard, ckpt))
+    check_range(wi, runs, key)
 
 
 def _gpt_report():

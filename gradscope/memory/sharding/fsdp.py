@@ -27,12 +27,15 @@ per group (seen: the per-rank peak of the same run moving in whole steps of one 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from gradscope.graph import PARAMS
 from gradscope.graph.attribution import node_modules, seq_order, storage_uses
-from gradscope.memory.sharding.layout import ROOT, Group, group_of, groups
+from gradscope.memory.sharding.layout import ROOT, Group, group_of, groups, shard_rows
 from gradscope.memory.sharding.optstep import sharded_step
+from gradscope.memory.sharding.precision import params_dtype
 from gradscope.memory.sharding.result import ShardedStep
-from gradscope.memory.sharding.specs import FSDP
+from gradscope.memory.sharding.specs import FSDP, dtype_bytes
 
 __all__ = ["fsdp_step"]
 
@@ -63,32 +66,80 @@ class _Peak:
             self.value, self.where = level, where
 
 
-def _forward(spec: FSDP, gs: list[Group], order: list[str], acts: dict, base: int, peak: _Peak) -> int:
-    """The forward's events from ``base``; returns what the unsharded parameters kept for backward add."""
+@dataclass(frozen=True, slots=True)
+class _Bytes:
+    """One group's FSDP2 buffers, in the dtypes of the policy (NOTE [FSDP2 mixed precision])."""
+
+    full: int  # the unsharded parameters (param_dtype)
+    ag: int  # the all-gather output: world x the padded shards (param_dtype)
+    flat: int  # the cast copy of the padded shards the all-gather sends (mixed precision only)
+    small: int  # reshard_after_forward=int: the shards of the smaller mesh kept after forward (param_dtype)
+    rs: int  # the reduce-scatter input: world x the padded shards (reduce_dtype)
+    chunk: int  # the largest padded chunk of one gradient cast into the input (reduce_dtype != param_dtype)
+    cast: int  # the reduce-scatter output cast to the parameters' dtype (reduce_dtype != their dtype)
+    grads: int  # the unsharded gradients autograd makes (param_dtype)
+    local: list[int]  # per rank: the sharded gradient (the parameters' dtype)
+
+
+def _dtypes(spec: FSDP, orig: str) -> tuple[str, str]:
+    """``(param dtype, reduce dtype)`` as FSDP2 settles them: a ``param_dtype`` equal to the parameters'
+    is none, a ``reduce_dtype`` equal to ``param_dtype`` or None reduces in ``param_dtype``."""
+    pd = spec.param_dtype or orig
+    return pd, spec.reduce_dtype or pd
+
+
+def _sizes(spec: FSDP, g: Group, grads: int, chunks: dict, orig: str) -> _Bytes:
     world = spec.world_size
-    by = {g.name: g for g in gs}
-    root = by[ROOT]
-    ag_root = world * root.padded
-    peak.at(base + 2 * ag_root, "forward (all-gather of the root)")
-    peak.at(base + ag_root + root.full, "forward (all-gather of the root)")
-    level, prev, kept = base + root.full + ag_root, ag_root, root.full
+    ob = g.padded // g.numel_padded if g.numel_padded else dtype_bytes(orig, 4)
+    pd, rd = _dtypes(spec, orig)
+    pb, rb = dtype_bytes(pd, ob), dtype_bytes(rd, ob)
+    shard = g.numel_padded * pb
+    return _Bytes(
+        full=g.numel_full * pb,
+        ag=world * shard,
+        flat=shard if pd != orig else 0,
+        small=shard * world // spec.reshard_size,
+        rs=world * g.numel_padded * rb,
+        chunk=max((chunks[p] for p in g.params), default=0) * rb if rd != pd else 0,
+        cast=g.numel_padded * rb if rd != orig else 0,
+        grads=grads * pb // ob,
+        local=g.local,
+    )
+
+
+def _chunks(graph, world: int) -> dict[str, int]:
+    """Elements of each parameter's padded chunk (``ceil(d0 / world)`` rows)."""
+    out = {}
+    for name, p in graph.graph.get(PARAMS, {}).items():
+        shape = [int(s) for s in p.get("shape") or []]
+        rest = 1
+        for s in shape[1:]:
+            rest *= s
+        out[name] = shard_rows(shape[0], world, 0) * rest if shape else 1
+    return out
+
+
+def _forward(spec: FSDP, gs: dict[str, _Bytes], order: list[str], acts: dict, base: int, peak: _Peak) -> int:
+    """The forward's events from ``base``; returns what the unsharded parameters kept for backward add."""
+    root = gs[ROOT]
+    peak.at(base + root.flat + 2 * root.ag, "forward (all-gather of the root)")
+    peak.at(base + root.ag + root.full, "forward (all-gather of the root)")
+    level, prev, kept = base + root.full + root.ag, root.ag, root.full
     for name in order:
-        g = by[name]
-        ag = world * g.padded
+        g = gs[name]
         here = level + acts.get(name, 0)
-        peak.at(here + 2 * ag, f"forward (all-gather of {name})")
-        peak.at(here + ag + g.full, f"forward (all-gather of {name})")
-        level += ag - prev
-        prev = ag
+        peak.at(here + g.flat + 2 * g.ag, f"forward (all-gather of {name})")
+        peak.at(here + g.ag + g.full, f"forward (all-gather of {name})")
+        level += g.ag - prev
+        prev = g.ag
         nxt = acts.get(_next(order, name), acts.get("$end", 0))
         peak.at(level + nxt + g.full, f"forward of {name}")
         if spec.reshard_after_forward is False:
             level += g.full
             kept += g.full
         elif spec.reshard_after_forward is not True:
-            small = g.padded * world // spec.reshard_size
-            level += small
-            kept += small
+            level += g.small
+            kept += g.small
     return kept
 
 
@@ -116,10 +167,8 @@ def _grad_bytes(graph, gs: list[Group]) -> dict[str, int]:
     return out
 
 
-def _backward(spec: FSDP, gs: list[Group], order: list[str], bm, node_group, grads, base: int, rank: int, peak):
+def _backward(spec: FSDP, by: dict[str, _Bytes], order: list[str], bm, node_group, base: int, rank: int, peak):
     """The backward's events over the replayed levels from ``base``; returns the level after backward."""
-    world = spec.world_size
-    by = {g.name: g for g in gs}
     back = list(reversed(order))
     gather = spec.reshard_after_forward is not False
     fs = 0  # what FSDP adds to (or removes from) the single process's level
@@ -135,21 +184,22 @@ def _backward(spec: FSDP, gs: list[Group], order: list[str], bm, node_group, gra
             nxt = back[0]
         if nxt is None or not gather:
             return
-        ag = world * by[nxt].padded
-        peak.at(base + level + fs + 2 * ag, f"backward (all-gather of {nxt})")
-        fs += ag
+        g = by[nxt]
+        flat = g.flat if spec.reshard_after_forward is True else g.flat and g.small
+        peak.at(base + level + fs + flat + 2 * g.ag, f"backward (all-gather of {nxt})")
+        fs += g.ag
 
     def post(name: str) -> None:
         nonlocal fs, rs_prev
         g = by[name]
         fs -= g.full  # the unsharded parameters (kept from forward too) go
         fs -= rs_prev
-        rs = world * g.padded
-        fs += rs
-        peak.at(base + level + fs, f"backward (reduce-scatter of {name or 'the root'})")
-        fs += g.local[rank] - grads[name]
-        peak.at(base + level + fs + rs, f"backward (reduce-scatter of {name or 'the root'})")
-        rs_prev = rs
+        fs += g.rs
+        where = f"backward (reduce-scatter of {name or 'the root'})"
+        peak.at(base + level + fs + g.chunk, where)
+        fs += g.local[rank] - g.grads
+        peak.at(base + level + fs + max(g.rs, g.cast), where)
+        rs_prev = g.rs
 
     level = 0
     prefetch(None)
@@ -164,9 +214,9 @@ def _backward(spec: FSDP, gs: list[Group], order: list[str], bm, node_group, gra
             if gather:
                 fs += by[g].full
                 peak.at(base + level + fs, f"backward (copy-out of {g})")
-                fs -= world * by[g].padded
+                fs -= by[g].ag
                 if spec.reshard_after_forward is not True:
-                    fs -= by[g].padded * world // spec.reshard_size
+                    fs -= by[g].small
             prefetch(g)
         level = lv
         peak.at(base + max(lv, inner) + fs, f"backward of {g or 'the root'}")
@@ -193,16 +243,19 @@ def fsdp_step(
     acts["$end"] = acts_total
     node_group = _node_groups(graph, bm, names)
     grads = _grad_bytes(graph, gs)
+    orig = params_dtype(graph)
+    chunks = _chunks(graph, world)
+    by = {g.name: _sizes(spec, g, grads[g.name], chunks, orig) for g in gs}
     sharded = sum(g.padded for g in gs)
-    ceiling = sum(world * g.padded for g in gs if g.name) if device == "cpu" else 0
+    ceiling = sum(by[g.name].rs for g in gs if g.name) if device == "cpu" else 0
     ranks, all_parts, phase = [], [], []
     for rank in range(world):
         step = sharded_step(optimizer, graph, world, rank)
         state = step.state_before if step is not None else 0
         base = sharded + parts.get("buffers", 0) + parts.get("leaf inputs", 0) + state
         peak = _Peak()
-        kept = _forward(spec, gs, names, acts, base, peak)
-        end = _backward(spec, gs, names, bm, node_group, grads, base + kept + acts_total, rank, peak)
+        kept = _forward(spec, by, names, acts, base, peak)
+        end = _backward(spec, by, names, bm, node_group, base + kept + acts_total, rank, peak)
         if step is not None:
             peak.at(end + step.peak, f"{step.name}.step()")
         low = peak.value
@@ -219,6 +272,12 @@ def fsdp_step(
         f"each of the {world} ranks runs the traced batch; groups: the root and {len(names)} fully_shard "
         f"module(s) ({names[0]}{', ...' if len(names) > 1 else ''})",
     ]
+    if spec.param_dtype and spec.param_dtype != orig:
+        notes.append(
+            f"the forward replayed in {spec.param_dtype}: every {orig} activation and gradient of the traced step "
+            f"taken as {spec.param_dtype}; what the model computes in {orig} on purpose (an upcast that is a no-op "
+            f"in a {orig} trace) is not seen, so where it is alive the peak is a lower bound"
+        )
     if ceiling:
         notes.append(
             "high adds one reduce-scatter input per group: gloo's worker thread may release a collective's "
