@@ -6,8 +6,9 @@ forward (an all-gather more per group in backward), then a checkpoint per ``full
 forward again). ``shard="auto"`` looks for the smallest world size (1, 2, 4, ... 1024) at which one of
 these fits, unsharded first: a step that fits one process needs no sharding, and DDP never lowers a
 rank's peak, so the sharded candidates are FSDP2's. A candidate fits when the *ceiling* of its highest
-rank (``peak_range[1]``) is within the budget less ``margin``. Mixed precision and CPU offload are not
-predicted yet, so the search does not use them and says so.
+rank (``peak_range[1]``) is within the budget less ``margin``. A spec's ``mp_policy`` is kept as given (it
+is predicted, NOTE [FSDP2 mixed precision], but it changes the numerics, not only the cost, so the search
+never switches it on); CPU offload is not predicted yet, so the search does not use it and says so.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def shard_plan(report, budget, optimizer=None, shard="auto", *, margin: float = 
         previous = here
     if best is None:
         raise InputValueError("plan(shard=...) had nothing to try.")
-    msg = "mixed precision and CPU offload are not predicted yet, so they were not tried"
+    msg = "CPU offload is not predicted yet, so it was not tried; mixed precision is tried only as the spec gives it"
     return ShardPlan(parse_budget(budget), best[0], best[2].checkpoint, False, best[2].peak_range, best[2], tried, msg)
 
 

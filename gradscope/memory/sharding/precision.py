@@ -10,7 +10,8 @@ them, the unsharded parameters' included. The post-backward copies the unsharded
 reduce-scatter input in ``reduce_dtype`` (``param_dtype`` when None; torch treats a ``reduce_dtype`` equal
 to ``param_dtype`` as None), one padded chunk of each gradient cast at a time when the dtypes differ;
 the output, a padded shard in ``reduce_dtype``, is cast to the parameter's dtype when it differs and
-becomes the sharded ``.grad``. The optimizer steps the shards in their own dtype.
+becomes the sharded ``.grad``. The optimizer steps the shards in their own dtype
+(docs/internals.md#fsdp2-mixed-precision).
 
 A report traced with the parameters in their own dtype (``float32``) does not show which tensors the
 model casts on purpose: ``x.to(torch.float32)`` of a float32 tensor is the tensor itself and makes no node.
