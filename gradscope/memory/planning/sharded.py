@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gradscope.errors import InputTypeError, InputValueError
+from gradscope.errors import InputTypeError
 from gradscope.memory.planning.select import Scaler
 from gradscope.memory.planning.whatif import change_overrides, context, in_forward_order, replay_change, what_if
 from gradscope.memory.sharding.ddp import ddp_step
@@ -54,10 +54,6 @@ def sharded_what_if(
         step = ddp_step(report.graph, spec, run, before=wi.before, single=wi.peak, change=change, device=device)
         step.checkpoint = list(wi.checkpoint)
         return step
-    if spec.offload:
-        raise InputValueError(
-            f"what_if(shard={spec!r}): FSDP2 with an offload policy is not predicted yet; drop offload_policy."
-        )
     from gradscope.memory.sharding.fsdp import fsdp_step
 
     modules = in_forward_order(report, sorted({m for m in wi.memory.modules if m} | _all_modules(report)))

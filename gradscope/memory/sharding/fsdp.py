@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from gradscope.graph import PARAMS
 from gradscope.graph.attribution import node_modules, seq_order, storage_uses
 from gradscope.memory.sharding.layout import ROOT, Group, group_of, groups, shard_rows
+from gradscope.memory.sharding.offload import host_parts, offload_notes
 from gradscope.memory.sharding.optstep import sharded_step
 from gradscope.memory.sharding.precision import params_dtype
 from gradscope.memory.sharding.result import ShardedStep
@@ -78,7 +79,8 @@ class _Bytes:
     chunk: int  # the largest padded chunk of one gradient cast into the input (reduce_dtype != param_dtype)
     cast: int  # the reduce-scatter output cast to the parameters' dtype (reduce_dtype != their dtype)
     grads: int  # the unsharded gradients autograd makes (param_dtype)
-    local: list[int]  # per rank: the sharded gradient (the parameters' dtype)
+    grad: int  # the sharded gradients: views into one flat padded output (the parameters' dtype)
+    shard: int  # the padded shards in the parameters' dtype (CPU offload copies them to the device)
 
 
 def _dtypes(spec: FSDP, orig: str) -> tuple[str, str]:
@@ -103,7 +105,8 @@ def _sizes(spec: FSDP, g: Group, grads: int, chunks: dict, orig: str) -> _Bytes:
         chunk=max((chunks[p] for p in g.params), default=0) * rb if rd != pd else 0,
         cast=g.numel_padded * rb if rd != orig else 0,
         grads=grads * pb // ob,
-        local=g.local,
+        grad=g.padded,
+        shard=g.padded,
     )
 
 
@@ -119,15 +122,20 @@ def _chunks(graph, world: int) -> dict[str, int]:
     return out
 
 
-def _forward(spec: FSDP, gs: dict[str, _Bytes], order: list[str], acts: dict, base: int, peak: _Peak) -> int:
-    """The forward's events from ``base``; returns what the unsharded parameters kept for backward add."""
-    root = gs[ROOT]
+def _forward(spec: FSDP, by: dict[str, _Bytes], order: list[str], acts: dict, base: int, peak: _Peak, apart) -> int:
+    """The forward's events from ``base``; returns what the unsharded parameters kept for backward add.
+    ``apart``: the shards live on the host (CPU offload with an accelerator), copied to the device first."""
+    root = by[ROOT]
+    if apart:
+        peak.at(base + root.shard + root.ag, "forward (all-gather of the root)")
     peak.at(base + root.flat + 2 * root.ag, "forward (all-gather of the root)")
     peak.at(base + root.ag + root.full, "forward (all-gather of the root)")
     level, prev, kept = base + root.full + root.ag, root.ag, root.full
     for name in order:
-        g = gs[name]
+        g = by[name]
         here = level + acts.get(name, 0)
+        if apart:  # the shards' copies to the device, then the flat output
+            peak.at(here + g.shard + g.ag, f"forward (all-gather of {name})")
         peak.at(here + g.flat + 2 * g.ag, f"forward (all-gather of {name})")
         peak.at(here + g.ag + g.full, f"forward (all-gather of {name})")
         level += g.ag - prev
@@ -167,8 +175,9 @@ def _grad_bytes(graph, gs: list[Group]) -> dict[str, int]:
     return out
 
 
-def _backward(spec: FSDP, by: dict[str, _Bytes], order: list[str], bm, node_group, base: int, rank: int, peak):
-    """The backward's events over the replayed levels from ``base``; returns the level after backward."""
+def _backward(spec: FSDP, by: dict[str, _Bytes], order: list[str], bm, node_group, base: int, peak, apart):
+    """The backward's events over the replayed levels from ``base``; returns the level after backward.
+    ``apart``: each sharded gradient is copied to the host and freed on the device (CPU offload)."""
     back = list(reversed(order))
     gather = spec.reshard_after_forward is not False
     fs = 0  # what FSDP adds to (or removes from) the single process's level
@@ -185,6 +194,8 @@ def _backward(spec: FSDP, by: dict[str, _Bytes], order: list[str], bm, node_grou
         if nxt is None or not gather:
             return
         g = by[nxt]
+        if apart and spec.reshard_after_forward is True:  # resharded to the host: copied to the device first
+            peak.at(base + level + fs + g.shard + g.ag, f"backward (all-gather of {nxt})")
         flat = g.flat if spec.reshard_after_forward is True else g.flat and g.small
         peak.at(base + level + fs + flat + 2 * g.ag, f"backward (all-gather of {nxt})")
         fs += g.ag
@@ -197,8 +208,10 @@ def _backward(spec: FSDP, by: dict[str, _Bytes], order: list[str], bm, node_grou
         fs += g.rs
         where = f"backward (reduce-scatter of {name or 'the root'})"
         peak.at(base + level + fs + g.chunk, where)
-        fs += g.local[rank] - g.grads
+        fs += g.grad - g.grads  # the sharded gradients are views into one flat output (padded)
         peak.at(base + level + fs + max(g.rs, g.cast), where)
+        if apart:  # the sharded gradient's copy to the host; the device's output goes
+            fs -= g.grad
         rs_prev = g.rs
 
     level = 0
@@ -248,26 +261,28 @@ def fsdp_step(
     by = {g.name: _sizes(spec, g, grads[g.name], chunks, orig) for g in gs}
     sharded = sum(g.padded for g in gs)
     ceiling = sum(by[g.name].rs for g in gs if g.name) if device == "cpu" else 0
-    ranks, all_parts, phase = [], [], []
+    apart = spec.offload and device != "cpu"  # NOTE [FSDP2 CPU offload] in offload.py
+    held = parts.get("buffers", 0) + parts.get("leaf inputs", 0)
+    ranks, all_parts, phase, host = [], [], [], []
     for rank in range(world):
         step = sharded_step(optimizer, graph, world, rank)
         state = step.state_before if step is not None else 0
-        base = sharded + parts.get("buffers", 0) + parts.get("leaf inputs", 0) + state
+        base = held + (0 if apart else sharded + state)
         peak = _Peak()
-        kept = _forward(spec, by, names, acts, base, peak)
-        end = _backward(spec, by, names, bm, node_group, base + kept + acts_total, rank, peak)
-        if step is not None:
+        kept = _forward(spec, by, names, acts, base, peak, apart)
+        end = _backward(spec, by, names, bm, node_group, base + kept + acts_total, peak, apart)
+        if step is not None and not apart:
             peak.at(end + step.peak, f"{step.name}.step()")
         low = peak.value
         ranks.append((low, low + ceiling))
-        p = {
-            "sharded parameters (padded)": sharded,
-            "buffers and inputs": parts.get("buffers", 0) + parts.get("leaf inputs", 0),
-            "optimizer state (before the step)": state,
-        }
+        p = {"buffers and inputs": held}
+        if not apart:
+            p |= {"sharded parameters (padded)": sharded, "optimizer state (before the step)": state}
         p["working set at the peak"] = low - sum(p.values())
         all_parts.append(p)
         phase.append(peak.where)
+        if spec.offload:
+            host.append(host_parts(gs, grads, rank if apart else None, state, step))
     notes = [
         f"each of the {world} ranks runs the traced batch; groups: the root and {len(names)} fully_shard "
         f"module(s) ({names[0]}{', ...' if len(names) > 1 else ''})",
@@ -285,4 +300,7 @@ def fsdp_step(
         )
     else:
         notes.append("NCCL's buffers and the streams holding blocks on the device: modelled, not measured")
-    return ShardedStep(spec, ranks, all_parts, before, single, change, device, notes, phase, groups=names)
+    notes += offload_notes(spec, device)
+    return ShardedStep(
+        spec, ranks, all_parts, before, single, change, device, notes, phase, groups=names, host_parts=host
+    )
