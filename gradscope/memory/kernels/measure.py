@@ -80,9 +80,9 @@ def _restride(shape: list, stride) -> list | None:
 
 
 def shrink(sig: dict, f: float) -> dict:
-    """The signature with each large dimension size (>= 32, in its largest tensor) divided by ``f``."""
-    big = max(tensors_of(sig), key=lambda t: _nbytes(*t))[0]
-    new = {int(n): max(1, math.ceil(int(n) / f)) for n in big if int(n) >= 32}
+    """The signature with each large dimension size (>= 32) divided by ``f``, in every tensor and recorded
+    size alike, so that sizes that must agree (a ``cat``'s pieces and its output, a slice's bounds) still do."""
+    new = {int(n): max(1, math.ceil(int(n) / f)) for shape, _ in tensors_of(sig) for n in shape if int(n) >= 32}
 
     def sub(x):
         if isinstance(x, bool) or not isinstance(x, (int, list)):

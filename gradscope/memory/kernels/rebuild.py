@@ -46,6 +46,10 @@ _SUFFIXES += (
 )
 
 
+#: The return types of a forward whose outputs can receive gradients here (``split`` returns a list).
+_RETURNS = ("Tensor", "List[Tensor]")
+
+
 def _snake(camel: str) -> str:
     s = re.sub(r"(?<!^)(?=[A-Z])", "_", camel).lower()
     return re.sub(r"(\d)_d(?=_|$)", r"\1d", s)
@@ -60,7 +64,7 @@ def _candidates(node_name: str) -> list:
     out = []
     for n in names:
         for s in _schemas(n):
-            if s.returns and all(str(r.type) == "Tensor" for r in s.returns) and not _writes(s):
+            if s.returns and all(str(r.type) in _RETURNS for r in s.returns) and not _writes(s):
                 out.append((n, s))
     return out
 
@@ -175,8 +179,10 @@ def _list_shapes(sig: dict, start: int) -> list:
     for j in range(max(n, max(missing, default=0) + 1)):
         if j in known:
             shapes.append(known[j])
-        else:
-            shapes.append([max(1, rest // len(missing)) if d == dim else int(x) for d, x in enumerate(out)])
+        else:  # what is left, shared (an empty piece when nothing is: a key cache's empty past)
+            i = missing.index(j)
+            size = max(0, rest) // len(missing) + (1 if i < max(0, rest) % len(missing) else 0)
+            shapes.append([size if d == dim else int(x) for d, x in enumerate(out)])
     return shapes
 
 
