@@ -102,6 +102,21 @@ def shrink(sig: dict, f: float) -> dict:
 _EVAL = "autograd::engine::evaluate_function: "
 
 
+def one_thread(fn, *args):
+    """``fn(*args)`` on one intra-op thread, the count restored after: building a node's inputs is not what
+    is measured, and on a loaded machine each parallel region of a small op costs a scheduling wait (a
+    session took four times as long with two threads). The backward itself runs on the caller's threads,
+    which the signature records."""
+    n = torch.get_num_threads()
+    if n == 1:
+        return fn(*args)
+    torch.set_num_threads(1)
+    try:
+        return fn(*args)
+    finally:
+        torch.set_num_threads(n)
+
+
 def _window(marker, op: str | None):
     """The event whose allocations are the node's: its ``evaluate_function`` under the marker (a built-in
     node; the gradient it receives was made before it), or the marker itself (a custom backward, called
@@ -174,8 +189,8 @@ def _session(jobs: list, run_custom: bool) -> dict:
             try:
                 if sig["op"] not in warm:  # a first run sets up what a kernel sets up once per process
                     warm.add(sig["op"])
-                    prepare(sig, run_custom)()
-                run = prepare(sig, run_custom)
+                    one_thread(prepare, sig, run_custom)()
+                run = one_thread(prepare, sig, run_custom)
                 with record_function(f"{_MARK}{i}"):
                     got = run()
                 info[i] = (None if getattr(run, "direct", False) else sig["op"], _returned(got))

@@ -121,6 +121,23 @@ def _dtype(text: str):
     return dt
 
 
+#: Floats are one random block of this many values, repeated: drawing each value costs several times
+#: what copying does, and no kernel's memory depends on values beyond that.
+_TILE = 4096
+
+
+def _tiled_uniform(flat: torch.Tensor) -> None:
+    """Fill the 1-d ``flat`` with uniform values in [-1, 1): a random block of :data:`_TILE`, repeated."""
+    n = flat.numel()
+    k = min(n, _TILE)
+    if k == 0:
+        return
+    block = torch.empty(k, dtype=flat.dtype).uniform_(-1, 1)
+    whole = n - n % k
+    flat[:whole].view(-1, k).copy_(block)
+    flat[whole:].copy_(block[: n - whole])
+
+
 def make_tensor(shape, dtype: str, stride=None, requires_grad: bool = False, bound: int = 1) -> torch.Tensor:
     """A fresh CPU tensor of this layout: uniform values for floats, integers in ``[0, bound)`` otherwise."""
     dt = _dtype(dtype)
@@ -128,7 +145,7 @@ def make_tensor(shape, dtype: str, stride=None, requires_grad: bool = False, bou
     t = torch.empty_strided(shape, stride, dtype=dt) if stride else torch.empty(shape, dtype=dt)
     flat = t.as_strided([t.untyped_storage().nbytes() // t.element_size()], [1])  # every element, once
     if dt.is_floating_point or dt.is_complex:
-        flat.uniform_(-1, 1)
+        _tiled_uniform(flat)
         return t.requires_grad_(requires_grad)
     if dt == torch.bool or bound <= 1:
         flat.zero_()
@@ -281,11 +298,14 @@ def _builtin(sig: dict):
     pairs = [(outs[k], g) for k, g in grads.items() if k < len(outs) and outs[k].requires_grad]
     if not pairs:
         raise Unmeasurable(f"{sig['op']}'s outputs receive no gradient")
+    # a scalar root, made here (run() is only the backward): no grad_outputs, or torch.autograd.grad would
+    # import sympy to check them; sum() sends an expanded gradient itself, (out * g).sum() one laid out as g
+    # (TensorIterator follows g), and either is the engine's own, as a gradient between two nodes is
+    with torch.enable_grad():
+        root = sum((o.sum() if g.dim() and not any(g.stride()) else (o * g).sum()) for o, g in pairs)
 
     def run():
-        # a scalar root (no grad_outputs: torch.autograd.grad would import sympy to check them): sum() sends
-        # an expanded gradient itself; (out * g).sum() sends one laid out as g (TensorIterator follows g)
-        root = sum((o.sum() if g.dim() and not any(g.stride()) else (o * g).sum()) for o, g in pairs)
+        run.outputs = pairs  # type: ignore[attr-defined]  # alive through the backward, as before it
         return torch.autograd.grad(root, leaves, allow_unused=True)
 
     return run
