@@ -18,11 +18,9 @@ from typing import Any
 
 import torch
 
+from gradscope.memory.kernels.tensors import Unmeasurable, dtype_of, make_tensor
+
 __all__ = ["Unmeasurable", "prepare"]
-
-
-class Unmeasurable(Exception):
-    """This node's backward cannot be run again here; the message says why, in a user's words."""
 
 
 _NAME = re.compile(r"^(.*)Backward(\d+)$")
@@ -114,46 +112,6 @@ def _resolve(sig: dict):
     return getattr(getattr(torch.ops.aten, name), schema.overload_name or "default"), schema
 
 
-def _dtype(text: str):
-    dt = getattr(torch, str(text), None)
-    if not isinstance(dt, torch.dtype):
-        raise Unmeasurable(f"unknown dtype {text!r}")
-    return dt
-
-
-#: Floats are one random block of this many values, repeated: drawing each value costs several times
-#: what copying does, and no kernel's memory depends on values beyond that.
-_TILE = 4096
-
-
-def _tiled_uniform(flat: torch.Tensor) -> None:
-    """Fill the 1-d ``flat`` with uniform values in [-1, 1): a random block of :data:`_TILE`, repeated."""
-    n = flat.numel()
-    k = min(n, _TILE)
-    if k == 0:
-        return
-    block = torch.empty(k, dtype=flat.dtype).uniform_(-1, 1)
-    whole = n - n % k
-    flat[:whole].view(-1, k).copy_(block)
-    flat[whole:].copy_(block[: n - whole])
-
-
-def make_tensor(shape, dtype: str, stride=None, requires_grad: bool = False, bound: int = 1) -> torch.Tensor:
-    """A fresh CPU tensor of this layout: uniform values for floats, integers in ``[0, bound)`` otherwise."""
-    dt = _dtype(dtype)
-    shape = [int(n) for n in shape]
-    t = torch.empty_strided(shape, stride, dtype=dt) if stride else torch.empty(shape, dtype=dt)
-    flat = t.as_strided([t.untyped_storage().nbytes() // t.element_size()], [1])  # every element, once
-    if dt.is_floating_point or dt.is_complex:
-        _tiled_uniform(flat)
-        return t.requires_grad_(requires_grad)
-    if dt == torch.bool or bound <= 1:
-        flat.zero_()
-    else:
-        flat.random_(0, bound)
-    return t
-
-
 def _bound(sig: dict) -> int:
     """Where integer tensors (indices, targets) take their values: below a recorded argument size (an
     embedding's rows), else below every dimension of the float tensors, so that any index is valid."""
@@ -168,7 +126,7 @@ def _bound(sig: dict) -> int:
 def _value(arg, value):
     text = str(arg.type)
     if text.startswith("ScalarType") and isinstance(value, str):
-        return _dtype(value)
+        return dtype_of(value)
     if text.startswith("MemoryFormat") and isinstance(value, str):
         return getattr(torch, value)
     if text.startswith("Device") and isinstance(value, str):
