@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from gradscope.memory.kernels.tensors import Unmeasurable, dtype_of, make_tensor
+from gradscope.memory.kernels.tensors import Unmeasurable, make_tensor, root, torch_dtype
 
 __all__ = ["Unmeasurable", "prepare"]
 
@@ -126,7 +126,7 @@ def _bound(sig: dict) -> int:
 def _value(arg, value):
     text = str(arg.type)
     if text.startswith("ScalarType") and isinstance(value, str):
-        return dtype_of(value)
+        return torch_dtype(value)
     if text.startswith("MemoryFormat") and isinstance(value, str):
         return getattr(torch, value)
     if text.startswith("Device") and isinstance(value, str):
@@ -256,15 +256,17 @@ def _builtin(sig: dict):
     pairs = [(outs[k], g) for k, g in grads.items() if k < len(outs) and outs[k].requires_grad]
     if not pairs:
         raise Unmeasurable(f"{sig['op']}'s outputs receive no gradient")
+
     # a scalar root, made here (run() is only the backward): no grad_outputs, or torch.autograd.grad would
     # import sympy to check them; sum() sends an expanded gradient itself, (out * g).sum() one laid out as g
-    # (TensorIterator follows g), and either is the engine's own, as a gradient between two nodes is
+    # (TensorIterator follows g's dimension order), and a g with gaps (a slice of a larger gradient, from
+    # cat) is sent as it is; the gradient is the engine's own, as one between two nodes is
     with torch.enable_grad():
-        root = sum((o.sum() if g.dim() and not any(g.stride()) else (o * g).sum()) for o, g in pairs)
+        total = torch.stack([root(o, g) for o, g in pairs]).sum() if len(pairs) > 1 else root(*pairs[0])
 
     def run():
         run.outputs = pairs  # type: ignore[attr-defined]  # alive through the backward, as before it
-        return torch.autograd.grad(root, leaves, allow_unused=True)
+        return torch.autograd.grad(total, leaves, allow_unused=True)
 
     return run
 
