@@ -155,14 +155,7 @@ class Report:
         if shard is None and self.shard is not None:  # inspected on a rank of a wrapped model
             shard = self.shard
         if shard is not None:
-            from gradscope.errors import InputValueError
             from gradscope.memory.planning.sharded import sharded_what_if
-
-            if kwargs.get("target") is not None:
-                raise InputValueError(
-                    "what_if(shard=...) does not take target= yet: the per-rank step is predicted for the "
-                    "device the graph was built on; drop target= or shard=."
-                )
 
             step = sharded_what_if(self, shard, checkpoint, offload, batch, optimizer, **kwargs)
             step.rank = self.rank if shard is self.shard else None

@@ -174,6 +174,19 @@ def test_fsdp2_cpu_offload_on_an_accelerator_moves_shards_grads_and_the_step_to_
     assert "modelled, not measured" in str(off)
 
 
+def test_cuda_target_with_a_shard_spec_predicts_the_device_apart_from_the_host(fast_truth):
+    """target="cuda" on a CPU trace: the device's side under CPU offload (NCCL's buffers modelled, not
+    measured), the host's as measured on gloo."""
+    model, report = _gpt_report("mlp")
+    opt = torch.optim.AdamW(model.parameters())
+    cpu = report.what_if(optimizer=opt, shard=offload(2))
+    cuda = report.what_if(optimizer=opt, shard=offload(2), target="cuda")
+    assert cuda.device.startswith("cuda") and cuda.peak < cpu.peak and cuda.high == cuda.peak
+    assert "sharded parameters (padded)" not in cuda.parts[0] and cuda.host == cpu.host
+    check_host(cuda, fast_truth["host"], "cuda")
+    assert "NCCL" in str(cuda) and "modelled, not measured" in str(cuda)
+
+
 def test_plan_on_an_accelerator_offloads_when_checkpointing_is_not_enough():
     report, opt = _meta_report("mlp")  # parameters outweigh activations: offload saves more than a checkpoint
     ck = report.what_if(optimizer=opt, shard=gradscope.FSDP(2), checkpoint="blocks.*")

@@ -175,8 +175,9 @@ def test_what_if_and_plan_for_cuda_say_modelled_not_measured():
     p = report.plan(budget="1GiB", target="cuda")
     assert p.fits and "modelled, not measured" in str(p)
     assert report.max_batch(budget="64MiB", target="cuda").batch < report.max_batch(budget="64MiB").batch
-    with pytest.raises(InputValueError, match=r"^what_if\(shard=...\) does not take target= yet"):
-        report.what_if(shard=gradscope.DDP(2), target="cuda")
+    ddp = report.what_if(shard=gradscope.DDP(2), target="cuda")  # per rank on the device: NCCL's part modelled
+    assert ddp.device.startswith("cuda") and "NCCL" in str(ddp) and "modelled, not measured" in str(ddp)
+    assert ddp.single == report.what_if(target="cuda").peak != report.what_if().peak
 
 
 _TARGET = """

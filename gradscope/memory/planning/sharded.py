@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from gradscope.errors import InputTypeError
 from gradscope.memory.planning.select import Scaler
-from gradscope.memory.planning.whatif import change_overrides, context, in_forward_order, replay_change, what_if
+from gradscope.memory.planning.whatif import change_overrides, in_forward_order, replay_change, what_if
 from gradscope.memory.sharding.ddp import ddp_step
 from gradscope.memory.sharding.result import ShardedStep
 from gradscope.memory.sharding.specs import DDP, FSDP
@@ -28,14 +28,25 @@ def check_spec(shard) -> DDP | FSDP:
 
 
 def sharded_what_if(
-    report, shard, checkpoint=None, offload=None, batch: float = 1.0, optimizer=None, batch_size=None, baseline=None
+    report,
+    shard,
+    checkpoint=None,
+    offload=None,
+    batch: float = 1.0,
+    optimizer=None,
+    batch_size=None,
+    baseline=None,
+    target=None,
 ) -> ShardedStep:
-    """The step with the change applied and sharded by ``shard`` (see :func:`gradscope.memory.sharding`)."""
+    """The step with the change applied and sharded by ``shard`` (see :func:`gradscope.memory.sharding`), on
+    the device the graph was built on or ``target`` (``"cuda"``: the device's parts modelled, not measured)."""
+    from gradscope.memory.targets import resolve as resolve_target
+
     spec = check_spec(shard)
-    wi = what_if(report, checkpoint, offload, batch, optimizer, batch_size, baseline)
-    ov, _, regions, off_nodes = change_overrides(
-        report, wi.checkpoint, wi.offload, wi.batch, Scaler(report.graph, wi.batch_size) if wi.batch != 1 else None
-    )
+    wi = what_if(report, checkpoint, offload, batch, optimizer, batch_size, baseline, target)
+    scaler = Scaler(report.graph, wi.batch_size) if wi.batch != 1 else None
+    dev = None if target is None else resolve_target(target)
+    ov, _, regions, off_nodes = change_overrides(report, wi.checkpoint, wi.offload, wi.batch, scaler, dev)
     grown = 0
     if wi.batch != 1:  # what_if adds the loss buffer's growth to its replay; the runs below add it too
         grown = wi.peak - replay_change(report, ov, regions, off_nodes, optimizer).absolute_peak
@@ -48,7 +59,7 @@ def sharded_what_if(
         mem.absolute_peak += grown
         return mem
 
-    device = context(report)["device"]
+    device = wi.device
     change = wi.change()
     if isinstance(spec, DDP):
         step = ddp_step(report.graph, spec, run, before=wi.before, single=wi.peak, change=change, device=device)

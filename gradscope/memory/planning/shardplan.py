@@ -115,7 +115,7 @@ def shard_plan(report, budget, optimizer=None, shard="auto", *, margin: float = 
         specs: list[DDP | FSDP] = [FSDP(w, modules=modules, reshard_after_forward=False) for w in _WORLDS if w > 1]
     else:
         specs = [check_spec(shard)]
-    device = context(report)["device"]
+    device = context(report)["device"] if kw.get("target") is None else what_if(report, **kw).device
     best = None
     previous = None  # the best ceiling at the previous world size
     for spec in specs:
