@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from itertools import repeat
 
+from gradscope.memory.kernels.layout import layout_clones, reshape_views
 from gradscope.memory.replay.engine import Program, engine_order, node_extras, numel_bytes
 from gradscope.memory.replay.gradients import (
     EXPANDED,
@@ -150,6 +151,8 @@ def simulate(
     ext = node_extras(prog)
     wsd = workspace if workspace is None or type(workspace) is dict else by_node(workspace, leaf)
     track_done = bool(recompute)
+    as_view = reshape_views(prog)  # NOTE [gradient layout]: the reshapes that copy, or view a piece
+    clones = layout_clones(prog)  # gradients AccumulateGrad clones to the parameter's layout
 
     given: set = set()  # parameters whose .grad a traced reentrant region's nested backward set
     shared = shared_leaves(prog)  # leaf index -> name, for the parameters such regions use too
@@ -173,7 +176,7 @@ def simulate(
                 given.add(shared[v])
             if g is None:
                 pass
-            elif not has_grad.get(v) and impl_refs.get(g) == 1 and impl_view.get(g) not in EXPANDED:
+            elif not has_grad.get(v) and impl_refs.get(g) == 1 and impl_view.get(g) not in EXPANDED and v not in clones:
                 grads_kept += st_bytes.get(impl_storage[g], 0)  # stolen: it becomes .grad
             else:
                 mem.level, mem.high, mem.cur = level, high, v
@@ -232,7 +235,7 @@ def simulate(
         else:
             mem.level, mem.high, mem.cur = level, high, v
             alpha = extra_attrs.get("alpha", 1) if extra_attrs is not None else 1
-            sent = outputs(v, names[v], inputs, es, needs[v], gbytes, mem, grad_scale, alpha)
+            sent = outputs(v, names[v], inputs, es, needs[v], gbytes, mem, grad_scale, alpha, as_view.get(v))
             level, high = mem.level, mem.high
             pending = [(u, k, g) for (u, k), g in zip(es, sent) if g is not None]
         extra = wsd.get(v, 0) if wsd is not None else 0
