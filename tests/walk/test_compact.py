@@ -31,7 +31,7 @@ def _compact_agrees(root, params) -> None:
     assert report._graph is None                      # nothing built the DiGraph so far
     view = report.peek_graph()
     # the checks read the compact form: node dicts only for what the fast path left to the general
-    # reader, the roots, and the nodes a finding names (a full scan made every node's dict: issue 15)
+    # reader, the roots, and the nodes a finding names (a full scan made every node's dict)
     compact = view.compact
     named = {int(f.node[1:]) for f in report.findings if f.node in view}
     made = set(compact._dicts)
