@@ -2,7 +2,8 @@
 
 Each case is a small model whose backward peak sits inside one node with temporaries no graph shows: a
 depthwise convolution on a channels-last input, a ConvNeXt block, a custom Function's backward, Embedding,
-Logsumexp, LayerNorm, Addmm. The truth is one profiled step (tests/_memtruth.py).
+Logsumexp, LayerNorm, Addmm, a bidirectional LSTM (a strided gradient from ``cat``). The truth is one
+profiled step (tests/_memtruth.py).
 """
 
 from __future__ import annotations
@@ -99,6 +100,11 @@ def _addmm():
     return m, lambda: m(x).pow(2).mean()
 
 
+def _bilstm():  # the directions' outputs are catenated: each backward gets a strided slice (and copies it)
+    m, x = nn.LSTM(8, 16, bidirectional=True), torch.randn(6, 2, 8)
+    return m, lambda: m(x)[0].pow(2).mean()
+
+
 CASES = {
     "depthwise conv, channels-last": _dwconv,
     "depthwise conv, channels-last, sum": _dwconv_sum,
@@ -108,6 +114,7 @@ CASES = {
     "Logsumexp": _logsumexp,
     "LayerNorm": _layer_norm,
     "Addmm, small": _addmm,
+    "bidirectional LSTM": _bilstm,
 }
 
 

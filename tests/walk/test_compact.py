@@ -4,7 +4,7 @@
   what the same code answers from ``report.graph``, and ``report.graph`` is built only when touched.
 * The fast path of the walk and the general saved-slot reader (``walk/saved.py``) give the same node
   attributes, edges and graph attributes on every test graph (NOTE [walk fast path]).
-Graphs: tests/_walk_graphs.py (every walk branch) and random programs of the differential fuzzer.
+Graphs: tests/walk/_graphs.py (every walk branch) and random programs of the differential fuzzer.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from gradscope.checks import run_checks
 from gradscope.report import held_bytes
 from gradscope.views.text import top_nodes
 from gradscope.walk.build import build, flatten_roots, param_names
-from tests._walk_graphs import GRAPHS
 from tests.fuzz._program import programs, run_program
+from tests.walk._graphs import GRAPHS
 
 _FUZZ = settings(max_examples=40, deadline=None, derandomize=True, database=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

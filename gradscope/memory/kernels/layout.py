@@ -38,7 +38,9 @@ _TRANSPOSES = ("TransposeBackward0", "TransposeBackward1")
 #: Formulas that send ``grad.reshape(input sizes)``: a view when the strides allow it, else a copy.
 RESHAPES = frozenset({"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0"})
 _VIEWS = RESHAPES | {"SqueezeBackward0", "UnsqueezeBackward0"}
-_PIECES = ("CatBackward0",)
+#: Formulas that send each input a slice of the gradient they received: ``cat`` a narrowed piece (the
+#: whole gradient's strides), ``stack`` one ``select`` (those strides without its ``dim``).
+_PIECES = ("CatBackward0", "StackBackward0")
 #: Formulas whose gradients are new contiguous tensors whatever the layouts they read.
 CONTIGUOUS_OUT = frozenset({"NativeLayerNormBackward0", "BmmBackward0"})
 #: Matrix products: an input's gradient is column-major when that input was (``mm_mat1_backward``,
@@ -180,8 +182,14 @@ def _sent(prog, consumers: dict, v: int, c: int, shape: list, depth: int) -> tup
         if up is None:
             return (None, True) if known else (_own_output_stride(prog, v, shape), False)
         return _dense_or_none(shape, reshape_stride(list(out), up, shape)), known
-    if name in _PIECES:  # a narrowed piece keeps the whole gradient's strides
-        return _dense_or_none(shape, up if up is not None else contiguous(list(out))), known
+    if name in _PIECES:  # a slice keeps the whole gradient's strides (stack: but for its dim)
+        whole = up if up is not None else contiguous(list(out))
+        if name == "StackBackward0":
+            dim = int((prog.attrs[c].get("attrs") or {}).get("dim", 0)) % max(len(out), 1)
+            whole = whole[:dim] + whole[dim + 1 :]
+        if len(whole) != len(shape):
+            return None, False
+        return _dense_or_none(shape, whole), known
     if list(out) != list(shape) or not _pointwise(prog, c, shape):
         return None, False
     if up is None or any(up):
@@ -270,8 +278,9 @@ def reshape_views(prog) -> dict:
 def _channels_last(entry: dict) -> bool:
     """Whether a saved 4-d tensor's recorded strides make torch's ``suggest_memory_format`` say
     channels-last (strides ordered N, H, W, C, and not also contiguous)."""
-    shape, stride = entry.get("shape") or [], entry.get("stride")
-    if len(shape) != 4 or _dense_or_none(shape, stride) is None:
+    shape = entry.get("shape") or []
+    stride = _dense_or_none(shape, entry.get("stride")) if len(shape) == 4 else None
+    if stride is None:
         return False
     order = sorted(range(4), key=lambda d: (-stride[d], d))
     return order == [0, 2, 3, 1]
