@@ -295,12 +295,22 @@ def eval_shape(text: str) -> list:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+#: NOTE [in-place on a slice] (tracing/probes.py); docs/memory.md "Accuracy".
+_HIDDEN = (
+    "an in-place write through a view (CopySlices) hides the node of the write: its backward's temporaries "
+    "(a copy of the written slice's gradient and the hidden node's own) are not visible, nor the tensors it "
+    "saved (freed here, so the levels after it can be higher than torch's)"
+)
+
+
 def prepare(sig: dict, run_custom: bool):
     """A callable that runs the node's backward once on fresh tensors (its result kept by the caller).
 
     Raises:
         Unmeasurable: the node cannot be rebuilt; the message says why.
     """
+    if sig["op"] == "CopySlices":
+        raise Unmeasurable(_HIDDEN)
     if sig.get("function"):
         if not run_custom:
             raise Unmeasurable(
