@@ -53,20 +53,33 @@ def offload(world: int, **kw):
     return gradscope.FSDP(world, offload_policy=CPUOffloadPolicy(pin_memory=False), **kw)
 
 
-def _split(names, measured) -> tuple[dict, dict]:
-    """Per name, per run, each rank's peak; and each rank's host peak under CPU offload (see _shardtruth)."""
+def _split(names, measured) -> tuple[dict, dict, dict]:
+    """Per name, per run, each rank's peak; each rank's host peak under CPU offload; and per rank what
+    gradscope said inside it on the wrapped model (configs with ``"inspect"``; see _shardtruth)."""
     peaks = {n: [[r["peak"] for r in run] for run in runs] for n, runs in zip(names, measured)}
     hosts = {n: [[r.get("host") for r in run] for run in runs] for n, runs in zip(names, measured)}
-    return peaks, hosts
+    seen = {n: [r.get("inspected") for r in runs[0]] for n, runs in zip(names, measured)}
+    return peaks, hosts, seen
+
+
+def check_inspected(seen, wi, what):
+    """Inside each rank, ``inspect(loss, model=wrapped)`` read the spec and the rank, and ``what_if()`` gave
+    the per-rank step the unsharded model's ``what_if(shard=spec)`` gives (``wi``)."""
+    for r, got in enumerate(seen):
+        assert got["rank"] == got["wi_rank"] == r and got["spec"] == wi.spec.label(), (what, r, got)
+        assert [tuple(x) for x in got["ranks"]] == wi.ranks, (what, r, got["ranks"], wi.ranks)
 
 
 @pytest.fixture(scope="module")
 def fast_truth():
     """The fast subset, measured in one process group: DDP default and bucket view, FSDP2 reshard True with
-    the parameters in float32, in bfloat16 (float32 reduce), and in float32 with CPU offload."""
-    cfgs = [DDP_CONFIGS[n][0] for n in FAST] + list(FSDP_FAST.values())
-    peaks, hosts = _split(FAST + list(FSDP_FAST), measure("mlp", cfgs, world=2, runs=3, key="all"))
-    return peaks | {"host": hosts["fsdp-offload"]}
+    the parameters in float32, in bfloat16 (float32 reduce), and in float32 with CPU offload; gradscope inside
+    each rank on the wrapped model too, except under bfloat16 (the rank's graph is then in bfloat16)."""
+    cfgs = [{**DDP_CONFIGS[n][0], "inspect": True} for n in FAST] + [
+        {**c, "inspect": not c.get("mp")} for c in FSDP_FAST.values()
+    ]
+    peaks, hosts, seen = _split(FAST + list(FSDP_FAST), measure("mlp", cfgs, world=2, runs=3, key="all"))
+    return peaks | {"host": hosts["fsdp-offload"], "inspected": seen}
 
 
 def check_range(wi, runs, what):
@@ -100,16 +113,19 @@ def _check_ddp(name, runs):
     for run in runs:
         for measured in run:
             assert abs(wi.peak - measured) <= 0.001 * measured, (name, wi.peak, runs)
+    return wi
 
 
 @pytest.mark.parametrize("name", FAST)
 def test_ddp_per_rank_peak_matches_the_profiler(fast_truth, name):
-    _check_ddp(name, fast_truth[name])
+    wi = _check_ddp(name, fast_truth[name])
+    check_inspected(fast_truth["inspected"][name], wi, name)  # the same numbers from inside each rank
 
 
 def test_fsdp2_fp32_reshard_per_rank_range_holds_every_run(fast_truth):
     wi = predict("mlp", gradscope.FSDP(2))
     check_range(wi, fast_truth["fsdp"], "fsdp")
+    check_inspected(fast_truth["inspected"]["fsdp"], wi, "fsdp")
     assert wi.peak == wi.peak_range[0] < wi.single  # sharding saves memory on this step
     text = str(wi)
     assert "what if: FSDP(2), per rank" in text and "sharded parameters" in text and "reduce-scatter" in text
@@ -128,6 +144,7 @@ def test_fsdp2_cpu_offload_per_rank_range_and_host_hold_every_run(fast_truth):
     wi = predict("mlp", offload(2))
     check_range(wi, fast_truth["fsdp-offload"], "fsdp-offload")
     check_host(wi, fast_truth["host"], "fsdp-offload")
+    check_inspected(fast_truth["inspected"]["fsdp-offload"], wi, "fsdp-offload")
     assert wi.ranks == predict("mlp", gradscope.FSDP(2)).ranks  # on the CPU the device is the host
     assert sum(wi.host_parts[0].values()) == wi.host[0] and wi.host_parts[0]["gradients (sharded)"] > 0
     text = str(wi)
@@ -266,10 +283,11 @@ def _grid_truth(model: str, world: int) -> dict:
     if (model, world) not in _GRID_TRUTH:
         keys = [k for k in GRID if k[:2] == (model, world)]
         keys += [(*k, "offload") for k in OFFLOAD_GRID if k[:2] == (model, world)]
-        cfgs = [{"kind": "fsdp", "reshard": k[2], "ckpt": k[3], "mp": k[4] == "bf16", "offload": k[4] == "offload"}
-                for k in keys]
-        peaks, hosts = _split(keys, measure(model, cfgs, world=world, runs=3, key="all"))
+        cfgs = [{"kind": "fsdp", "reshard": k[2], "ckpt": k[3], "mp": k[4] == "bf16", "offload": k[4] == "offload",
+                 "inspect": not k[3] and k[4] != "bf16"} for k in keys]
+        peaks, hosts, seen = _split(keys, measure(model, cfgs, world=world, runs=3, key="all"))
         _GRID_TRUTH[(model, world)] = peaks | {(*k, "host"): v for k, v in hosts.items() if k[4] == "offload"}
+        _GRID_TRUTH[(model, world)] |= {(*k, "inspected"): v for k, v in seen.items() if not k[3] and k[4] != "bf16"}
     return _GRID_TRUTH[(model, world)]
 
 
@@ -284,6 +302,8 @@ def test_fsdp2_cpu_offload_grid_per_rank_range_and_host_hold_every_run(model, wo
                  checkpoint=SHARDED[model] if ckpt else None)
     check_range(wi, truth[key], key)
     check_host(wi, truth[(*key, "host")], key)
+    if not ckpt:
+        check_inspected(truth[(*key, "inspected")], wi, key)
 
 
 @pytest.mark.parametrize("model, world, reshard, ckpt, prec", _grid_params())
@@ -296,6 +316,8 @@ def test_fsdp2_grid_per_rank_range_holds_every_run(model, world, reshard, ckpt, 
     spec = gradscope.FSDP(world, modules=[SHARDED[model]], reshard_after_forward=reshard, mp_policy=mp)
     wi = predict(model, spec, checkpoint=SHARDED[model] if ckpt else None)
     check_range(wi, runs, key)
+    if not ckpt and prec != "bf16":  # the prediction made inside each rank on the fully_shard-ed model
+        check_inspected(_grid_truth(model, world)[(*key, "inspected")], wi, key)
 
 
 def _gpt_report(name: str = "gpt"):
