@@ -25,8 +25,8 @@ from tests._memtruth import measure, storage_bytes  # noqa: E402
 from tests.memory.test_backward_memory import PEAK_MISSES  # noqa: E402
 
 warnings.filterwarnings("ignore")
-COST_TARGET = 1.0  # the issue's target: the replay costs at most one inspect()
-COST_AIM = 0.7  # what issue 12's cost work aimed at (inspect() is being made faster too): reported, not gated
+COST_TARGET = 1.0  # the target: the replay costs at most one inspect()
+COST_AIM = 0.7  # what the replay's cost work aimed at (inspect() is being made faster too): reported, not gated
 
 
 def _memtracker_peak(name: str):

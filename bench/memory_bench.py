@@ -1,6 +1,6 @@
 """Memory predictions against torch's own measurements, and what they cost.
 
-Part 1, ``report.backward_memory()`` (issue 12), per model of ``tests/_memmodels.py``: the predicted
+Part 1, ``report.backward_memory()``, per model of ``tests/_memmodels.py``: the predicted
 backward peak and absolute step peak (AdamW) against torch.profiler's memory events (CPU), the error, the
 same for torch's ``MemTracker`` under ``FakeTensorMode`` (its peak over the whole step against the
 profiler's; failures marked), and the replay's cost as a ratio to ``inspect()`` (target: at most 1x, the

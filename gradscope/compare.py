@@ -10,10 +10,14 @@ from __future__ import annotations
 import html
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gradscope._format import human_bytes
 from gradscope.errors import InputTypeError
 from gradscope.memory.table import MemoryRow, memory
+
+if TYPE_CHECKING:
+    from gradscope.report import Report
 
 __all__ = ["diff", "Diff"]
 
@@ -170,7 +174,7 @@ def _check(report, which: str) -> None:
         )
 
 
-def diff(report_a, report_b, *, depth: int | None = None) -> Diff:
+def diff(report_a: Report, report_b: Report, *, depth: int | None = None) -> Diff:
     """Compare two reports: op kinds, parameters, saved bytes per module, findings, totals.
 
     Args:

@@ -13,7 +13,7 @@ allocated before it started). Markers: ``gs::forward``, ``gs::backward``, ``gs::
     truth.peak, truth.end, truth.step_peak (relative to the start of backward), truth.absolute_peak
     truth.report       # what inspect returned (taken inside the profiled run, before backward)
 
-``absolute_peak`` is issue 13's: the bytes alive before the forward (parameters, buffers, inputs, .grads
+``absolute_peak`` is what-if planning's: the bytes alive before the forward (parameters, buffers, inputs, .grads
 and optimizer state, counted from the objects, each storage once) plus the running sum's highest point
 from the end of the forward to the end of the step.
 """
@@ -178,6 +178,6 @@ def measure(forward, *, inspect=None, optimizer=None, retain_graph=False, before
             else:
                 truth.nested.append(op_name(val))
             depth -= 1
-    # forward-end -> step-end (issue 13): what existed before + what the forward left + the highest point
+    # forward-end -> step-end: what existed before + what the forward left + the highest point
     truth.absolute_peak = truth.before + high_after_fwd if fwd_end is not None else 0
     return truth

@@ -55,7 +55,7 @@ def _wrap(model, cfg: dict, world: int):
     if cfg.get("mp"):
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     if cfg.get("offload"):
-        kw["offload_policy"] = CPUOffloadPolicy()
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=False)  # pinning needs an accelerator
     done: list[str] = []  # the outermost module of each match, as gradscope.FSDP reads ``modules``
     for name, _ in model.named_modules():
         if fnmatch.fnmatchcase(name, cfg.get("modules", SHARDED[cfg["model"]])):
@@ -69,8 +69,8 @@ def _wrap(model, cfg: dict, world: int):
     return model
 
 
-def _curve(prof, marker: str) -> dict:
-    events, mem = trace_events(prof)
+def _curve(traced, marker: str) -> dict:
+    events, mem = traced
     start = min(e["ts"] for e in events if e.get("name") == marker)
     level, peak, at_start = 0, 0, None
     for e in mem:
@@ -105,11 +105,38 @@ def _one(rank: int, world: int, model_name: str, model_kw: dict, cfg: dict, n: i
         with record_function("gradscope-test::step"):
             loss = loss_of(model(x))
             loss.backward()
-            if opt is not None:
-                opt.step()
+            held = _host_held(model, opt)
+            stepped = opt is not None
+            if stepped:
+                with record_function("gradscope-test::optstep"):
+                    opt.step()
         del loss, model, opt
     gc.enable()
-    return _curve(prof, "gradscope-test::step")
+    traced = trace_events(prof)
+    out = _curve(traced, "gradscope-test::step")
+    if stepped:  # the host's peak under CPU offload: what it holds at the step's start plus the step's rise
+        step = _curve(traced, "gradscope-test::optstep")
+        out["host"] = held + step["peak"] - step["start"]
+    return out
+
+
+def _host_held(model, opt) -> int:
+    """Bytes of the storages of the local shards, their gradients and the optimizer state (each storage once)."""
+    seen: dict = {}
+
+    def add(t) -> None:
+        if isinstance(t, torch.Tensor):
+            t = getattr(t, "_local_tensor", t)
+            st = t.untyped_storage()
+            seen[st.data_ptr() or id(t)] = st.nbytes()
+
+    for p in model.parameters():
+        add(p)
+        add(p.grad)
+    for st in (opt.state.values() if opt is not None else ()):
+        for v in st.values():
+            add(v)
+    return sum(seen.values())
 
 
 def _worker(rank: int, port: int, world: int, model_name: str, model_kw: dict, cfgs: list, runs: int, n: int,
@@ -127,12 +154,14 @@ def _worker(rank: int, port: int, world: int, model_name: str, model_kw: dict, c
 
 
 def measure(model_name: str, cfgs: list[dict], world: int = 2, runs: int = 1, n: int = 8,
-            model_kw: dict | None = None) -> list[list[list[int]]]:
-    """Per config, per run, each rank's peak (bytes): ``out[config][run][rank]``; one process group for all."""
+            model_kw: dict | None = None, key: str = "peak") -> list[list[list[int]]]:
+    """Per config, per run, each rank's peak (bytes): ``out[config][run][rank]``; one process group for all.
+    ``key="all"``: each rank's whole record (``peak``; ``host``, the host's peak under CPU offload)."""
     with tempfile.TemporaryDirectory() as out:
         mp.spawn(_worker, args=(free_port(), world, model_name, model_kw or {}, cfgs, runs, n, out), nprocs=world)
         per_rank = [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(world)]
-    return [[[per_rank[r][c][k]["peak"] for r in range(world)] for k in range(runs)] for c in range(len(cfgs))]
+    return [[[per_rank[r][c][k] if key == "all" else per_rank[r][c][k][key] for r in range(world)]
+             for k in range(runs)] for c in range(len(cfgs))]
 
 
 if __name__ == "__main__":

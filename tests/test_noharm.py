@@ -283,7 +283,7 @@ def test_50k_chain_scenario_alone(scenario, tmp_path):
     _run_script(_script([scenario], tmp_path))
 
 
-# -- deep graphs owned last by someone else than the loss (issue 16) ---------------------------------
+# -- deep graphs owned last by someone else than the loss ---------------------------------
 _OWNED_LATER = """
 import gc, time, torch, gradscope
 from gradscope.walk.release import pending
@@ -312,8 +312,8 @@ print("survived")
 
 
 def test_deep_graph_freed_by_a_later_tensor_and_a_kept_activation():
-    # free_after_inspect_segv.py + free_midchain_segv.py: torch alone frees these; after inspect() the
-    # last drop (of y, then of mid) used to overflow the C stack.
+    # a deep graph freed through a later tensor, and one freed from the middle: torch alone frees these;
+    # after inspect() the last drop (of y, then of mid) used to overflow the C stack.
     code = f"N = 120_000\n{_OWNED_LATER}"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONFAULTHANDLER": "1"})

@@ -14,6 +14,7 @@ PUBLIC = [
     gradscope.inspect,
     gradscope.trace,
     gradscope.load,
+    gradscope.diff,
     gradscope.watch,
     Watch.remove,
     Watch.flow_svg,

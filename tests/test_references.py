@@ -1,9 +1,10 @@
 """Everything a maintainer is pointed at is inside the repository: no reference to the torch-facts document
-that lived outside it, no absolute path of a development machine, and every ``internals.md#section`` link
-names a section of docs/internals.md."""
+that lived outside it, no absolute path of a development machine, every ``internals.md#section`` link
+names a section of docs/internals.md, and every entry there names tests that exist."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -60,3 +61,42 @@ def test_every_internals_link_names_a_section():
 def test_the_scans_see_what_they_look_for():
     assert MACHINE_PATH.search("see " + "/ho" + "me/me/x.py") and not MACHINE_PATH.search("a/home/b")
     assert _slug("Measuring memory with torch.profiler") == "measuring-memory-with-torchprofiler"
+    named = _named_tests("Checked by `test_a`; `tests/x.py::test_b` and `tests/y.py`.")
+    assert [(p.name, n) for p, n in named] == [("test_torch_facts.py", "test_a"), ("x.py", "test_b"), ("y.py", None)]
+
+
+def _test_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def _named_tests(section: str) -> list[tuple[Path, str | None]]:
+    """The tests a section of docs/internals.md names: ``path::name``, a test file, or a bare ``test_...``
+    of tests/walk/test_torch_facts.py (path, None for a whole file)."""
+    out: list[tuple[Path, str | None]] = []
+    for ref in re.findall(r"`([^`\s]+)`", section):
+        if "::" in ref:
+            path, name = ref.split("::", 1)
+            out.append((ROOT / path, name))
+        elif ref.startswith("tests/") and ref.endswith(".py"):
+            out.append((ROOT / ref, None))
+        elif re.fullmatch(r"test_\w+", ref):
+            out.append((ROOT / "tests" / "walk" / "test_torch_facts.py", ref))
+    return out
+
+
+def test_every_internals_entry_names_tests_that_exist():
+    text = (ROOT / "docs" / "internals.md").read_text(encoding="utf-8")
+    sections = re.split(r"^## ", text, flags=re.M)[1:]
+    assert len(sections) > 20
+    bad, seen = [], 0
+    for section in sections:
+        title = section.splitlines()[0]
+        named = _named_tests(section)
+        if not named:
+            bad.append(f"{title}: names no test")
+        for path, name in named:
+            seen += 1
+            if not path.is_file() or (name is not None and name not in _test_names(path)):
+                bad.append(f"{title}: {path.relative_to(ROOT)}{'::' + name if name else ''} does not exist")
+    assert seen > 40 and not bad, "docs/internals.md names tests that do not exist:\n" + "\n".join(bad)

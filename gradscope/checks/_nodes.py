@@ -9,7 +9,7 @@ def node_items(graph, nodes=None):
     """``(id, attrs)`` of ``nodes`` (ids in graph order), or of every node when ``nodes`` is None.
 
     ``inspect`` passes the nodes its walk did not read on the fast path (NOTE [walk fast path] in
-    ``_walk.py``): only those can hold a stale, freed or opaque slot or be an opaque region, so checks
+    ``walk/loop.py``): only those can hold a stale, freed or opaque slot or be an opaque region, so checks
     that look for those need not scan the whole graph.
     """
     if nodes is None:

@@ -1,4 +1,4 @@
-"""``gradscope diff a.json b.json``: the click command (registered in ``gradscope/cli.py``)."""
+"""``gradscope diff a.json b.json``: the click command (registered in ``gradscope/cli/commands.py``)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Prints the step budget and backward's peak (``report.backward_memory()``); with 
 the predicted absolute peak exceeds it (a CI gate for "this config still fits"). Same TARGET rules as
 ``render``/``check``; the optimizer is built over the model TARGET returns.
 
-Hook for planning (issue 13): when ``gradscope/cli/planning.py`` exists, its ``PLAN_OPTION`` adds
+Hook for planning: when ``gradscope/cli/planning.py`` exists, its ``PLAN_OPTION`` adds
 ``--plan`` here and ``print_plan(report, budget, optimizer, svg=..., echo=...)`` prints the plan and gives
 the exit code.
 """

@@ -25,7 +25,9 @@ CPU gives them. Other ops whose CPU kernel depends on layout or flags (``max_poo
 with the same saved shapes on meta. Recurrent layers do not: CPU runs oneDNN's RNN
 layer for ``nn.LSTM`` and computes the input projections of every step at once for ``nn.GRU`` / ``nn.RNN``,
 CUDA runs cuDNN, meta the cell-by-cell path; inside this context such a call on meta tensors raises
-:class:`~gradscope.errors.InputValueError` naming the layer, rather than answer for another graph.
+:class:`~gradscope.errors.InputValueError` naming the layer, rather than answer for another graph. (Meta's own
+``mkldnn_rnn_layer`` builds CPU's LSTM node but saves an empty workspace where oneDNN saves one whose size
+only its primitive knows, so routing the LSTM there would match the names and not the bytes.)
 Measured on torch 2.13 (tests/memory/test_meta_equals_cpu.py): the ops that differ are these and
 ``F.embedding_bag`` (its ``max_indices`` has one entry per bag on CPU and none on meta: 8 bytes a bag).
 """

@@ -1,7 +1,7 @@
 """``report.memory()``: where the saved-tensor memory goes, per module, per op kind or per node.
 
 Each saved storage is counted once and attributed to the first node that saved it in forward creation
-order (see NOTE [one storage, one owner] in ``_memory_attr.py``), so the table's activations plus
+order (see NOTE [one storage, one owner] in :mod:`gradscope.graph.attribution`), so the table's activations plus
 parameters equal ``report.saved_bytes`` exactly.
 """
 

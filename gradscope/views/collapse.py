@@ -2,7 +2,7 @@
 
 Pure functions over ``report.graph``. :func:`build_view` decides, for every node, whether it is drawn on
 its own or inside a group box (a collapsed module or a folded run of repetition), and which module
-cluster it sits in. See NOTE [inferring modules] (gradscope/graph.py) and, in :mod:`gradscope.views.folds`,
+cluster it sits in. See NOTE [inferring modules] (gradscope/graph/modules.py) and, in :mod:`gradscope.views.folds`,
 NOTE [folding repetition].
 """
 
@@ -31,7 +31,7 @@ __all__ = [
     "cut_site",
 ]
 
-# Module attribution: NOTE [inferring modules] in gradscope/graph.py (one answer for the picture and
+# Module attribution: NOTE [inferring modules] in gradscope/graph/modules.py (one answer for the picture and
 # report.memory()).
 
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}

@@ -126,7 +126,7 @@ def _stale(arg, tensor):
         if m:
             return int(m.group(1)), int(m.group(2))
         if "its base or another view of its base has been modified inplace" in str(exc):
-            return tensor._version, None  # a split/unbind view whose base was written (issue 16)
+            return tensor._version, None  # a split/unbind view whose base was written
     return None
 
 

@@ -95,7 +95,7 @@ def read_saved(node, info: NodeType, storages: StorageIds) -> tuple[list[dict], 
         return saved, attrs
     if info.name == COPY_SLICES:  # NOTE [CopySlices formula]
         return read_copyslices(node, storages)
-    # The common case (a live, never-written slot) is read inline by _walk.py; this is the general path.
+    # The common case (a live, never-written slot) is read inline by fast.py; this is the general path.
     for s, raw_attr, attr in info.tensor_slots:
         try:
             raw = getattr(node, raw_attr)
@@ -200,7 +200,7 @@ def _check_custom_versions(node, saved: list) -> None:
         _ = node.saved_tensors
     except RuntimeError as exc:
         m = VERSION_RE.search(str(exc))
-        if not m and VIEW_MARK in str(exc):  # a saved split/unbind view whose base was written (issue 16)
+        if not m and VIEW_MARK in str(exc):  # a saved split/unbind view whose base was written
             for e in saved:
                 if e["status"] == "live" and e.get("_version", 0) > 0:
                     e.update(status="stale", version=e["_version"], saved_version=None)

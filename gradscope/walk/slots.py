@@ -52,7 +52,7 @@ HELD = ("live", "stale", "hooked")
 
 VERSION_RE = re.compile(r"is at version (\d+); expected version (\d+)")
 # Both torch messages for a multi-output view (split/unbind) whose base was written in place: "Output 1 of
-# Split is a view and its base ..." and "A view was created in no_grad mode and its base ..." (issue 16).
+# Split is a view and its base ..." and "A view was created in no_grad mode and its base ...".
 VIEW_MARK = "its base or another view of its base has been modified inplace"
 FREED_MARK = "backward through the graph a second time"
 
@@ -69,7 +69,7 @@ class StorageIds:
     def __init__(self) -> None:
         self.ids: dict[int, int] = {}
         self.sizes: list[int] = []
-        self.frames: set[int] = set()  # checkpoint frames already listed this walk (_checkpoint.py)
+        self.frames: set[int] = set()  # checkpoint frames already listed this walk (checkpoint.py)
         self.uses: list[int] = []  # storage use count at first sight: NOTE [holder counts], walk/holders.py
         self.impls: dict[int, list] = {}
         self.regions: dict[int, tuple] = {}  # id(checkpoint frame) -> (region number, {id(holder): i})

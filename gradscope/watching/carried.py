@@ -69,17 +69,19 @@ def tensors_in(value, label: str, objects: bool = True, cap: int = _OBJECTS) -> 
 def state_tensors(modules: list[tuple[str, torch.nn.Module]]) -> list[tuple[str, torch.Tensor]]:
     """``(description, tensor)`` for each tensor with a ``grad_fn`` held in a module attribute or buffer."""
     out: list[tuple[str, torch.Tensor]] = []
-    for name, m in modules:
-        for key, v in m.__dict__.items():
+    for name, m in modules:  # this runs on every step: the common attributes cost one set lookup each
+        d = m.__dict__
+        buffers = d.get("_buffers")
+        if buffers:
+            out.extend((_said("buffer", k, name, m), b) for k, b in buffers.items() if b is not None and b.grad_fn)
+        for key, v in [(k, d[k]) for k in d if k not in _MODULE_KEYS and type(d[k]) not in _PLAIN]:
             if key[0] == "_":
-                if key == "_buffers" and v:
-                    out.extend((_said("buffer", k, name, m), b) for k, b in v.items() if b is not None and b.grad_fn)
-                continue
-            if type(v) in _PLAIN:  # most attributes: cheap to pass over (this runs on every step)
                 continue
             if isinstance(v, torch.Tensor):
                 if v.grad_fn is not None:
                     out.append((_said("attribute", key, name, m), v))
+            elif isinstance(v, (list, tuple)) and all(type(x) in _PLAIN for x in v[:_ITEMS]):
+                continue  # a shape, a tuple of flags
             elif isinstance(v, (list, tuple, dict)):
                 out.extend(
                     (_said("attribute", path, name, m), t)
@@ -90,6 +92,7 @@ def state_tensors(modules: list[tuple[str, torch.nn.Module]]) -> list[tuple[str,
 
 
 _PLAIN = frozenset({bool, int, float, str, type(None)})
+_MODULE_KEYS = frozenset(torch.nn.Module().__dict__)  # what every module holds: hooks, _parameters, ...
 
 
 def _said(what: str, key: str, name: str, m: torch.nn.Module) -> str:

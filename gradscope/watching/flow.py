@@ -76,12 +76,12 @@ class Flow:
             self._index[module] = len(self.modules)
             self.modules.append(module)
 
-    def measure(self, got: list[WatchedParam], backward: int, scale: float | None) -> list[BadGrad]:
-        """Norms of the fresh gradients of ``got``; returns the gradients holding NaN/Inf."""
+    def measure(self, params: list[WatchedParam], got: list[int], backward: int, scale: float | None) -> list[BadGrad]:
+        """Norms of the fresh gradients of ``params[i]`` for ``i`` in ``got``; returns those holding NaN/Inf."""
         index = self._index
         wps: list[WatchedParam] = []
         grads: list[torch.Tensor] = []
-        for wp in got:
+        for wp in map(params.__getitem__, got):
             g = wp.param.grad
             if g is None:
                 continue

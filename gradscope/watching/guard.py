@@ -255,17 +255,14 @@ class Watch(ParamHooks):
         elif self._lazy:
             self._materialized(tid)
         self._forwards = 0
-        got: list = []
-        missing: list = []
-        for wp, s in zip(self._params, self._stamp):
-            if wp.param.requires_grad:
-                (got if s >= start else missing).append(wp)
+        params, stamps = self._params, self._stamp
+        got = [i for i, s in enumerate(stamps) if s >= start]  # received one in the window
+        missing = [wp for wp, s in zip(params, stamps) if s < start and wp.param.requires_grad]
         scale = None
         if self._scaler is not None and self._scaler.is_enabled():
             scale = float(self._scaler.get_scale())
-        bad = self._flow.measure(got, self.backwards, scale) if self._check_nonfinite or self._flow.keep else []
-        if not self._check_nonfinite:
-            bad = []
+        bad = self._flow.measure(params, got, self.backwards, scale) if self._check_nonfinite or self._flow.keep else []
+        bad = bad if self._check_nonfinite else []
         birth = self._origin.result() if self._origin is not None else None
         if bad and scale is not None:
             if scale >= 1.0:

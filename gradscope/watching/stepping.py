@@ -125,13 +125,15 @@ class StepJudge:
 
     def _judge(self, opt) -> None:
         seen = self._seen.get(opt)
+        if seen is None:  # remembered even when it holds none of ours, so that its next steps cost one lookup
+            seen = self._seen[opt] = _Seen(opt)
         held = self._indices(opt, seen)
         if not held:
             return  # another model's optimizer
         self.known = True
         guard = self._guard
-        if seen is None:
-            seen = self._seen[opt] = _Seen(opt)
+        if not seen.ours:
+            seen.ours = True
             self._records.append(seen)
         seen.steps += 1
         step, floor = seen.steps, seen.floor
@@ -165,10 +167,11 @@ class StepJudge:
 class _Seen:
     """What a guard remembers of one optimizer (NOTE [judged at the step])."""
 
-    __slots__ = ("opt", "steps", "floor", "backwards", "held", "mark", "key")
+    __slots__ = ("opt", "steps", "floor", "backwards", "held", "mark", "key", "ours")
 
     def __init__(self, opt) -> None:
         self.opt = weakref.ref(opt)
+        self.ours = False  # holds a watched parameter (in the guard's list of records)
         self.steps = self.floor = self.backwards = self.mark = 0
         self.held: set[int] = set()
         self.key: tuple = ()

@@ -1,4 +1,4 @@
-"""Issue 16: missed hazards, "maybe" warnings, places and reasons, messages. Truth comes from torch:
+"""Missed hazards, "maybe" warnings, places and reasons, messages. Truth comes from torch:
 backward() raises or not, ``.grad`` is None or not after it.
 """
 
@@ -38,7 +38,7 @@ def _line(fn, marker: str) -> str:
 
 # -- miss no hazard --------------------------------------------------------------------------------
 def test_split_view_of_an_input_written_with_a_grad_requiring_value():
-    # multioutput_view_of_input_missed.py
+    # a piece of split() of a plain input, written with a grad-requiring value after mul saved it: once missed
     w = nn.Parameter(torch.randn(4))
     xi = torch.randn(4, 4, requires_grad=True)
     x = torch.randn(4, 4)
@@ -53,7 +53,7 @@ def test_split_view_of_an_input_written_with_a_grad_requiring_value():
 
 @pytest.mark.parametrize("saver", ["function", "reentrant", "non-reentrant"])
 def test_split_view_saved_by_custom_function_or_checkpoint(saver):
-    # custom_fn_split_view_missed.py, and the two checkpoint flavours
+    # the same piece saved by a custom Function (once missed), and by the two checkpoint flavours
     class Sq(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
@@ -102,7 +102,8 @@ class _Body(nn.Module):
 
 @pytest.mark.parametrize("bad", [True, False], ids=["sigmoid-then-mul_", "linear-then-relu_"])
 def test_inplace_inside_reentrant_checkpoint(bad):
-    # reentrant_inplace_inside.py: detected with trace(); without it the summary lowers its promise.
+    # an in-place write inside a reentrant checkpoint's forward: detected with trace(); without it the
+    # summary lowers its promise.
     net = _Body(bad)
     x = torch.randn(2, 4, requires_grad=True)
     with warnings.catch_warnings():

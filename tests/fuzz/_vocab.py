@@ -204,7 +204,7 @@ OPS: dict = {
     "fn_exp": lambda P, s, t: ExpF.apply(s),
     "fn_scale": lambda P, s, t: ScaleF.apply(s),
     "fn_mul": lambda P, s, t: MulF.apply(s, t),
-    # issue 16: multi-output views saved (by an op, a custom Function, a reentrant checkpoint), in-place
+    # multi-output views saved (by an op, a custom Function, a reentrant checkpoint), in-place
     # writes inside reentrant checkpoint bodies, backward-hook wrappers, compiled regions
     "split_save": lambda P, s, t: torch.cat([v * P["g"] for v in s.split(1, 0)], 0),
     "unbind_save": lambda P, s, t: torch.stack([v * v for v in s.unbind(0)]),

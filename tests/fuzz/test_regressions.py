@@ -26,7 +26,7 @@ COPYSLICES_HIDES_SAVED = Program((("bmm", 0, 0, "plain"), ("index_add_", 3, 1, "
 def test_checkpoint_input_modified_in_place_is_a_hazard():
     # Found by the fuzzer: checkpoint(use_reentrant=False) keeps its inputs as version-checked
     # SavedTensors in its frame (reachable only through the unpack hook), and backward's recomputation
-    # raises when one was modified in place. Fixed in gradscope/_checkpoint.py.
+    # raises when one was modified in place. Fixed in gradscope/walk/checkpoint.py.
     run = run_program(CKPT_INPUT_MODIFIED)
     report = gradscope.inspect(run.root, params=run.params)
     hazards = [f for f in report.findings if f.kind == "inplace-hazard"]
@@ -106,7 +106,7 @@ CUT_AND_REENTRANT = Program((("addmm", 0, 0, "no_grad"), ("linear", 0, 1, "ckpt_
 def test_cut_parameter_also_used_in_reentrant_checkpoint_is_not_flagged_when_traced():
     # Found by the slow profile (traced): b is cut by a no_grad region (addmm) and also used by linear
     # inside a reentrant checkpoint, which hides it from the walk; torch gives b a gradient. With
-    # trace() the parameters the checkpoint body used are known (issue 16): no finding about b at all.
+    # trace() the parameters the checkpoint body used are known: no finding about b at all.
     with gradscope.trace() as tr:
         run = run_program(CUT_AND_REENTRANT)
     report = gradscope.inspect(run.root, params=run.params, trace=tr)
@@ -167,7 +167,7 @@ DEAD_REGION = Program((("exp", 1, 0, "ckpt_reentrant"), ("matmul", 0, 0, "ckpt_r
 
 
 def test_parameter_used_only_in_a_checkpoint_region_outside_the_graph_is_flagged():
-    # Found by the CI fuzz profile (traced, issue 16): w is used only inside a reentrant checkpoint whose
+    # Found by the CI fuzz profile (traced): w is used only inside a reentrant checkpoint whose
     # input needs no grad, so that region never joins the graph; another region does. The region of each
     # parameter is now its own node (the ctx of its CheckpointFunction.forward frame), not a guess by seq.
     with gradscope.trace() as tr:
@@ -182,7 +182,7 @@ VIEW_IN_REGION = Program((("bmm", 0, 1, "ckpt_reentrant"),), (3,), "sum")
 
 
 def test_parameter_viewed_inside_a_checkpoint_region_is_known():
-    # Found by the slow profile (traced, issue 16): bmm inside a reentrant checkpoint uses
+    # Found by the slow profile (traced): bmm inside a reentrant checkpoint uses
     # u.unsqueeze(0), a view taken under no_grad; the view, not u, was recorded as the region's input.
     with gradscope.trace() as tr:
         run = run_program(VIEW_IN_REGION)

@@ -255,6 +255,20 @@ def test_recurrent_layers_on_meta_are_refused_in_one_sentence(layer):
         assert _graph(layer(8, 8, num_layers=2)(torch.randn(5, 2, 8))[0]) == cpu
 
 
+def test_meta_has_no_onednn_workspace_for_the_lstm_layer():
+    # why the LSTM is refused rather than routed to CPU's layer on meta (docs/memory.md, meta section): meta's
+    # mkldnn_rnn_layer builds the node but its workspace (saved for backward) is empty; oneDNN's is not
+    def layer(device):
+        with torch.device(device):
+            x, h, c = torch.randn(8, 2, 16), torch.zeros(2, 32), torch.zeros(2, 32)
+            w = [torch.randn(128, 16), torch.randn(128, 32), torch.randn(128), torch.randn(128)]
+        return torch.ops.aten.mkldnn_rnn_layer(x, *w, h, c, False, [], 2, 32, 1, True, False, True, False)
+
+    cpu, meta = layer("cpu"), layer("meta")
+    assert [tuple(t.shape) for t in cpu[:3]] == [tuple(t.shape) for t in meta[:3]]
+    assert meta[3].numel() == 0 and cpu[3].numel() > 0  # 53,248 bytes on this machine
+
+
 @pytest.mark.parametrize("name", list(BENCH))
 def test_every_bench_model_equals_cpu_on_meta_or_is_refused(name):
     """The memory bench's models (tests/_memmodels.py): measured equal to the byte on 20 of 22; the LSTM and

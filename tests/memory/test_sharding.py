@@ -33,14 +33,30 @@ def predict(model_name: str, spec, n: int = 8, opt: bool = True, **kw):
 
 
 FAST = ["ddp", "ddp-view"]
-FSDP_FAST = {"fsdp": {"kind": "fsdp"}}
+FSDP_FAST = {"fsdp": {"kind": "fsdp"}, "fsdp-offload": {"kind": "fsdp", "offload": True}}
+
+
+def offload(world: int, **kw):
+    """FSDP2 with CPU offload; unpinned, as a CPU-only torch cannot pin (the truth runs use the same)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    return gradscope.FSDP(world, offload_policy=CPUOffloadPolicy(pin_memory=False), **kw)
+
+
+def _split(names, measured) -> tuple[dict, dict]:
+    """Per name, per run, each rank's peak; and each rank's host peak under CPU offload (see _shardtruth)."""
+    peaks = {n: [[r["peak"] for r in run] for run in runs] for n, runs in zip(names, measured)}
+    hosts = {n: [[r.get("host") for r in run] for run in runs] for n, runs in zip(names, measured)}
+    return peaks, hosts
 
 
 @pytest.fixture(scope="module")
 def fast_truth():
-    """The fast subset, measured in one process group: DDP default and bucket view, FSDP2 fp32 reshard True."""
+    """The fast subset, measured in one process group: DDP default and bucket view, FSDP2 fp32 reshard True
+    without and with CPU offload."""
     cfgs = [DDP_CONFIGS[n][0] for n in FAST] + list(FSDP_FAST.values())
-    return dict(zip(FAST + list(FSDP_FAST), measure("mlp", cfgs, world=2, runs=3)))
+    peaks, hosts = _split(FAST + list(FSDP_FAST), measure("mlp", cfgs, world=2, runs=3, key="all"))
+    return peaks | {"host": hosts["fsdp-offload"]}
 
 
 def check_range(wi, runs, what):
@@ -58,6 +74,13 @@ def check_range(wi, runs, what):
         groups.setdefault((low, high), []).extend(measured)
     for (low, _), measured in groups.items():
         assert min(measured) - low <= 0.01 * min(measured), ("the floor is never reached", what, wi.ranks, runs)
+
+
+def check_host(wi, runs, what):
+    """The host's peak under CPU offload within 0.1% of every run on every rank (it is deterministic)."""
+    for run in runs:
+        for r, measured in enumerate(run):
+            assert abs(wi.host[r] - measured) <= 0.001 * measured, ("host", what, r, wi.host, runs)
 
 
 def _check_ddp(name, runs):
@@ -80,6 +103,52 @@ def test_fsdp2_fp32_reshard_per_rank_range_holds_every_run(fast_truth):
     assert wi.peak == wi.peak_range[0] < wi.single  # sharding saves memory on this step
     text = str(wi)
     assert "what if: FSDP(2), per rank" in text and "sharded parameters" in text and "reduce-scatter" in text
+
+
+def test_fsdp2_cpu_offload_per_rank_range_and_host_hold_every_run(fast_truth):
+    wi = predict("mlp", offload(2))
+    check_range(wi, fast_truth["fsdp-offload"], "fsdp-offload")
+    check_host(wi, fast_truth["host"], "fsdp-offload")
+    assert wi.ranks == predict("mlp", gradscope.FSDP(2)).ranks  # on the CPU the device is the host
+    assert sum(wi.host_parts[0].values()) == wi.host[0] and wi.host_parts[0]["gradients (sharded)"] > 0
+    text = str(wi)
+    assert "FSDP(2, CPU offload)" in text and "on the host (CPU offload)" in text and "the device is the host" in text
+
+
+def _meta_report(name: str):
+    with torch.device("meta"):
+        model = build(name)
+        x = batch(name, 8).to("meta")
+        opt = torch.optim.AdamW(model.parameters())
+    with gradscope.trace(model) as tr:
+        loss = loss_of(model(x))
+    return gradscope.inspect(loss, model=model, trace=tr), opt
+
+
+def test_fsdp2_cpu_offload_on_an_accelerator_moves_shards_grads_and_the_step_to_the_host(fast_truth):
+    """Traced on meta (an accelerator): the device keeps no shard, gradient or optimizer state; the host's side
+    is what the gloo runs measured (the host's memory does not depend on the device)."""
+    report, opt = _meta_report("mlp")
+    kept = report.what_if(optimizer=opt, shard=gradscope.FSDP(2))
+    off = report.what_if(optimizer=opt, shard=offload(2))
+    assert off.device == "meta" and off.peak < kept.peak
+    assert "sharded parameters (padded)" not in off.parts[0] and "sharded parameters (padded)" in kept.parts[0]
+    assert sum(off.parts[0].values()) == off.ranks[0][0]
+    check_host(off, fast_truth["host"], "meta")
+    assert "modelled, not measured" in str(off)
+
+
+def test_plan_on_an_accelerator_offloads_when_checkpointing_is_not_enough():
+    report, opt = _meta_report("mlp")  # parameters outweigh activations: offload saves more than a checkpoint
+    ck = report.what_if(optimizer=opt, shard=gradscope.FSDP(2), checkpoint="blocks.*")
+    off = report.what_if(optimizer=opt, shard=offload(2))
+    assert off.high < ck.high
+    plan = report.plan((off.high + ck.high) // 2, optimizer=opt, shard=gradscope.FSDP(2), margin=0)
+    assert plan.fits and plan.spec.offload and not plan.checkpoint and plan.peak_range == off.peak_range
+    assert "offload_policy=CPUOffloadPolicy()" in plan.code and "CPU offload" in plan.tried[-1]
+    cpu = _gpt_report("mlp")[1].plan(1000, optimizer=opt, shard=gradscope.FSDP(2))
+    assert not cpu.fits and "moves nothing on the CPU" in str(cpu)
+    assert not any("offload" in t for t in cpu.tried)
 
 
 @pytest.mark.slow
@@ -150,13 +219,33 @@ def _grid_params():
 _GRID_TRUTH: dict = {}
 
 
+# CPU offload on the MLP stack and the transformer, the same settings: the per-rank range and the host's peak
+OFFLOAD_GRID = [k for k in GRID if k[0] in ("mlp", "gpt")]
+
+
 def _grid_truth(model: str, world: int) -> dict:
-    """All configs of one model and world size, measured in one process group (3 runs each)."""
+    """All configs of one model and world size, measured in one process group (3 runs each); a key with
+    ``"offload"`` appended is the config with CPU offload, and ``"host"`` appended to that its host's peaks."""
     if (model, world) not in _GRID_TRUTH:
         keys = [k for k in GRID if k[:2] == (model, world)]
-        cfgs = [{"kind": "fsdp", "reshard": r, "ckpt": c} for _, _, r, c in keys]
-        _GRID_TRUTH[(model, world)] = dict(zip(keys, measure(model, cfgs, world=world, runs=3)))
+        keys += [(*k, "offload") for k in OFFLOAD_GRID if k[:2] == (model, world)]
+        cfgs = [{"kind": "fsdp", "reshard": k[2], "ckpt": k[3], "offload": len(k) > 4} for k in keys]
+        peaks, hosts = _split(keys, measure(model, cfgs, world=world, runs=3, key="all"))
+        _GRID_TRUTH[(model, world)] = peaks | {(*k, "host"): v for k, v in hosts.items() if len(k) > 4}
     return _GRID_TRUTH[(model, world)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model, world, reshard, ckpt", OFFLOAD_GRID, ids=lambda v: str(v))
+def test_fsdp2_cpu_offload_grid_per_rank_range_and_host_hold_every_run(model, world, reshard, ckpt):
+    from tests._shardmodels import SHARDED
+
+    truth = _grid_truth(model, world)
+    key = (model, world, reshard, ckpt, "offload")
+    wi = predict(model, offload(world, modules=[SHARDED[model]], reshard_after_forward=reshard),
+                 checkpoint=SHARDED[model] if ckpt else None)
+    check_range(wi, truth[key], key)
+    check_host(wi, truth[(*key, "host")], key)
 
 
 @pytest.mark.parametrize("model, world, reshard, ckpt", _grid_params())
@@ -169,9 +258,9 @@ def test_fsdp2_grid_per_rank_range_holds_every_run(model, world, reshard, ckpt):
     check_range(wi, runs, (model, world, reshard, ckpt))
 
 
-def _gpt_report():
-    model = build("gpt")
-    x = batch("gpt", 8)
+def _gpt_report(name: str = "gpt"):
+    model = build(name)
+    x = batch(name, 8)
     with gradscope.trace(model) as tr:
         loss = loss_of(model(x))
     return model, gradscope.inspect(loss, model=model, trace=tr)

@@ -235,10 +235,10 @@ def test_cli_memory_plan_exit_codes():
     from click.testing import CliRunner
 
     from gradscope.cli.commands import main
-    from tests._plan_target import make
+    from tests.memory._plan_target import make
 
     _, model = make()
-    target = "tests/_plan_target.py:make"
+    target = "tests/memory/_plan_target.py:make"
     runner = CliRunner()
     peak = runner.invoke(main, ["memory", target])
     assert peak.exit_code == 0, peak.output

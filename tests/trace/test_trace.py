@@ -498,7 +498,7 @@ def test_cut_deep_below_its_parameter_is_found_and_freed_safely():
 
 
 def test_trace_never_changes_the_program_multi_output_view_of_modified_base():
-    # trace_changes_forward.py: torch refuses grad_fn of an unbind view whose base was written, but
+    # trace() once changed this program: torch refuses grad_fn of an unbind view whose base was written, but
     # .detach()/.data/.numpy() of it run in plain torch, so they must run inside trace() too.
     p = nn.Parameter(torch.randn(4, 4))
     v0, v1, v2, v3 = p.unbind(0)

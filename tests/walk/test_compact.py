@@ -4,7 +4,7 @@
   what the same code answers from ``report.graph``, and ``report.graph`` is built only when touched.
 * The fast path of the walk and the general saved-slot reader (``walk/saved.py``) give the same node
   attributes, edges and graph attributes on every test graph (NOTE [walk fast path]).
-Graphs: tests/_walk_graphs.py (every walk branch) and random programs of the differential fuzzer.
+Graphs: tests/walk/_graphs.py (every walk branch) and random programs of the differential fuzzer.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from gradscope.checks import run_checks
 from gradscope.report import held_bytes
 from gradscope.views.text import top_nodes
 from gradscope.walk.build import build, flatten_roots, param_names
-from tests._walk_graphs import GRAPHS
 from tests.fuzz._program import programs, run_program
+from tests.walk._graphs import GRAPHS
 
 _FUZZ = settings(max_examples=40, deadline=None, derandomize=True, database=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -31,7 +31,7 @@ def _compact_agrees(root, params) -> None:
     assert report._graph is None                      # nothing built the DiGraph so far
     view = report.peek_graph()
     # the checks read the compact form: node dicts only for what the fast path left to the general
-    # reader, the roots, and the nodes a finding names (a full scan made every node's dict: issue 15)
+    # reader, the roots, and the nodes a finding names (a full scan made every node's dict)
     compact = view.compact
     named = {int(f.node[1:]) for f in report.findings if f.node in view}
     made = set(compact._dicts)

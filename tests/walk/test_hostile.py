@@ -277,7 +277,7 @@ def test_root_whose_grad_fn_torch_refuses_to_read():
         gradscope.inspect([h.sum(), v])
 
 
-# -- bad input, issue 16 -------------------------------------------------------------------------
+# -- bad input -------------------------------------------------------------------------
 def _good_report(tmp_path):
     lin = nn.Linear(3, 1)
     path = tmp_path / "good.json"
@@ -317,7 +317,7 @@ def _mutations(good):
 
 
 def test_load_refuses_every_malformed_report_with_one_sentence(tmp_path):
-    # load_malformed.py: each used to escape as a raw KeyError/TypeError/RecursionError/ValueError.
+    # each malformed file used to escape as a raw KeyError/TypeError/RecursionError/ValueError.
     good = _good_report(tmp_path)
     assert gradscope.load(tmp_path / "good.json").summary()      # the untouched file loads
     for name, text in _mutations(good).items():
@@ -400,7 +400,7 @@ def test_cli_target_whose_exception_str_raises_and_diff_of_deep_json(tmp_path):
 
 
 def test_cli_nested_tensor_graph_is_one_line_not_a_traceback(tmp_path):
-    # nested_tensor_crash.py, the CLI side: whatever inspect() cannot read ends in one sentence.
+    # a nested-tensor graph, the CLI side: whatever inspect() cannot read ends in one sentence.
     import subprocess
     import sys
 

@@ -215,7 +215,7 @@ def test_custom_function_named_after_class_and_not_opaque():
     node = next(d for _, d in r.graph.nodes(data=True) if d["name"] == "MysteryBackward")
     assert node["function"].endswith("Mystery") and node["attrs"]["k"] == 5
     assert node["saved"][0]["shape"] == [2, 3]
-    # A custom Function sends gradients only to its own inputs (issue 16): "other" is certainly unused.
+    # A custom Function sends gradients only to its own inputs: "other" is certainly unused.
     assert [f.severity for f in r.findings] == ["error"]
     assert set(r.findings[0].params) == {"other.weight", "other.bias"}
     loss.backward()

@@ -300,6 +300,27 @@ def test_sums_gradient_is_expanded_and_passed_through():
     assert seen["a"] is seen["b"]                                         # clone: the same tensor
 
 
+def test_cat_and_stack_send_views_of_their_gradient():
+    # internals.md#what-one-node-does-to-memory: cat's backward narrows the gradient it received, stack's
+    # selects from it: each input's gradient is a view with the whole gradient's strides
+    a, b = torch.randn(8, 2, 32, requires_grad=True), torch.randn(8, 2, 32, requires_grad=True)
+    seen = {}
+    for name, t in (("a", a * 1), ("b", b * 1)):
+        t.register_hook(lambda g, name=name: seen.__setitem__(name, g))
+        seen[name + "_t"] = t
+    whole = torch.cat([seen["a_t"], seen["b_t"]], -1).transpose(0, 1)  # its gradient: (64, 512, 1)
+    got = {}
+    whole.register_hook(lambda g: got.__setitem__("whole", g))
+    (whole * torch.randn(2, 8, 64)).sum().backward()
+    assert seen["a"].stride() == (64, 512, 1) and not seen["a"].is_contiguous()
+    assert seen["a"].untyped_storage().data_ptr() == got["whole"].untyped_storage().data_ptr()
+    x = torch.randn(3, 4, requires_grad=True)
+    y = x * 1
+    y.register_hook(lambda g: seen.__setitem__("y", g))
+    torch.stack([y, x * 2], 1).mul(torch.randn(3, 2, 4)).sum().backward()
+    assert seen["y"].stride() == (8, 1)  # a select of the (3, 2, 4) gradient
+
+
 def test_a_mode_does_not_see_calls_inside_a_function_it_handles():
     """docs/internals.md#attention-kernel-choice: while a TorchFunctionMode handles
     ``F.multi_head_attention_forward`` it is popped, so the attention call inside is not seen; the copy

@@ -1,4 +1,4 @@
-"""Walk-level regressions (issue 16), each against torch's own behaviour: nested tensors, freed tensor
+"""Walk-level regressions, each against torch's own behaviour: nested tensors, freed tensor
 lists, custom Functions freed by an earlier backward."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import gradscope
-from tests import _watch_ddp
+from tests.watch import _ddp as _watch_ddp
 
 
 class TwoHeads(nn.Module):

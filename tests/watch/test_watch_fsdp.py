@@ -7,7 +7,8 @@ import math
 
 import torch.multiprocessing as mp
 
-from tests import _watch_ddp, _watch_fsdp
+from tests.watch import _ddp as _watch_ddp
+from tests.watch import _fsdp as _watch_fsdp
 
 
 def test_fsdp2_names_none_and_nan_on_sharded_dtensor_grads(tmp_path):

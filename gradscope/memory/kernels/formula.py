@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from gradscope.memory.kernels.rebuild import Unmeasurable, make_tensor
+from gradscope.memory.kernels.tensors import Unmeasurable, make_tensor
 
 __all__ = ["is_formula", "prepare_formula", "FORMULA_LIMIT"]
 

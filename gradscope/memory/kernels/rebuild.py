@@ -18,11 +18,9 @@ from typing import Any
 
 import torch
 
+from gradscope.memory.kernels.tensors import Unmeasurable, make_tensor, root, torch_dtype
+
 __all__ = ["Unmeasurable", "prepare", "SAME_FORMULA"]
-
-
-class Unmeasurable(Exception):
-    """This node's backward cannot be run again here; the message says why, in a user's words."""
 
 
 _NAME = re.compile(r"^(.*)Backward(\d+)$")
@@ -99,29 +97,6 @@ def _resolve(sig: dict):
     return getattr(getattr(torch.ops.aten, name), schema.overload_name or "default"), schema
 
 
-def _dtype(text: str):
-    dt = getattr(torch, str(text), None)
-    if not isinstance(dt, torch.dtype):
-        raise Unmeasurable(f"unknown dtype {text!r}")
-    return dt
-
-
-def make_tensor(shape, dtype: str, stride=None, requires_grad: bool = False, bound: int = 1) -> torch.Tensor:
-    """A fresh CPU tensor of this layout: uniform values for floats, integers in ``[0, bound)`` otherwise."""
-    dt = _dtype(dtype)
-    shape = [int(n) for n in shape]
-    t = torch.empty_strided(shape, stride, dtype=dt) if stride else torch.empty(shape, dtype=dt)
-    flat = t.as_strided([t.untyped_storage().nbytes() // t.element_size()], [1])  # every element, once
-    if dt.is_floating_point or dt.is_complex:
-        flat.uniform_(-1, 1)
-        return t.requires_grad_(requires_grad)
-    if dt == torch.bool or bound <= 1:
-        flat.zero_()
-    else:
-        flat.random_(0, bound)
-    return t
-
-
 def _bound(sig: dict) -> int:
     """Where integer tensors (indices, targets) take their values: below a recorded argument size (an
     embedding's rows), else below every dimension of the float tensors, so that any index is valid."""
@@ -136,7 +111,7 @@ def _bound(sig: dict) -> int:
 def _value(arg, value):
     text = str(arg.type)
     if text.startswith("ScalarType") and isinstance(value, str):
-        return _dtype(value)
+        return torch_dtype(value)
     if text.startswith("MemoryFormat") and isinstance(value, str):
         return getattr(torch, value)
     if text.startswith("Device") and isinstance(value, str):
@@ -273,9 +248,10 @@ def _builtin(sig: dict):
 
     def run():
         # a scalar root (no grad_outputs: torch.autograd.grad would import sympy to check them): sum() sends
-        # an expanded gradient itself; (out * g).sum() sends one laid out as g (TensorIterator follows g)
-        root = sum((o.sum() if g.dim() and not any(g.stride()) else (o * g).sum()) for o, g in pairs)
-        return torch.autograd.grad(root, leaves, allow_unused=True)
+        # an expanded gradient itself; (out * g).sum() sends one laid out as g (TensorIterator follows g's
+        # dimension order); a g with gaps (a slice of a larger gradient, from cat) is sent as it is
+        total = torch.stack([root(o, g) for o, g in pairs]).sum() if len(pairs) > 1 else root(*pairs[0])
+        return torch.autograd.grad(total, leaves, allow_unused=True)
 
     return run
 
@@ -314,12 +290,22 @@ def eval_shape(text: str) -> list:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+#: NOTE [in-place on a slice] (tracing/probes.py); docs/memory.md "Accuracy".
+_HIDDEN = (
+    "an in-place write through a view (CopySlices) hides the node of the write: its backward's temporaries "
+    "(a copy of the written slice's gradient and the hidden node's own) are not visible, nor the tensors it "
+    "saved (freed here, so the levels after it can be higher than torch's)"
+)
+
+
 def prepare(sig: dict, run_custom: bool):
     """A callable that runs the node's backward once on fresh tensors (its result kept by the caller).
 
     Raises:
         Unmeasurable: the node cannot be rebuilt; the message says why.
     """
+    if sig["op"] == "CopySlices":
+        raise Unmeasurable(_HIDDEN)
     if sig.get("function"):
         if not run_custom:
             raise Unmeasurable(

@@ -14,6 +14,9 @@ import json
 __all__ = ["node_signature", "signature_key", "tensors_of"]
 
 _SUMS = ("SumBackward0",)
+#: Backward formulas that hand out views of the gradient they receive: ``cat`` a narrowed slice per
+#: input, ``stack`` one ``select`` per input (docs/internals.md#what-one-node-does-to-memory).
+_PIECES = ("CatBackward0", "StackBackward0")
 _TRANSPOSES = ("TransposeBackward0", "TransposeBackward1")
 
 
@@ -79,6 +82,8 @@ def _grad_stride(prog, consumers: dict, v: int, k: int, shape: list, depth: int 
     if name in _SUMS and not (prog.attrs[c].get("attrs") or {}).get("dim"):
         return [0] * len(shape)
     out = (prog.grad_shapes[c] or [None])[0]
+    if name in _PIECES and out is not None:
+        return _piece_stride(prog, consumers, c, list(out), shape, depth)
     if name in _VIEWS and out is not None:  # a view of the gradient of a view: laid out as the output was
         up = _grad_stride(prog, consumers, c, 0, list(out), depth + 1)
         if up is not None and not any(up):
@@ -93,6 +98,18 @@ def _grad_stride(prog, consumers: dict, v: int, k: int, shape: list, depth: int 
         if e.get("shape") == list(shape):
             return list(e["stride"]) if e.get("stride") else None
     return up
+
+
+def _piece_stride(prog, consumers: dict, c: int, out: list, shape: list, depth: int) -> list | None:
+    """Strides of one input's gradient from ``cat`` / ``stack`` node ``c``: a slice of the gradient ``c``
+    received (shape ``out``), so the strides of that whole gradient (``stack``: without its ``dim``)."""
+    whole = _grad_stride(prog, consumers, c, 0, out, depth + 1) or _contiguous(out)
+    if prog.name[c] == "StackBackward0":
+        dim = int((prog.attrs[c].get("attrs") or {}).get("dim", 0)) % max(len(out), 1)
+        whole = whole[:dim] + whole[dim + 1 :]
+    if len(whole) != len(shape) or whole == _contiguous(shape):
+        return None
+    return whole
 
 
 def _pointwise(prog, c: int, shape: list) -> bool:

@@ -64,7 +64,7 @@ def cache_path() -> str:
 
 #: The measuring method's version: a cache file written by another version is not read (its entries may
 #: have been measured differently), and is replaced on the next save.
-METHOD = 2
+METHOD = 3
 
 
 def _load() -> dict:

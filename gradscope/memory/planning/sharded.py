@@ -53,10 +53,10 @@ def sharded_what_if(
         step = ddp_step(report.graph, spec, run, before=wi.before, single=wi.peak, change=change, device=device)
         step.checkpoint = list(wi.checkpoint)
         return step
-    if spec.param_dtype or spec.offload:
+    if spec.param_dtype:
         raise InputValueError(
-            f"what_if(shard={spec!r}): FSDP2 with a mixed-precision or offload policy is not predicted yet "
-            "(the traced step's activations are in its own dtype); drop mp_policy / offload_policy."
+            f"what_if(shard={spec!r}): FSDP2 with a mixed-precision policy is not predicted yet "
+            "(the traced step's activations are in its own dtype); drop mp_policy."
         )
     from gradscope.memory.sharding.fsdp import fsdp_step
 

@@ -3,11 +3,14 @@
 NOTE [sharded plans]
 A spec is tried as given, then with the cheaper-to-fit settings in order of cost: FSDP2 resharding after
 forward (an all-gather more per group in backward), then a checkpoint per ``fully_shard`` module (its
-forward again). ``shard="auto"`` looks for the smallest world size (1, 2, 4, ... 1024) at which one of
+forward again), then ``CPUOffloadPolicy`` (every shard copied to the device and every gradient back each
+step, and the optimizer step on the host: the slowest), alone and with the checkpoint. Offload is tried
+only when the step runs on an accelerator: on the CPU it moves nothing (NOTE [FSDP2 CPU offload]).
+``shard="auto"`` looks for the smallest world size (1, 2, 4, ... 1024) at which one of
 these fits, unsharded first: a step that fits one process needs no sharding, and DDP never lowers a
 rank's peak, so the sharded candidates are FSDP2's. A candidate fits when the *ceiling* of its highest
-rank (``peak_range[1]``) is within the budget less ``margin``. Mixed precision and CPU offload are not
-predicted yet, so the search does not use them and says so.
+rank (``peak_range[1]``, the device's) is within the budget less ``margin``. Mixed precision is not
+predicted yet, so the search does not use it and says so.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from gradscope.errors import InputValueError
 from gradscope.memory.planning.maxbatch import MaxBatch
 from gradscope.memory.planning.plancode import parse_budget, plan_code
 from gradscope.memory.planning.sharded import check_spec, sharded_what_if
-from gradscope.memory.planning.whatif import what_if
+from gradscope.memory.planning.whatif import context, what_if
 from gradscope.memory.sharding.result import ShardedStep
 from gradscope.memory.sharding.specs import DDP, FSDP
 
@@ -72,15 +75,25 @@ class ShardPlan:
     __repr__ = __str__
 
 
-def _variants(spec: DDP | FSDP) -> list[tuple[DDP | FSDP, bool]]:
+def _variants(spec: DDP | FSDP, device: str) -> list[tuple[DDP | FSDP, bool]]:
     """``(spec, checkpoint the sharded modules)`` in order of cost (NOTE [sharded plans])."""
     if isinstance(spec, DDP):
         return [(spec, False), (spec, True)]
     out: list[tuple[DDP | FSDP, bool]] = [(spec, False)]
     if spec.reshard_after_forward is not True:
         out.append((replace(spec, reshard_after_forward=True), False))
-    out.append((out[-1][0], True))
+    resharded = replace(spec, reshard_after_forward=True)
+    out.append((resharded, True))
+    if device != "cpu" and not spec.offload:
+        off = _offloaded(resharded)
+        out += [(off, False), (off, True)]
     return out
+
+
+def _offloaded(spec: FSDP) -> FSDP:
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    return replace(spec, offload_policy=CPUOffloadPolicy())
 
 
 def shard_plan(report, budget, optimizer=None, shard="auto", *, margin: float = 0.02, **kw) -> ShardPlan:
@@ -101,11 +114,12 @@ def shard_plan(report, budget, optimizer=None, shard="auto", *, margin: float = 
         specs: list[DDP | FSDP] = [FSDP(w, modules=modules, reshard_after_forward=False) for w in _WORLDS if w > 1]
     else:
         specs = [check_spec(shard)]
+    device = context(report)["device"]
     best = None
     previous = None  # the best ceiling at the previous world size
     for spec in specs:
         here = None
-        for variant, ck in _variants(spec):
+        for variant, ck in _variants(spec, device):
             pats = list(variant.modules) if isinstance(variant, FSDP) else list(modules)
             step = sharded_what_if(report, variant, pats if ck else None, None, 1.0, optimizer, **kw)
             lo, hi = step.peak_range
@@ -120,7 +134,9 @@ def shard_plan(report, budget, optimizer=None, shard="auto", *, margin: float = 
         previous = here
     if best is None:
         raise InputValueError("plan(shard=...) had nothing to try.")
-    msg = "mixed precision and CPU offload are not predicted yet, so they were not tried"
+    msg = "mixed precision is not predicted yet, so it was not tried" + (
+        "; CPU offload moves nothing on the CPU, so it was not tried" if device == "cpu" else ""
+    )
     return ShardPlan(parse_budget(budget), best[0], best[2].checkpoint, False, best[2].peak_range, best[2], tried, msg)
 
 

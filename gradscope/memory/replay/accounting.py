@@ -184,7 +184,7 @@ def peak_by_module(prog: Program, snapshot: dict, origin: dict, sizes: dict, dro
     for key, nbytes in snapshot.items():
         kind = None
         node = None
-        if type(key) is int:  # a gradient's storage (replay.py keys it by the tensor's id)
+        if type(key) is int:  # a gradient's storage (simulate.py keys it by the tensor's id)
             node, kind = origin.get(key), "gradients"
         elif key[0] == "w":
             node, kind = key[1], "workspace"

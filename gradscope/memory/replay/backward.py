@@ -1,10 +1,10 @@
 """``report.backward_memory()``: what ``backward()`` (and ``optimizer.step()``) will allocate, before it runs.
 
 Nothing runs and nothing is allocated: the replay reads ``report.graph`` (metadata only) and applies the
-engine's rules (``engine.py`` NOTE [engine order], ``replay.py`` NOTE [what one node does to memory]).
+engine's rules (``engine.py`` NOTE [engine order], ``simulate.py`` NOTE [what one node does to memory]).
 
-Internal API (for what-if planning, issue 13)
--------------------------------------------
+Internal API (for what-if planning)
+-----------------------------------
 ::
 
     from gradscope.memory.replay.backward import replay, Overrides
@@ -13,7 +13,7 @@ Internal API (for what-if planning, issue 13)
     res.order, res.levels, res.peak, res.peak_node, res.end   # as BackwardMemory (node ids, bytes)
     res.base           # bytes alive when backward starts (parameters, buffers, inputs, saved tensors,
                        #   .grads and optimizer state of earlier steps, the loss)
-    res.absolute_peak  # issue 13's "absolute peak": base + the highest level up to the end of backward,
+    res.absolute_peak  # the "absolute peak": base + the highest level up to the end of backward,
                        #   or of optimizer.step() when an optimizer is given
     res.step           # StepBudget or None (optimizer.py)
 
@@ -48,7 +48,6 @@ from typing import Any
 
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.findings import FREED_GRAPH
-from gradscope.graph.attribution import node_modules
 from gradscope.memory.kernels.workspace import InNode, innode, scaled
 from gradscope.memory.replay.accounting import (
     Overrides,
@@ -60,8 +59,8 @@ from gradscope.memory.replay.accounting import (
     step_base,
     storage_sizes,
 )
-from gradscope.memory.replay.compile import Lazy, compile_records
-from gradscope.memory.replay.engine import Program, compile_graph, reentrant_nodes
+from gradscope.memory.replay.compile import PROGRAM_KEY, Lazy, program
+from gradscope.memory.replay.engine import Program, reentrant_nodes
 from gradscope.memory.replay.gradients import VIEW_OPS
 from gradscope.memory.replay.optimizer import step_budget
 from gradscope.memory.replay.reentrant import modelled_region, node_effect
@@ -82,26 +81,6 @@ __all__ = [
 
 
 _NO_OVERRIDES = Overrides()
-#: The key of the compiled program in ``report.cache``: ``(the graph or records it was compiled from, Program)``.
-PROGRAM_KEY = "memory.replay.program"
-
-
-def program(report) -> Program:
-    """The compiled graph of ``report`` (kept in ``report.cache``; the graph is not changed)."""
-    cache = getattr(report, "cache", None)
-    cached = None if cache is None else cache.get(PROGRAM_KEY)
-    view = report.peek_graph() if hasattr(report, "peek_graph") else report.graph
-    records = getattr(view, "compact", None)
-    if cached is not None and (cached[0] is view or cached[0] is records or getattr(cached[0], "_digraph", 0) is view):
-        return cached[1]  # the same graph, or the DiGraph built since from the records it was compiled from
-    prog = None
-    if records is not None:  # NOTE [compiling from the compact records]
-        prog = compile_records(records, view.nodes(), lambda: node_modules(report.graph))
-    if prog is None:
-        records, prog = None, compile_graph(report.graph)
-    if cache is not None:
-        cache[PROGRAM_KEY] = (records if records is not None else report.graph, prog)
-    return prog
 
 
 def module_nodes(report, patterns) -> set:
@@ -160,14 +139,7 @@ def replay(
     ``torch.optim.Optimizer`` and :class:`InputValueError` for a graph already freed by backward.
     """
     _check_graph(report)
-    if optimizer is not None:
-        import torch
-
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise InputTypeError(
-                f"optimizer= must be a torch.optim.Optimizer (e.g. torch.optim.AdamW(model.parameters())), "
-                f"got {type(optimizer).__name__}."
-            )
+    _check_optimizer(optimizer)
     ov = overrides or _NO_OVERRIDES
     prog = program(report)
     graph = report.peek_graph() if hasattr(report, "peek_graph") else report.graph  # no DiGraph needed
@@ -177,12 +149,7 @@ def replay(
     if alloc is not None:  # the seed gradient (ones_like(loss)) is a block of the device's allocator too
         prog = dataclasses.replace(prog, root_bytes=[alloc(b) for b in prog.root_bytes])
     drop = offloaded_keys(prog, ov)
-    has_grad = prog.has_grad  # read-only below; copied when overridden
-    if ov.has_grad:
-        has_grad = dict(has_grad)
-        for i, (_, name) in prog.leaves().items():
-            if name in ov.has_grad:
-                has_grad[i] = bool(ov.has_grad[name])
+    has_grad = _has_grad(prog, ov)
     inn = _innode(prog, run_custom) if workspace else InNode()
     ws = {v: (alloc(w) if alloc else w) for v in inn.bytes if (w := scaled(inn, v, grad_scale))}
     sim = functools.partial(
@@ -207,6 +174,53 @@ def replay(
             target=None if ov.target is None else target,
         )
         high = max(high, tr.end + step.peak)
+    run = _Replayed(prog, graph, tr, sim, sizes, drop, has_grad, ov, alloc, target, inputs, step, inn, ws, high)
+    try:
+        ref = weakref.ref(report)
+    except TypeError:
+        ref = None
+    ids = prog.ids
+    return BackwardMemory._deferred(
+        run.fields,
+        _contributors=run.contributors,
+        _report=ref,
+        target=target,
+        order=list(map(ids.__getitem__, tr.order)),
+        levels=tr.levels,  # the trace's own lists: nothing else keeps or changes them
+        peak=tr.peak,
+        peak_node=None if tr.peak_at is None else ids[tr.peak_at],
+        end=tr.end,
+        step=step,
+        modules=Lazy(lambda: [prog.module[v] for v in tr.order]),
+        inner=tr.inner,
+        locations=_locations(prog, tr),
+    )
+
+
+def _check_optimizer(optimizer) -> None:
+    if optimizer is not None:
+        import torch
+
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise InputTypeError(
+                f"optimizer= must be a torch.optim.Optimizer (e.g. torch.optim.AdamW(model.parameters())), "
+                f"got {type(optimizer).__name__}."
+            )
+
+
+def _has_grad(prog: Program, ov: Overrides) -> dict:
+    """Leaf index -> whether ``.grad`` is set: as inspected (read-only), or a copy with ``ov.has_grad`` applied."""
+    has_grad = prog.has_grad
+    if ov.has_grad:
+        has_grad = dict(has_grad)
+        for i, (_, name) in prog.leaves().items():
+            if name in ov.has_grad:
+                has_grad[i] = bool(ov.has_grad[name])
+    return has_grad
+
+
+def _locations(prog: Program, tr: Trace) -> dict:
+    """Node id -> source line of the nodes that have one, in the engine's order."""
     ids = prog.ids
     locs = {}
     built = getattr(prog.attrs, "built_dicts", None)  # compact: only dicts already made (a trace makes every op's)
@@ -220,29 +234,47 @@ def replay(
             loc = dicts[v].get("location")
             if loc:
                 locs[ids[v]] = loc
+    return locs
 
-    snaps: list = []
 
-    def snapshot() -> Trace:  # what is alive at backward's peak, simulated again once, when asked
-        if not snaps:
-            snaps.append(sim(snapshot_at=tr.peak_at))
-        return snaps[0]
+class _Replayed:
+    """What one replay keeps for the fields of :class:`BackwardMemory` read later (NOTE [deferred fields]):
+    read from the compiled graph only, which nothing changes."""
 
-    def contributors() -> list[tuple[str, str, int]]:
-        snap = snapshot()
-        return peak_by_module(prog, snap.snapshot or {}, snap.origin, sizes, drop)
+    def __init__(self, prog, graph, tr, sim, sizes, drop, has_grad, ov, alloc, target, inputs, step, inn, ws, high):
+        self.prog, self.graph, self.tr, self.sim, self.sizes, self.drop = prog, graph, tr, sim, sizes, drop
+        self.has_grad, self.ov, self.alloc, self.target, self.inputs = has_grad, ov, alloc, target, inputs
+        self.step, self.inn, self.ws, self.high = step, inn, ws, high
+        self.snaps: list = []
 
-    def reserved(parts: dict) -> int:
-        return target.reserved(peak_blocks(graph, snapshot().snapshot or {}, parts, alloc))
+    def snapshot(self) -> Trace:
+        """What is alive at backward's peak, simulated again once, when asked."""
+        if not self.snaps:
+            self.snaps.append(self.sim(snapshot_at=self.tr.peak_at))
+        return self.snaps[0]
 
-    def deferred() -> dict:  # NOTE [deferred fields]: read from the compiled graph only, which nothing changes
-        parts = step_base(prog, graph, sizes, drop, has_grad, ov.scale, alloc)
-        parts.update(target.fixed_parts(prog.name))
-        if inputs is not None:
+    def contributors(self) -> list[tuple[str, str, int]]:
+        snap = self.snapshot()
+        return peak_by_module(self.prog, snap.snapshot or {}, snap.origin, self.sizes, self.drop)
+
+    def reserved(self, parts: dict) -> int:
+        return self.target.reserved(peak_blocks(self.graph, self.snapshot().snapshot or {}, parts, self.alloc))
+
+    def base_parts(self) -> dict:
+        """Bytes alive when backward starts, by part."""
+        prog, graph, ov = self.prog, self.graph, self.ov
+        parts = step_base(prog, graph, self.sizes, self.drop, self.has_grad, ov.scale, self.alloc)
+        parts.update(self.target.fixed_parts(prog.name))
+        if self.inputs is not None:
             ptrs = getattr(getattr(graph, "compact", None), "storage_ptrs", None)
-            parts["leaf inputs"] += batch_bytes(prog, graph, inputs, sizes, drop, ptrs, ov.scale)
-        if step is not None:
-            parts["optimizer state"] = step.state_before
+            parts["leaf inputs"] += batch_bytes(prog, graph, self.inputs, self.sizes, self.drop, ptrs, ov.scale)
+        if self.step is not None:
+            parts["optimizer state"] = self.step.state_before
+        return parts
+
+    def fields(self) -> dict:
+        prog, inn, ids = self.prog, self.inn, self.prog.ids
+        parts = self.base_parts()
         base = sum(parts.values())
         unmodelled, why = _unmodelled_regions(prog)
         unknown = {ids[v]: r for v, r in inn.unmodelled.items()}
@@ -256,36 +288,16 @@ def replay(
             )
         return {
             "base": base,
-            "absolute_peak": base + max(high, 0),
+            "absolute_peak": base + max(self.high, 0),
             "parts": parts,
-            "workspace": {ids[v]: w for v, w in ws.items()},
-            "names": list(map(prog.name.__getitem__, tr.order)),
+            "workspace": {ids[v]: w for v, w in self.ws.items()},
+            "names": list(map(prog.name.__getitem__, self.tr.order)),
             "unmodelled": unmodelled,
             "unmodelled_why": {**unknown, **why},
             "innode_unknown": unknown,
             "notes": notes,
-            "_reserved": lambda: reserved(parts),
+            "_reserved": lambda: self.reserved(parts),
         }
-
-    try:
-        ref = weakref.ref(report)
-    except TypeError:
-        ref = None
-    return BackwardMemory._deferred(
-        deferred,
-        _contributors=contributors,
-        _report=ref,
-        target=target,
-        order=list(map(ids.__getitem__, tr.order)),
-        levels=tr.levels,  # the trace's own lists: nothing else keeps or changes them
-        peak=tr.peak,
-        peak_node=None if tr.peak_at is None else ids[tr.peak_at],
-        end=tr.end,
-        step=step,
-        modules=Lazy(lambda: [prog.module[v] for v in tr.order]),
-        inner=tr.inner,
-        locations=locs,
-    )
 
 
 def _innode(prog: Program, run_custom: bool) -> InNode:

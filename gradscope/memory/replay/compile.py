@@ -1,4 +1,5 @@
-"""The replay's program compiled straight from the walk's compact records (no DiGraph, no node dicts).
+"""The replay's program compiled straight from the walk's compact records (no DiGraph, no node dicts), and
+:func:`program`, a report's program kept in ``report.cache``.
 
 NOTE [compiling from the compact records]
 ``inspect()`` returns a report whose graph is still in the compact columns of ``walk/records.py``
@@ -19,12 +20,13 @@ from collections.abc import Callable
 from itertools import compress, islice
 
 from gradscope.graph import PARAMS, ROOT_SHAPES, ROOTS
+from gradscope.graph.attribution import node_modules
 from gradscope.memory.replay.columns import GraphAttrs, Lazy, NodeAttrs, RegionView
 from gradscope.memory.replay.dtypes import numel_bytes
-from gradscope.memory.replay.engine import Program, node_dtype, slot_keys
+from gradscope.memory.replay.engine import Program, compile_graph, node_dtype, slot_keys
 from gradscope.memory.replay.holders import external_storages
 
-__all__ = ["compile_records", "Lazy", "NodeAttrs"]
+__all__ = ["compile_records", "program", "PROGRAM_KEY", "Lazy", "NodeAttrs"]
 
 _UINT64_MAX = (1 << 64) - 1
 _FLOATS = ("float", "bfloat", "complex")
@@ -249,4 +251,26 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
         leaf_info=leaf_info,
     )
     prog.__dict__["_extras"] = per_node  # what engine.node_extras would make from ``extra``
+    return prog
+
+
+#: The key of the compiled program in ``report.cache``: ``(the graph or records it was compiled from, Program)``.
+PROGRAM_KEY = "memory.replay.program"
+
+
+def program(report) -> Program:
+    """The compiled graph of ``report`` (kept in ``report.cache``; the graph is not changed)."""
+    cache = getattr(report, "cache", None)
+    cached = None if cache is None else cache.get(PROGRAM_KEY)
+    view = report.peek_graph() if hasattr(report, "peek_graph") else report.graph
+    records = getattr(view, "compact", None)
+    if cached is not None and (cached[0] is view or cached[0] is records or getattr(cached[0], "_digraph", 0) is view):
+        return cached[1]  # the same graph, or the DiGraph built since from the records it was compiled from
+    prog = None
+    if records is not None:  # NOTE [compiling from the compact records]
+        prog = compile_records(records, view.nodes(), lambda: node_modules(report.graph))
+    if prog is None:
+        records, prog = None, compile_graph(report.graph)
+    if cache is not None:
+        cache[PROGRAM_KEY] = (records if records is not None else report.graph, prog)
     return prog

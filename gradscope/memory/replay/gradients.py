@@ -1,4 +1,4 @@
-"""The tensors of a simulated backward, and the gradients one formula sends (see ``replay.py`` NOTE [what
+"""The tensors of a simulated backward, and the gradients one formula sends (see ``simulate.py`` NOTE [what
 one node does to memory]): :class:`Memory` tracks tensors (``impl`` ids with a reference count) and
 storages (a count of live impls plus graph holders), so views, pass-through gradients and shared saved
 storages free exactly when torch frees them; :func:`outputs` gives, per edge of a node, a new tensor, a

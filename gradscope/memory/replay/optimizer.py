@@ -25,16 +25,10 @@ from gradscope.memory.replay.engine import numel_bytes
 
 __all__ = ["StepBudget", "step_budget"]
 
+#: Optimizer class name -> state tensors per parameter (others: 2).
 _STATE = {
-    "RMSprop": 1,
-    "Adagrad": 1,
-    "Adamax": 2,
-    "NAdam": 2,
-    "RAdam": 2,
-    "Adadelta": 2,
-    "Rprop": 2,
-    "ASGD": 2,
-    "SparseAdam": 2,
+    **dict.fromkeys(("RMSprop", "Adagrad"), 1),
+    **dict.fromkeys(("Adamax", "NAdam", "RAdam", "Adadelta", "Rprop", "ASGD", "SparseAdam"), 2),
     "LBFGS": 0,
 }
 
@@ -91,7 +85,7 @@ def step_budget(opt, graph=None, *, has_grad_names=(), after: int = 0, target=No
         count += len(params)
         sizes = [alloc(_nbytes(p)) for p in params]
         fresh = [len(opt.state.get(p, {})) == 0 for p in params]
-        on_device = target.foreach_optimizer() if target is not None else None
+        on_device = target.foreach if target is not None else None
         if on_device is None:
             on_device = bool(params) and params[0].device.type not in ("cpu", "meta")
         foreach = bool(group.get("foreach")) or (group.get("foreach") is None and on_device)

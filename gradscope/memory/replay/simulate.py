@@ -20,19 +20,17 @@ shared saved storages free exactly when torch frees them); ``gradients.outputs``
 
 from __future__ import annotations
 
-from itertools import repeat
-
-from gradscope.memory.replay.engine import Program, engine_order, node_extras, numel_bytes
-from gradscope.memory.replay.gradients import (
-    EXPANDED,
-    OUTPUT_KINDS,
-    PASS_OPS,
-    READS_EXPANDED,
-    VIEW_OPS,
-    Memory,
-    outputs,
+from gradscope.memory.replay.engine import Program, engine_order
+from gradscope.memory.replay.gradients import PASS_OPS, VIEW_OPS, Memory, outputs
+from gradscope.memory.replay.steps import (
+    Run,
+    expanded_copy,
+    hold_saved,
+    leaf_step,
+    recompute_node,
+    region_grads,
+    seed_gradients,
 )
-from gradscope.memory.replay.steps import after_formula, by_node, recompute_node, shared_leaves
 
 __all__ = ["simulate", "Trace", "VIEW_OPS", "PASS_OPS"]
 
@@ -101,228 +99,29 @@ def simulate(
         held_seeds: the roots' gradients exist already and are held outside (a reentrant checkpoint's
             nested backward: the outer node's incoming gradients): not counted, never freed or stolen.
     """
-    has_grad = prog.has_grad if has_grad is None else has_grad
     sizes = prog.storages if storage_bytes is None else storage_bytes
-    recompute = prog.recompute if recompute is None else recompute
     mem = Memory()
     mem.snap_at = snapshot_at
-    refs0, bytes0 = mem.st_refs, mem.st_bytes
-    external = prog.external
-    for keys in prog.saved:  # a holder outside the graph (external) is one more: never freed by backward
-        for key in keys:
-            if key in drop or key[0] == "r":
-                continue
-            n = refs0.get(key)
-            if n is None:
-                refs0[key] = 2 if key in external else 1
-                bytes0[key] = sizes.get(key, 0)
-            else:
-                refs0[key] = n + 1
-    buffers: list = [None] * len(prog.edges)  # per node, its InputBuffer {input nr: tensor} (None: empty)
-    out = Trace()
-    gbytes = prog.grad_bytes
-    seeds = []
-    for r, nbytes in zip(prog.roots, prog.root_bytes):
-        impl = mem.alloc(nbytes)  # torch.autograd.backward's ones_like(root), held until it returns
-        seeds.append(mem.ref(impl))
-        if buffers[r] is None:
-            buffers[r] = {}
-        buffers[r][0] = impl
-        if held_seeds:
-            mem.st_refs[mem.impl_storage[impl]] += 1
-            mem.level -= nbytes
-    created_regions: set = set()
-    done: set = set()
-    leaf, edges, saved, needs, names = prog.leaf, prog.edges, prog.saved, prog.needs, prog.name
-    st_refs, st_bytes, impl_refs, impl_storage, impl_view = (
-        mem.st_refs,
-        mem.st_bytes,
-        mem.impl_refs,
-        mem.impl_storage,
-        mem.impl_view,
+    hold_saved(prog, mem, sizes, drop)
+    run = Run(
+        prog,
+        mem,
+        sizes=sizes,
+        drop=drop,
+        recompute=prog.recompute if recompute is None else recompute,
+        grad_scale=grad_scale,
+        has_grad=prog.has_grad if has_grad is None else has_grad,
+        snapshot_at=snapshot_at,
+        workspace=workspace,
     )
-    alloc, unref, sole, new_id = mem.alloc, mem.unref, mem.sole, mem.ids.__next__
-    origin = mem.origin if snapshot_at is not None else None  # only a snapshot reads who made a gradient
-    levels_append, inner_append = out.levels.append, out.inner.append
-    release = not retain_graph
-    kind = list(map(OUTPUT_KINDS.get, names, repeat(0)))  # 0: every output a new tensor
-    unscaled = grad_scale is None
-    ext = node_extras(prog)
-    wsd = workspace if workspace is None or type(workspace) is dict else by_node(workspace, leaf)
-    track_done = bool(recompute)
-
-    given: set = set()  # parameters whose .grad a traced reentrant region's nested backward set
-    shared = shared_leaves(prog)  # leaf index -> name, for the parameters such regions use too
-    order = out.order = engine_order(prog)
-    level = high = mem.level  # kept in locals; written to ``mem`` around every call that reads or changes it
-    grads_kept = saved_freed = 0
-    for v in order:  # NOTE [what one node does to memory], one node per step
-        high = level
-        if v == snapshot_at:
-            mem.snap = dict(st_bytes)
-        inputs = buffers[v] or _EMPTY  # a node runs once: its buffer is not read again
-        if recompute and v in recompute:
-            mem.level, mem.high, mem.cur = level, high, v
-            recompute_node(prog, mem, v, recompute[v], sizes, drop, created_regions, done, grad_scale)
-            level, high = mem.level, mem.high
-        if leaf[v]:
-            g = inputs.get(0)
-            if g is not None and shared is not None and v in shared:  # a parameter a traced region uses too
-                if shared[v] in given:
-                    has_grad = {**has_grad, v: True}
-                given.add(shared[v])
-            if g is None:
-                pass
-            elif not has_grad.get(v) and impl_refs.get(g) == 1 and impl_view.get(g) not in EXPANDED:
-                grads_kept += st_bytes.get(impl_storage[g], 0)  # stolen: it becomes .grad
-            else:
-                mem.level, mem.high, mem.cur = level, high, v
-                if not has_grad.get(v):  # cloned; else .grad += new_grad, in place
-                    alloc(gbytes[v][0])
-                    grads_kept += gbytes[v][0]
-                unref(g)
-                level, high = mem.level, mem.high
-            levels_append(level)
-            inner_append(high)  # never below the level: every step that raises the level raises it too
-            if track_done:
-                done.add(v)
-            continue
-        extra_attrs = ext[v]
-        es = edges[v]
-        nested = None
-        if extra_attrs is not None and "region_recompute" in extra_attrs:
-            nested = _nested(prog, v, extra_attrs, given)
-            if nested is not None:  # NOTE [reentrant checkpoint backward]
-                top = max(nested.forward_peak, nested.peak)
-                if v == snapshot_at and level + top >= high:  # the peak is inside the nested backward
-                    mem.snap = {**st_bytes, ("n", v): top}
-                high = max(high, level + top)
-                level += nested.end - nested.input_grad  # the input's grad is the output made below
-                if origin is not None:  # a snapshot: what the nested backward left (its parameters' .grad)
-                    st_bytes[("k", v)] = nested.end - nested.input_grad
-                grads_kept += nested.grads_kept
-        pending = None  # (target, output, tensor) put in the InputBuffers after the frees
-        if unscaled and (not kind[v] or 0 not in inputs):  # outputs()'s first case: a new tensor per edge
-            for u, k in es:
-                try:
-                    nbytes = gbytes[u][k]
-                except IndexError:  # an output the graph has no shape for
-                    nbytes = 0
-                g = new_id()  # Memory.alloc, inlined
-                st_refs[g] = 1  # the storage of a new tensor is keyed by the tensor's id
-                st_bytes[g] = nbytes
-                impl_refs[g] = 1
-                impl_storage[g] = g
-                level += nbytes
-                if level > high:
-                    high = level
-                    if v == snapshot_at:
-                        mem.snap = dict(st_bytes)
-                if origin is not None:
-                    origin[g] = v
-                slot = buffers[u]  # a first gradient for (u, k) moves in now: nothing else changes
-                if slot is None:
-                    buffers[u] = {k: g}
-                elif k not in slot:
-                    slot[k] = g
-                elif pending is None:
-                    pending = [(u, k, g)]
-                else:
-                    pending.append((u, k, g))
-        else:
-            mem.level, mem.high, mem.cur = level, high, v
-            alpha = extra_attrs.get("alpha", 1) if extra_attrs is not None else 1
-            sent = outputs(v, names[v], inputs, es, needs[v], gbytes, mem, grad_scale, alpha)
-            level, high = mem.level, mem.high
-            pending = [(u, k, g) for (u, k), g in zip(es, sent) if g is not None]
-        extra = wsd.get(v, 0) if wsd is not None else 0
-        if impl_view and not kind[v] and names[v] not in READS_EXPANDED:
-            g = inputs.get(0)
-            # NOTE above: a dense copy of it; a custom Function's backward is measured on the expanded
-            # gradient itself (memory/kernels/signature.py), so its copy, if any, is in the measurement
-            if g is not None and gbytes[v] and impl_view.get(g) in EXPANDED and not prog.attrs[v].get("function"):
-                extra += gbytes[v][0] if unscaled else grad_scale(v, 0, gbytes[v][0])
-                extra -= after_formula(prog, v, es, grad_scale)
-        if extra:
-            if v == snapshot_at and level + extra >= high:
-                mem.snap = {**st_bytes, ("w", v): extra}
-            if level + extra > high:
-                high = level + extra
-        if extra_attrs is not None and nested is None and extra_attrs.get("region_params"):
-            mem.level, mem.high, mem.cur = level, high, v
-            for shape, dtype, had, *_ in extra_attrs["region_params"]:
-                if not had:  # reentrant checkpoint: the nested backward fills the region's .grads
-                    nbytes = numel_bytes(shape, dtype)
-                    alloc(nbytes)
-                    grads_kept += nbytes
-            level, high = mem.level, mem.high
-        for g in inputs.values():  # Memory.unref, inlined
-            n = impl_refs[g] - 1
-            if n:
-                impl_refs[g] = n
-                continue
-            del impl_refs[g]
-            if impl_view:
-                impl_view.pop(g, None)
-            st = impl_storage.pop(g)
-            n = st_refs[st] - 1
-            if n:
-                st_refs[st] = n
-            else:
-                del st_refs[st]
-                level -= st_bytes.pop(st, 0)
-        if release:
-            for key in saved[v]:  # Memory.drop_storage, inlined (offloaded keys were never counted)
-                n = st_refs.get(key)
-                if n is None:
-                    continue
-                if n > 1:
-                    st_refs[key] = n - 1
-                else:
-                    del st_refs[key]
-                    freed = st_bytes.pop(key, 0)
-                    level -= freed
-                    saved_freed += freed
-        elif track_done:  # retain_graph: a recomputed tensor still dies at its last unpack (NOTE above)
-            for key in saved[v]:
-                if key[0] == "r" and key in st_refs:
-                    mem.level = level
-                    mem.drop_storage(key)
-                    level = mem.level
-        if pending:  # into the InputBuffers, summed with a gradient already there
-            synced = False
-            for u, k, g in pending:
-                slot = buffers[u]
-                if slot is None:
-                    buffers[u] = {k: g}
-                    continue
-                old = slot.get(k)
-                if old is None:
-                    slot[k] = g
-                    continue
-                if not synced:
-                    mem.level, mem.high, mem.cur = level, high, v
-                    synced = True
-                if sole(old):
-                    unref(g)
-                else:
-                    # ``old + new`` has the gradient's size, whatever storage the two view (a piece of
-                    # cat's gradient, sum()'s one-element expand)
-                    gb = gbytes[u][k] if unscaled else grad_scale(u, k, gbytes[u][k])
-                    new = alloc(gb or st_bytes.get(impl_storage[old], 0))
-                    unref(old)
-                    unref(g)
-                    slot[k] = new
-            if synced:
-                level, high = mem.level, mem.high
-        if track_done:
-            done.add(v)
-        levels_append(level)
-        inner_append(high)
-    mem.level, mem.high = level, high
-    out.grads_kept, out.saved_freed = grads_kept, saved_freed
+    run.release = not retain_graph
+    seeds = seed_gradients(prog, mem, run.buffers, held_seeds)
+    out = Trace()
+    out.order = engine_order(prog)
+    _run_nodes(run, out)
+    out.grads_kept, out.saved_freed = run.grads_kept, run.saved_freed
     out.snapshot = mem.snap
-    out.origin = mem.origin if origin is not None else {}
+    out.origin = mem.origin if run.origin is not None else {}
     for impl in seeds:
         mem.unref(impl)
     out.end = mem.level
@@ -330,6 +129,206 @@ def simulate(
         top = max(out.inner)
         out.peak, out.peak_at = max(top, 0), out.order[out.inner.index(top)]  # the first node at the top
     return out
+
+
+def _run_nodes(run: Run, out: Trace) -> None:
+    """Every node in the engine's order, one step each; ``out.levels`` and ``out.inner`` get the level after
+    each node and the highest level inside it."""
+    mem, buffers, leaf, recompute, snapshot_at = run.mem, run.buffers, run.prog.leaf, run.recompute, run.snapshot_at
+    st_bytes = mem.st_bytes
+    levels_append, inner_append = out.levels.append, out.inner.append
+    track_done, done = run.track_done, run.done
+    level = high = mem.level  # kept in locals; written to ``mem`` around every call that reads or changes it
+    for v in out.order:  # NOTE [what one node does to memory], one node per step
+        high = level
+        if v == snapshot_at:
+            mem.snap = dict(st_bytes)
+        inputs = buffers[v] or _EMPTY  # a node runs once: its buffer is not read again
+        if recompute and v in recompute:
+            mem.level, mem.high, mem.cur = level, high, v
+            recompute_node(run.prog, mem, v, recompute[v], run.sizes, run.drop, run.created, done, run.grad_scale)
+            level, high = mem.level, mem.high
+        if leaf[v]:
+            level, high = leaf_step(run, v, inputs.get(0), level, high)
+        else:
+            level, high = _op_step(run, v, inputs, level, high)
+        if track_done:
+            done.add(v)
+        levels_append(level)
+        inner_append(high)  # never below the level: every step that raises the level raises it too
+    mem.level, mem.high = level, high
+
+
+def _op_step(run: Run, v: int, inputs: dict, level: int, high: int) -> tuple[int, int]:
+    """Op node ``v``'s step (NOTE [what one node does to memory], steps 2 to 5)."""
+    mem, prog = run.mem, run.prog
+    extra_attrs = run.ext[v]
+    es = prog.edges[v]
+    nested = None
+    if extra_attrs is not None and "region_recompute" in extra_attrs:
+        nested = _nested(prog, v, extra_attrs, run.given)
+        if nested is not None:  # NOTE [reentrant checkpoint backward]
+            level, high = _nested_step(run, v, nested, level, high)
+    if run.grad_scale is None and (not run.kind[v] or 0 not in inputs):  # outputs()'s first case
+        level, high, pending = _new_gradients(run, v, es, level, high)
+    else:
+        mem.level, mem.high, mem.cur = level, high, v
+        alpha = extra_attrs.get("alpha", 1) if extra_attrs is not None else 1
+        sent = outputs(v, prog.name[v], inputs, es, prog.needs[v], prog.grad_bytes, mem, run.grad_scale, alpha)
+        level, high = mem.level, mem.high
+        pending = [(u, k, g) for (u, k), g in zip(es, sent) if g is not None]
+    wsd = run.wsd
+    extra = wsd.get(v, 0) if wsd is not None else 0
+    if mem.impl_view and not run.kind[v]:
+        extra += expanded_copy(run, v, es, inputs.get(0))
+    if extra:
+        if v == run.snapshot_at and level + extra >= high:
+            mem.snap = {**mem.st_bytes, ("w", v): extra}
+        if level + extra > high:
+            high = level + extra
+    if extra_attrs is not None and nested is None and extra_attrs.get("region_params"):
+        level, high = region_grads(run, v, extra_attrs["region_params"], level, high)
+    level = _drop_inputs(mem, inputs, level)
+    if run.release:
+        level = _release_saved(run, prog.saved[v], level)
+    elif run.track_done:  # retain_graph: a recomputed tensor still dies at its last unpack (NOTE above)
+        for key in prog.saved[v]:
+            if key[0] == "r" and key in mem.st_refs:
+                mem.level = level
+                mem.drop_storage(key)
+                level = mem.level
+    if pending:
+        level, high = _into_buffers(run, v, pending, level, high)
+    return level, high
+
+
+def _nested_step(run: Run, v: int, nested, level: int, high: int) -> tuple[int, int]:
+    """A modelled reentrant checkpoint node: its recompute and nested backward raise the highest point; what
+    the nested backward leaves (its parameters' ``.grad``) stays."""
+    mem = run.mem
+    top = max(nested.forward_peak, nested.peak)
+    if v == run.snapshot_at and level + top >= high:  # the peak is inside the nested backward
+        mem.snap = {**mem.st_bytes, ("n", v): top}
+    high = max(high, level + top)
+    level += nested.end - nested.input_grad  # the input's grad is the output made below
+    if run.origin is not None:  # a snapshot: what the nested backward left (its parameters' .grad)
+        mem.st_bytes[("k", v)] = nested.end - nested.input_grad
+    run.grads_kept += nested.grads_kept
+    return level, high
+
+
+def _new_gradients(run: Run, v: int, es: list, level: int, high: int) -> tuple[int, int, list | None]:
+    """A new gradient tensor per edge of ``v`` (``Memory.alloc``, inlined); a first gradient for an input moves
+    into its InputBuffer now, a second one is returned as pending ``(target, output, tensor)``, to be summed
+    after the frees."""
+    mem, buffers, gbytes = run.mem, run.buffers, run.prog.grad_bytes
+    st_refs, st_bytes, impl_refs, impl_storage = mem.st_refs, mem.st_bytes, mem.impl_refs, mem.impl_storage
+    new_id, origin, snapshot_at = mem.ids.__next__, run.origin, run.snapshot_at
+    pending = None
+    for u, k in es:
+        try:
+            nbytes = gbytes[u][k]
+        except IndexError:  # an output the graph has no shape for
+            nbytes = 0
+        g = new_id()
+        st_refs[g] = 1  # the storage of a new tensor is keyed by the tensor's id
+        st_bytes[g] = nbytes
+        impl_refs[g] = 1
+        impl_storage[g] = g
+        level += nbytes
+        if level > high:
+            high = level
+            if v == snapshot_at:
+                mem.snap = dict(st_bytes)
+        if origin is not None:
+            origin[g] = v
+        slot = buffers[u]  # a first gradient for (u, k) moves in now: nothing else changes
+        if slot is None:
+            buffers[u] = {k: g}
+        elif k not in slot:
+            slot[k] = g
+        elif pending is None:
+            pending = [(u, k, g)]
+        else:
+            pending.append((u, k, g))
+    return level, high, pending
+
+
+def _drop_inputs(mem: Memory, inputs: dict, level: int) -> int:
+    """The node's incoming gradients are dropped (``Memory.unref``, inlined)."""
+    impl_refs, impl_view, impl_storage, st_refs, st_bytes = (
+        mem.impl_refs,
+        mem.impl_view,
+        mem.impl_storage,
+        mem.st_refs,
+        mem.st_bytes,
+    )
+    for g in inputs.values():
+        n = impl_refs[g] - 1
+        if n:
+            impl_refs[g] = n
+            continue
+        del impl_refs[g]
+        if impl_view:
+            impl_view.pop(g, None)
+        st = impl_storage.pop(g)
+        n = st_refs[st] - 1
+        if n:
+            st_refs[st] = n
+        else:
+            del st_refs[st]
+            level -= st_bytes.pop(st, 0)
+    return level
+
+
+def _release_saved(run: Run, keys, level: int) -> int:
+    """The node's saved tensors are released (``Memory.drop_storage``, inlined; offloaded keys were never
+    counted)."""
+    st_refs, st_bytes = run.mem.st_refs, run.mem.st_bytes
+    for key in keys:
+        n = st_refs.get(key)
+        if n is None:
+            continue
+        if n > 1:
+            st_refs[key] = n - 1
+        else:
+            del st_refs[key]
+            freed = st_bytes.pop(key, 0)
+            level -= freed
+            run.saved_freed += freed
+    return level
+
+
+def _into_buffers(run: Run, v: int, pending: list, level: int, high: int) -> tuple[int, int]:
+    """Gradients into the InputBuffers, each summed with a gradient already there: in place when that one is
+    sole-owned, else ``old + new`` allocates."""
+    mem, buffers, gbytes, grad_scale = run.mem, run.buffers, run.prog.grad_bytes, run.grad_scale
+    synced = False
+    for u, k, g in pending:
+        slot = buffers[u]
+        if slot is None:
+            buffers[u] = {k: g}
+            continue
+        old = slot.get(k)
+        if old is None:
+            slot[k] = g
+            continue
+        if not synced:
+            mem.level, mem.high, mem.cur = level, high, v
+            synced = True
+        if mem.sole(old):
+            mem.unref(g)
+        else:
+            # ``old + new`` has the gradient's size, whatever storage the two view (a piece of
+            # cat's gradient, sum()'s one-element expand)
+            gb = gbytes[u][k] if grad_scale is None else grad_scale(u, k, gbytes[u][k])
+            new = mem.alloc(gb or mem.st_bytes.get(mem.impl_storage[old], 0))
+            mem.unref(old)
+            mem.unref(g)
+            slot[k] = new
+    if synced:
+        return mem.level, mem.high
+    return level, high
 
 
 def _nested(prog: Program, v: int, extra_attrs: dict, given: set):

@@ -1,16 +1,164 @@
-"""The pieces of :func:`~gradscope.memory.replay.simulate.simulate` that one node's step calls: a checkpoint
-region's tensors re-created when its first node runs (NOTE [recompute step by step] in
-:mod:`gradscope.memory.replay.recompute`), the bytes a formula makes after it returns, the workspace per node,
-and the parameters a traced reentrant region shares with the graph.
+"""The pieces of :func:`~gradscope.memory.replay.simulate.simulate` that one node's step calls: what one run
+reads at every node (:class:`Run`), the saved storages and seed gradients alive when backward starts, a
+checkpoint region's tensors re-created when its first node runs (NOTE [recompute step by step] in
+:mod:`gradscope.memory.replay.recompute`), an AccumulateGrad's step, the bytes a formula makes after it
+returns, the workspace per node, and the parameters a traced reentrant region shares with the graph.
+
+The pieces that run at every node take the current ``level`` and ``high`` and return them (the replay keeps
+both in locals); a piece that calls :class:`~gradscope.memory.replay.gradients.Memory` writes them to ``mem``
+first and reads them back after.
 """
 
 from __future__ import annotations
 
-from gradscope.memory.replay.engine import Program, reentrant_nodes
-from gradscope.memory.replay.gradients import Memory
+from itertools import repeat
+
+from gradscope.memory.replay.engine import Program, node_extras, numel_bytes, reentrant_nodes
+from gradscope.memory.replay.gradients import EXPANDED, OUTPUT_KINDS, READS_EXPANDED, Memory
 from gradscope.memory.replay.recompute import recompute_high
 
-__all__ = ["recompute_node", "create_region_tensors", "after_formula", "by_node", "shared_leaves"]
+__all__ = [
+    "Run",
+    "hold_saved",
+    "seed_gradients",
+    "leaf_step",
+    "expanded_copy",
+    "region_grads",
+    "recompute_node",
+    "create_region_tensors",
+    "after_formula",
+    "by_node",
+    "shared_leaves",
+]
+
+
+class Run:
+    """One replay's inputs, read at every node, and the totals it adds up (see ``simulate``'s arguments)."""
+
+    __slots__ = (
+        "prog",
+        "mem",
+        "buffers",
+        "sizes",
+        "drop",
+        "recompute",
+        "grad_scale",
+        "has_grad",
+        "snapshot_at",
+        "release",
+        "kind",
+        "ext",
+        "wsd",
+        "track_done",
+        "shared",
+        "given",
+        "created",
+        "done",
+        "origin",
+        "grads_kept",
+        "saved_freed",
+    )
+
+    def __init__(
+        self, prog: Program, mem: Memory, *, sizes, drop, recompute, grad_scale, has_grad, snapshot_at, workspace
+    ) -> None:
+        self.prog, self.mem, self.sizes, self.drop = prog, mem, sizes, drop
+        self.recompute, self.grad_scale, self.has_grad, self.snapshot_at = recompute, grad_scale, has_grad, snapshot_at
+        self.buffers: list = [None] * len(prog.edges)  # per node, its InputBuffer {input nr: tensor} (None: empty)
+        self.release = True
+        self.kind = list(map(OUTPUT_KINDS.get, prog.name, repeat(0)))  # 0: every output a new tensor
+        self.ext = node_extras(prog)
+        self.wsd = workspace if workspace is None or type(workspace) is dict else by_node(workspace, prog.leaf)
+        self.track_done = bool(recompute)
+        self.shared = shared_leaves(prog)  # leaf index -> name, for the parameters traced regions use too
+        self.given: set = set()  # parameters whose .grad a traced reentrant region's nested backward set
+        self.created: set = set()  # recomputed storage keys made so far
+        self.done: set = set()  # nodes that ran (read by the recompute: who still holds a re-created tensor)
+        self.origin = mem.origin if snapshot_at is not None else None  # only a snapshot reads who made a gradient
+        self.grads_kept = 0  # bytes that ended in .grad (stolen or cloned)
+        self.saved_freed = 0
+
+
+def hold_saved(prog: Program, mem: Memory, sizes: dict, drop) -> None:
+    """The saved storages alive when backward starts, one reference per node saving each; a holder outside
+    the graph (external) is one more: never freed by backward. Offloaded and recomputed keys are not here."""
+    refs0, bytes0, external = mem.st_refs, mem.st_bytes, prog.external
+    for keys in prog.saved:
+        for key in keys:
+            if key in drop or key[0] == "r":
+                continue
+            n = refs0.get(key)
+            if n is None:
+                refs0[key] = 2 if key in external else 1
+                bytes0[key] = sizes.get(key, 0)
+            else:
+                refs0[key] = n + 1
+
+
+def seed_gradients(prog: Program, mem: Memory, buffers: list, held_seeds: bool) -> list:
+    """``torch.autograd.backward``'s ``ones_like(root)`` per root, put in the root's InputBuffer and held until
+    backward returns (their impl ids). ``held_seeds``: held outside, so not counted and never freed."""
+    seeds = []
+    for r, nbytes in zip(prog.roots, prog.root_bytes):
+        impl = mem.alloc(nbytes)
+        seeds.append(mem.ref(impl))
+        if buffers[r] is None:
+            buffers[r] = {}
+        buffers[r][0] = impl
+        if held_seeds:
+            mem.st_refs[mem.impl_storage[impl]] += 1
+            mem.level -= nbytes
+    return seeds
+
+
+def leaf_step(run: Run, v: int, g, level: int, high: int) -> tuple[int, int]:
+    """AccumulateGrad ``v`` with incoming gradient ``g`` (or None): stolen when ``.grad`` is None and ``g`` is
+    sole-owned and dense, cloned when ``.grad`` is None otherwise, added in place when ``.grad`` is set."""
+    shared, has_grad = run.shared, run.has_grad
+    if g is not None and shared is not None and v in shared:  # a parameter a traced region uses too
+        if shared[v] in run.given:
+            has_grad = run.has_grad = {**has_grad, v: True}
+        run.given.add(shared[v])
+    if g is None:
+        return level, high
+    mem = run.mem
+    if not has_grad.get(v) and mem.impl_refs.get(g) == 1 and mem.impl_view.get(g) not in EXPANDED:
+        run.grads_kept += mem.st_bytes.get(mem.impl_storage[g], 0)  # stolen: it becomes .grad
+        return level, high
+    mem.level, mem.high, mem.cur = level, high, v
+    if not has_grad.get(v):  # cloned; else .grad += new_grad, in place
+        nbytes = run.prog.grad_bytes[v][0]
+        mem.alloc(nbytes)
+        run.grads_kept += nbytes
+    mem.unref(g)
+    return mem.level, mem.high
+
+
+def expanded_copy(run: Run, v: int, es: list, g) -> int:
+    """Bytes of the dense copy of ``sum()``'s expanded gradient ``g`` that ``v``'s formula makes, freed before it
+    returns (NOTE [what one node does to memory]); a custom Function's backward is measured on the expanded
+    gradient itself (memory/kernels/signature.py), so its copy, if any, is in the measurement."""
+    prog, grad_scale = run.prog, run.grad_scale
+    gbytes = prog.grad_bytes[v]
+    if g is None or not gbytes or prog.name[v] in READS_EXPANDED or run.mem.impl_view.get(g) not in EXPANDED:
+        return 0
+    if prog.attrs[v].get("function"):
+        return 0
+    nbytes = gbytes[0] if grad_scale is None else grad_scale(v, 0, gbytes[0])
+    return nbytes - after_formula(prog, v, es, grad_scale)
+
+
+def region_grads(run: Run, v: int, region_params: list, level: int, high: int) -> tuple[int, int]:
+    """A reentrant checkpoint node whose region is not modelled: the nested backward fills the ``.grad`` of
+    the region's parameters that had none."""
+    mem = run.mem
+    mem.level, mem.high, mem.cur = level, high, v
+    for shape, dtype, had, *_ in region_params:
+        if not had:
+            nbytes = numel_bytes(shape, dtype)
+            mem.alloc(nbytes)
+            run.grads_kept += nbytes
+    return mem.level, mem.high
 
 
 def recompute_node(

@@ -30,6 +30,7 @@ from __future__ import annotations
 from gradscope.graph import PARAMS
 from gradscope.graph.attribution import node_modules, seq_order, storage_uses
 from gradscope.memory.sharding.layout import ROOT, Group, group_of, groups
+from gradscope.memory.sharding.offload import host_parts, offload_notes
 from gradscope.memory.sharding.optstep import sharded_step
 from gradscope.memory.sharding.result import ShardedStep
 from gradscope.memory.sharding.specs import FSDP
@@ -63,12 +64,15 @@ class _Peak:
             self.value, self.where = level, where
 
 
-def _forward(spec: FSDP, gs: list[Group], order: list[str], acts: dict, base: int, peak: _Peak) -> int:
-    """The forward's events from ``base``; returns what the unsharded parameters kept for backward add."""
+def _forward(spec: FSDP, gs: list[Group], order: list[str], acts: dict, base: int, peak: _Peak, apart: bool) -> int:
+    """The forward's events from ``base``; returns what the unsharded parameters kept for backward add.
+    ``apart``: the shards live on the host (CPU offload with an accelerator), copied to the device first."""
     world = spec.world_size
     by = {g.name: g for g in gs}
     root = by[ROOT]
     ag_root = world * root.padded
+    if apart:
+        peak.at(base + root.padded + ag_root, "forward (all-gather of the root)")
     peak.at(base + 2 * ag_root, "forward (all-gather of the root)")
     peak.at(base + ag_root + root.full, "forward (all-gather of the root)")
     level, prev, kept = base + root.full + ag_root, ag_root, root.full
@@ -76,6 +80,8 @@ def _forward(spec: FSDP, gs: list[Group], order: list[str], acts: dict, base: in
         g = by[name]
         ag = world * g.padded
         here = level + acts.get(name, 0)
+        if apart:  # the shards' copies to the device, then the flat output
+            peak.at(here + g.padded + ag, f"forward (all-gather of {name})")
         peak.at(here + 2 * ag, f"forward (all-gather of {name})")
         peak.at(here + ag + g.full, f"forward (all-gather of {name})")
         level += ag - prev
@@ -116,8 +122,9 @@ def _grad_bytes(graph, gs: list[Group]) -> dict[str, int]:
     return out
 
 
-def _backward(spec: FSDP, gs: list[Group], order: list[str], bm, node_group, grads, base: int, rank: int, peak):
-    """The backward's events over the replayed levels from ``base``; returns the level after backward."""
+def _backward(spec: FSDP, gs: list[Group], order: list[str], bm, node_group, grads, base: int, rank: int, peak, apart):
+    """The backward's events over the replayed levels from ``base``; returns the level after backward.
+    ``apart``: each sharded gradient is copied to the host and freed on the device (CPU offload)."""
     world = spec.world_size
     by = {g.name: g for g in gs}
     back = list(reversed(order))
@@ -136,6 +143,8 @@ def _backward(spec: FSDP, gs: list[Group], order: list[str], bm, node_group, gra
         if nxt is None or not gather:
             return
         ag = world * by[nxt].padded
+        if apart and spec.reshard_after_forward is True:  # resharded to the host: copied to the device first
+            peak.at(base + level + fs + by[nxt].padded + ag, f"backward (all-gather of {nxt})")
         peak.at(base + level + fs + 2 * ag, f"backward (all-gather of {nxt})")
         fs += ag
 
@@ -147,8 +156,10 @@ def _backward(spec: FSDP, gs: list[Group], order: list[str], bm, node_group, gra
         rs = world * g.padded
         fs += rs
         peak.at(base + level + fs, f"backward (reduce-scatter of {name or 'the root'})")
-        fs += g.local[rank] - grads[name]
+        fs += g.padded - grads[name]  # the sharded gradients are views into one flat output (padded)
         peak.at(base + level + fs + rs, f"backward (reduce-scatter of {name or 'the root'})")
+        if apart:  # the sharded gradient's copy to the host; the device's output goes
+            fs -= g.padded
         rs_prev = rs
 
     level = 0
@@ -195,26 +206,28 @@ def fsdp_step(
     grads = _grad_bytes(graph, gs)
     sharded = sum(g.padded for g in gs)
     ceiling = sum(world * g.padded for g in gs if g.name) if device == "cpu" else 0
-    ranks, all_parts, phase = [], [], []
+    apart = spec.offload and device != "cpu"  # NOTE [FSDP2 CPU offload] in offload.py
+    held = parts.get("buffers", 0) + parts.get("leaf inputs", 0)
+    ranks, all_parts, phase, host = [], [], [], []
     for rank in range(world):
         step = sharded_step(optimizer, graph, world, rank)
         state = step.state_before if step is not None else 0
-        base = sharded + parts.get("buffers", 0) + parts.get("leaf inputs", 0) + state
+        base = held + (0 if apart else sharded + state)
         peak = _Peak()
-        kept = _forward(spec, gs, names, acts, base, peak)
-        end = _backward(spec, gs, names, bm, node_group, grads, base + kept + acts_total, rank, peak)
-        if step is not None:
+        kept = _forward(spec, gs, names, acts, base, peak, apart)
+        end = _backward(spec, gs, names, bm, node_group, grads, base + kept + acts_total, rank, peak, apart)
+        if step is not None and not apart:
             peak.at(end + step.peak, f"{step.name}.step()")
         low = peak.value
         ranks.append((low, low + ceiling))
-        p = {
-            "sharded parameters (padded)": sharded,
-            "buffers and inputs": parts.get("buffers", 0) + parts.get("leaf inputs", 0),
-            "optimizer state (before the step)": state,
-        }
+        p = {"buffers and inputs": held}
+        if not apart:
+            p |= {"sharded parameters (padded)": sharded, "optimizer state (before the step)": state}
         p["working set at the peak"] = low - sum(p.values())
         all_parts.append(p)
         phase.append(peak.where)
+        if spec.offload:
+            host.append(host_parts(gs, grads, rank if apart else None, state, step))
     notes = [
         f"each of the {world} ranks runs the traced batch; groups: the root and {len(names)} fully_shard "
         f"module(s) ({names[0]}{', ...' if len(names) > 1 else ''})",
@@ -226,4 +239,7 @@ def fsdp_step(
         )
     else:
         notes.append("NCCL's buffers and the streams holding blocks on the device: modelled, not measured")
-    return ShardedStep(spec, ranks, all_parts, before, single, change, device, notes, phase, groups=names)
+    notes += offload_notes(spec, device)
+    return ShardedStep(
+        spec, ranks, all_parts, before, single, change, device, notes, phase, groups=names, host_parts=host
+    )

@@ -4,7 +4,8 @@ NOTE [FSDP2 layout]
 ``fully_shard(module)`` makes one parameter group of the module's parameters that no inner ``fully_shard``
 module took; the root takes the rest. Each parameter's dim 0 is chunked over the ranks as ``torch.chunk``
 does (``ceil(d0 / world)`` rows per rank, the last ranks fewer or none); the shard's storage is padded to
-chunk 0's size on every rank, while ``.grad`` and the optimizer state follow the unpadded local rows. The
+chunk 0's size on every rank, while the optimizer state follows the unpadded local rows; each ``.grad`` is a
+view of the unpadded rows into the group's flat reduce-scatter output, one padded shard of the group. The
 all-gather and reduce-scatter buffers are flat: ``world`` times the padded shards of the group.
 """
 

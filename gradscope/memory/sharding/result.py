@@ -23,6 +23,9 @@ class ShardedStep:
         single: the single-process step with the same change (checkpoint, batch) and no sharding.
         change: the what-if change in words (``"checkpoint blocks.*"``), ``"no change"`` without one.
         device: the device the step runs on; notes: sentences about what is modelled and what is not.
+        host_parts: with FSDP2's ``CPUOffloadPolicy``, per rank, the host's bytes at its peak by kind (sharded
+            parameters, gradients, optimizer state, the step's own peak): NOTE [FSDP2 CPU offload]; empty
+            without offload. ``host`` sums them per rank.
     """
 
     spec: Any
@@ -36,6 +39,12 @@ class ShardedStep:
     phase: list[str] = field(default_factory=list)  # per rank: where the low peak is ("backward", ...)
     checkpoint: list[str] = field(default_factory=list)  # the modules the change checkpoints (resolved)
     groups: list[str] = field(default_factory=list)  # FSDP2: the modules fully_shard wraps before the root
+    host_parts: list[dict[str, int]] = field(default_factory=list)
+
+    @property
+    def host(self) -> list[int]:
+        """Per rank, the host's peak under CPU offload (bytes; empty without offload)."""
+        return [sum(p.values()) for p in self.host_parts]
 
     @property
     def peak_range(self) -> tuple[int, int]:
@@ -68,7 +77,8 @@ class ShardedStep:
             f"what if: {self.spec.label()}, per rank" + ("" if self.change == "no change" else f"; {self.change}"),
             f"  per-rank peak {span} on {self.device} (one process, unsharded: {b(self.before)})",
         ]
-        for first, last in _runs(self.ranks):
+        host = self.host or [0] * self.world_size
+        for first, last in _runs(list(zip(self.ranks, host))):
             lo_r, hi_r = self.ranks[first]
             where = f" in {self.phase[first]}" if first < len(self.phase) and self.phase[first] else ""
             label = (
@@ -78,9 +88,10 @@ class ShardedStep:
             )
             rng = b(lo_r) if lo_r == hi_r else f"{b(lo_r)} .. {b(hi_r)}"
             lines.append(f"  {label}: {rng}{where}")
-            for what, n in sorted(self.parts[first].items(), key=lambda kv: -kv[1]):
-                if n:
-                    lines.append(f"    {what:<36} {b(n):>10}")
+            lines += _part_lines(self.parts[first])
+            if self.host_parts:
+                lines.append(f"  {label} on the host (CPU offload): {b(host[first])}")
+                lines += _part_lines(self.host_parts[first])
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -97,8 +108,12 @@ class ShardedStep:
         return svg_or_path(ranks_svg(self, width=width), path)
 
 
-def _runs(ranks: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """``(first, last)`` rank of each run of equal ``(low, high)``."""
+def _part_lines(parts: dict[str, int]) -> list[str]:
+    return [f"    {what:<36} {human_bytes(n):>10}" for what, n in sorted(parts.items(), key=lambda kv: -kv[1]) if n]
+
+
+def _runs(ranks: list) -> list[tuple[int, int]]:
+    """``(first, last)`` rank of each run of equal values (``((low, high), host)``)."""
     out: list[tuple[int, int]] = []
     for r, v in enumerate(ranks):
         if out and ranks[out[-1][0]] == v:

@@ -30,6 +30,12 @@ class Target:
     #: True when this target's numbers were checked against the device's own measurement (the tests do it
     #: for CPU against torch.profiler); False: the rules are modelled from torch's source, not measured.
     measured: bool = True
+    #: Whether ``torch.optim`` picks its foreach implementation by default on this device.
+    foreach: bool = False
+    #: What every prediction for this target says about how far to trust it ("" when measured).
+    note: str = ""
+    #: What the target does not model, in words (printed with the prediction).
+    unmodelled: tuple[str, ...] = ()
 
     def allocated(self, nbytes: int) -> int:
         """Bytes the device's allocated-memory count grows by for one storage of ``nbytes`` bytes."""
@@ -52,24 +58,10 @@ class Target:
         node names of the graph."""
         return {}
 
-    def foreach_optimizer(self) -> bool:
-        """Whether ``torch.optim`` picks its foreach implementation by default on this device."""
-        return False
-
-    @property
-    def note(self) -> str:
-        """What every prediction for this target says about how far to trust it ("" when measured)."""
-        return ""
-
     @property
     def label(self) -> str:
         """The device in the printed views: its name, with "(modelled, not measured on a GPU)" when so."""
         return self.name if self.measured else f"{self.name} (modelled, not measured on a GPU)"
-
-    @property
-    def unmodelled(self) -> tuple[str, ...]:
-        """What the target does not model, in words (printed with the prediction)."""
-        return ()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -77,6 +77,15 @@ class CUDA(Target):
     name: str = "cuda"
     measured: bool = False
     capability: tuple[int, int] = (9, 0)
+    # class attributes, not fields (no annotation): see Target
+    foreach = True
+    note = "CUDA target: modelled, not measured on a GPU (torch's caching allocator and kernel rules)"
+    unmodelled = (
+        "workspace inside CUDA kernels (cuDNN convolution, attention backward, cuBLAS beyond its "
+        "workspace): the CPU measurement stands in where one exists",
+        "a large block served from the allocator's cache may count up to 1 MiB more than asked (an unsplit remainder)",
+        "the CUDA context and the memory of other processes",
+    )
 
     def allocated(self, nbytes: int) -> int:
         n = int(nbytes)
@@ -129,23 +138,6 @@ class CUDA(Target):
             return {}
         size = cublas_workspace(self.capability, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
         return {"cuBLAS workspace (one stream)": self.allocated(size)}
-
-    def foreach_optimizer(self) -> bool:
-        return True
-
-    @property
-    def note(self) -> str:
-        return "CUDA target: modelled, not measured on a GPU (torch's caching allocator and kernel rules)"
-
-    @property
-    def unmodelled(self) -> tuple[str, ...]:
-        return (
-            "workspace inside CUDA kernels (cuDNN convolution, attention backward, cuBLAS beyond its "
-            "workspace): the CPU measurement stands in where one exists",
-            "a large block served from the allocator's cache may count up to 1 MiB more than asked "
-            "(an unsplit remainder)",
-            "the CUDA context and the memory of other processes",
-        )
 
     def __repr__(self) -> str:
         return f"CUDA(capability={self.capability})"

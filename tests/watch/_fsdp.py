@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch import nn
 
 import gradscope
-from tests._watch_ddp import init
+from tests.watch._ddp import init
 
 
 class Net(nn.Module):
