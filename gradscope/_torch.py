@@ -21,8 +21,7 @@ from torch.nn.modules import module as _nn_module
 from gradscope._torchcheck import check_torch
 
 __all__ = [
-    "PARALLEL_WRAPPERS",
-    "unwrap_parallel",
+    "fsdp2_groups",
     "peek_sequence_nr",
     "sequence_nr",
     "NO_SEQUENCE_NR",
@@ -340,11 +339,11 @@ def cancel_next_backward(fn: Callable[[Any], None]) -> None:
         _unwrap()
 
 
-# -- model wrappers (public API; here so that one place unwraps them) -------------------------------------
-#: Wrappers whose ``.module`` is the model the user wrote: its parameter names carry no ``module.`` prefix.
-PARALLEL_WRAPPERS = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
-
-
-def unwrap_parallel(model):
-    """The model inside a DistributedDataParallel / DataParallel wrapper, or ``model`` itself."""
-    return model.module if isinstance(model, PARALLEL_WRAPPERS) else model
+def fsdp2_groups(module) -> list:
+    """``fully_shard(module)``'s parameter groups, each with ``(module, attribute, sharded parameter, unsharded
+    parameter or None)`` per parameter: docs/internals.md#fsdp2s-settings-on-a-wrapped-model."""
+    out = []
+    for g in module._get_fsdp_state()._fsdp_param_groups:
+        info = [(fp._module_info, fp.sharded_param, getattr(fp, "_unsharded_param", None)) for fp in g.fsdp_params]
+        out.append((g, [(i.module, i.param_name, sharded, unsharded) for i, sharded, unsharded in info]))
+    return out

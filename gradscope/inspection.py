@@ -33,7 +33,9 @@ def inspect(
         root: the loss tensor, or a (nested) list/tuple of tensors you would pass to
             ``torch.autograd.backward``.
         model: an ``nn.Module`` whose ``named_parameters()`` name the leaves (DDP/DataParallel are
-            unwrapped, so names carry no ``module.`` prefix).
+            unwrapped, so names carry no ``module.`` prefix; FSDP2's unsharded parameters are named after
+            the sharded ones). A DDP or ``fully_shard``-ed model sets ``report.shard`` (its spec) and
+            ``report.rank``: ``what_if()`` then predicts the per-rank step as ``what_if(shard=...)`` would.
         params: a mapping of names to tensors, in addition to or instead of ``model``.
         trace: a finished :func:`gradscope.trace` recording of the same forward pass; it adds module
             names to op nodes and the source location of cuts and in-place writes.
@@ -60,7 +62,16 @@ def inspect(
     if trace is not None:
         _annotate(trace, graph, model, names)
     special = [node_id(i) for i in records.special]
-    return Report(graph, run_checks(graph, special), saved_bytes=records.held_total)
+    report = Report(graph, run_checks(graph, special), saved_bytes=records.held_total)
+    if model is not None:  # a model wrapped by DDP / FSDP2 on a rank: what_if() predicts this rank's step
+        from gradscope.errors import InputValueError
+        from gradscope.memory.sharding.wrapped import wrapped_spec
+
+        try:
+            report.shard, report.rank = wrapped_spec(model) or (None, None)
+        except InputValueError as e:  # the findings stand; what_if() says why it cannot predict the rank
+            report.shard_error = str(e)
+    return report
 
 
 def _annotate(trace, graph, model, names) -> None:

@@ -55,6 +55,11 @@ class Report:
         #: reuses them (the replay's compiled program, what-if's shared context): ``{owner key: value}``, one
         #: key per owning module (``"memory.replay.program"``). Never saved; emptied when the graph is replaced.
         self.cache: dict[str, Any] = {}
+        #: Set by ``inspect(model=m)`` when ``m`` is wrapped by DDP or ``fully_shard`` on a rank: its
+        #: :class:`gradscope.DDP` / :class:`gradscope.FSDP` and the rank; ``what_if()`` then uses the spec.
+        self.shard: DDP | FSDP | None = None
+        self.rank: int | None = None
+        self.shard_error = ""  # why a wrapped model has no spec (what_if() raises it)
 
     @property
     def graph(self) -> nx.DiGraph:
@@ -143,6 +148,12 @@ class Report:
         (see :func:`gradscope.memory.whatif.what_if`; needs ``inspect(..., trace=tr)``); with ``shard=`` a
         :class:`gradscope.DDP` / :class:`gradscope.FSDP`, the per-rank step (see
         :func:`gradscope.memory.planning.sharded.sharded_what_if`)."""
+        if shard is None and self.shard_error:
+            from gradscope.errors import InputValueError
+
+            raise InputValueError(self.shard_error)
+        if shard is None and self.shard is not None:  # inspected on a rank of a wrapped model
+            shard = self.shard
         if shard is not None:
             from gradscope.errors import InputValueError
             from gradscope.memory.planning.sharded import sharded_what_if
@@ -153,7 +164,9 @@ class Report:
                     "device the graph was built on; drop target= or shard=."
                 )
 
-            return sharded_what_if(self, shard, checkpoint, offload, batch, optimizer, **kwargs)
+            step = sharded_what_if(self, shard, checkpoint, offload, batch, optimizer, **kwargs)
+            step.rank = self.rank if shard is self.shard else None
+            return step
         from gradscope.memory.planning.whatif import what_if
 
         return what_if(self, checkpoint, offload, batch, optimizer, **kwargs)

@@ -139,6 +139,22 @@ def _host_held(model, opt) -> int:
     return sum(seen.values())
 
 
+def _inspected(rank: int, world: int, model_name: str, model_kw: dict, cfg: dict, n: int) -> dict:
+    """``inspect(loss, model=wrapped)`` on this rank, before backward: the spec it read, the rank, and
+    ``what_if(optimizer=opt).ranks`` (one step: the same forward, loss and optimizer as a measured run)."""
+    import gradscope
+
+    model = _wrap(build(model_name, **model_kw), cfg, world)
+    opt = torch.optim.AdamW(model.parameters()) if cfg.get("opt", True) else None
+    x = batch(model_name, n, seed=1 + rank, **model_kw)
+    with gradscope.trace(model) as tr:
+        loss = loss_of(model(x))
+    report = gradscope.inspect(loss, model=model, trace=tr)
+    wi = report.what_if(optimizer=opt)
+    loss.backward()  # the collectives every rank runs
+    return {"spec": report.shard.label(), "rank": report.rank, "ranks": wi.ranks, "wi_rank": wi.rank}
+
+
 def _worker(rank: int, port: int, world: int, model_name: str, model_kw: dict, cfgs: list, runs: int, n: int,
             out: str):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -147,6 +163,11 @@ def _worker(rank: int, port: int, world: int, model_name: str, model_kw: dict, c
     try:
         res = [[_one(rank, world, model_name, model_kw, {"model": model_name, **cfg}, n) for _ in range(runs)]
                for cfg in cfgs]
+        for cfg, runs_of in zip(cfgs, res):
+            if cfg.get("inspect"):  # after the measured runs, unprofiled: gradscope on this rank's wrapped model
+                seen = _inspected(rank, world, model_name, model_kw, {"model": model_name, **cfg}, n)
+                for rec in runs_of:
+                    rec["inspected"] = seen
     finally:
         dist.destroy_process_group()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:

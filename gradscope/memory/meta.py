@@ -21,13 +21,14 @@ is, for 2-d convolutions of every dtype and for 3-d ones that oneDNN runs (float
 otherwise and for 1-d; meta's convolution always returns a contiguous output (and channels-last gradients
 from either). With the target ``"cpu"``, the context holds a dispatch mode that gives each convolution on
 meta tensors, forward and backward, CPU's strides (:func:`cpu_conv_format`), so the next ops see the layout
-CPU gives them. Other ops whose CPU kernel depends on layout or flags (``max_pool``) build the same nodes
-with the same saved shapes on meta. Recurrent layers do not: CPU runs oneDNN's RNN
-layer for ``nn.LSTM`` and computes the input projections of every step at once for ``nn.GRU`` / ``nn.RNN``,
-CUDA runs cuDNN, meta the cell-by-cell path; inside this context such a call on meta tensors raises
-:class:`~gradscope.errors.InputValueError` naming the layer, rather than answer for another graph. (Meta's own
-``mkldnn_rnn_layer`` builds CPU's LSTM node but saves an empty workspace where oneDNN saves one whose size
-only its primitive knows, so routing the LSTM there would match the names and not the bytes.)
+CPU gives them; that mode sees every op, so it is entered at the first convolution on meta tensors (a
+model without one, a transformer, runs without it). Other ops whose CPU kernel depends on layout or flags
+(``max_pool``) build the same nodes with the same saved shapes on meta. Recurrent layers do not: CPU runs
+oneDNN's RNN layer for ``nn.LSTM`` and computes the input projections of every step at once for ``nn.GRU``
+/ ``nn.RNN``, CUDA runs cuDNN, meta the cell-by-cell path; inside this context such a call on meta tensors
+raises :class:`~gradscope.errors.InputValueError` naming the layer, rather than answer for another graph.
+(Meta's own ``mkldnn_rnn_layer`` builds CPU's LSTM node but saves an empty workspace where oneDNN saves one
+whose size only its primitive knows, so routing the LSTM there would match the names and not the bytes.)
 Measured on torch 2.13 (tests/memory/test_meta_equals_cpu.py): the ops that differ are these and
 ``F.embedding_bag`` (its ``max_indices`` has one entry per bag on CPU and none on meta: 8 bytes a bag).
 """
@@ -72,13 +73,24 @@ _CL = {4: torch.channels_last, 5: torch.channels_last_3d}
 _NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 
+#: The torch functions that run ``aten.convolution``: the first one on meta tensors turns on the CPU strides.
+_CONVS = frozenset(
+    {torch.conv1d, torch.conv2d, torch.conv3d, torch.conv_transpose1d, torch.conv_transpose2d}
+    | {torch.conv_transpose3d, torch.convolution, torch._convolution}
+)
+
+
 class _MetaAs(TorchFunctionMode):
-    def __init__(self, target: Target):
+    def __init__(self, target: Target, strides: contextlib.ExitStack | None = None):
         super().__init__()
         self.target = target
+        self.strides = strides  # enters _CpuConvStrides at the first convolution on meta tensors
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.strides is not None and func in _CONVS and _on_meta(args[:2]):
+            self.strides.enter_context(_CpuConvStrides())  # from here on, until the context ends
+            self.strides = None
         layer = _RNN.get(func)
         if layer is not None and _on_meta(args[:1]):
             raise InputValueError(
@@ -209,7 +221,8 @@ def kernels_on_meta(target="cpu"):
         >>> gradscope.inspect(loss, model=model).backward_memory(target="cuda").peak  # doctest: +SKIP
     """
     target = resolve(target)
-    with _MetaAs(target), _CpuConvStrides() if target.name == "cpu" else contextlib.nullcontext():
+    with contextlib.ExitStack() as stack:  # the dispatch mode only once a convolution needs it (every op
+        stack.enter_context(_MetaAs(target, stack if target.name == "cpu" else None))  # pays for one)
         yield
 
 

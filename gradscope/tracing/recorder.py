@@ -23,7 +23,7 @@ import torch
 
 from gradscope import _torch
 from gradscope._format import one_line
-from gradscope._torch import unwrap_parallel
+from gradscope._wrappers import unwrap_parallel
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.graph import CALLED_MODULES, CHECKPOINT_PARAMS, EVENTS, EVENTS_DROPPED, MODULE_CALLS, PARAMS
 from gradscope.tracing.calls import call_names, live_modules, module_calls

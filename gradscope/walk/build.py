@@ -225,13 +225,15 @@ def _buffers_info(buffers, storages: StorageIds) -> list:
 
 
 def _params_info(where: dict, names, storages: StorageIds) -> dict:
-    out = {}
+    out: dict[str, dict] = {}
     ids_get = storages.ids.get
     for name, p in names.values():
         try:
             sid = ids_get(p.untyped_storage()._cdata)
         except (RuntimeError, NotImplementedError):
             sid = None
+        if sid is None and name in out and type(p).__name__ == "DTensor":  # FSDP2's sharded parameter, after
+            sid = out[name]["storage"]  # its unsharded one (walk/named.py fsdp2_names): the graph saved that one
         dtype = p.dtype
         try:
             shape = list(p.shape)

@@ -29,7 +29,8 @@ from operator import attrgetter, itemgetter
 import torch
 
 from gradscope._format import one_line
-from gradscope._torch import unwrap_parallel
+from gradscope._torch import fsdp2_groups
+from gradscope._wrappers import is_fsdp2, unwrap_parallel
 from gradscope.errors import InputTypeError, InputValueError
 
 __all__ = ["param_names", "model_buffers", "names_and_buffers"]
@@ -57,9 +58,35 @@ def names_and_buffers(model=None, params=None) -> tuple[dict[int, tuple[str, tor
     inner = unwrap_parallel(model)
     hit = _cached(inner)
     if hit is None:
-        return _add_params(_named(inner), params), _buffers(inner)
-    entry, values = hit
-    return _add_params(entry.names(values), params), list(entry.pick_buffers(values))
+        names, buffers = _named(inner), _buffers(inner)
+    else:
+        entry, values = hit
+        names, buffers = entry.names(values), list(entry.pick_buffers(values))
+    if is_fsdp2(inner):
+        fs = fsdp2_names(inner)  # last: the sharded parameter describes each name (see fsdp2_names)
+        names = {k: v for k, v in names.items() if k not in fs} | fs
+    return _add_params(names, params), buffers
+
+
+def fsdp2_names(model) -> dict[int, tuple[str, torch.Tensor]]:
+    """An FSDP2 model's parameters by the id of the unsharded parameter its forward ran on (what the graph's
+    AccumulateGrad and saved tensors hold: the parameter's storage), then of the sharded one, which describes
+    the name (``_params_info`` in build.py: the later entry wins; the id an optimizer holds, the shape the
+    whole parameter's). The graph then has the unsharded model's parameters (NOTE [FSDP2] in watching/fsdp.py)."""
+    where = {id(m): n for n, m in model.named_modules()}
+    out: dict[int, tuple[str, torch.Tensor]] = {}
+    later: list = []
+    for m in model.modules():
+        if not is_fsdp2(m):
+            continue
+        for _, params in fsdp2_groups(m):
+            for module, attr, sharded, unsharded in params:
+                prefix = where.get(id(module), "")
+                name = f"{prefix}.{attr}" if prefix else attr
+                if unsharded is not None:
+                    out[id(unsharded)] = (name, unsharded)
+                later.append((id(sharded), (name, sharded)))
+    return out | dict(later)
 
 
 def param_names(model=None, params=None) -> dict[int, tuple[str, torch.Tensor]]:

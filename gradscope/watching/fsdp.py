@@ -16,16 +16,9 @@ from __future__ import annotations
 import torch
 
 from gradscope._torch import current_graph_task_id, queue_engine_callback, version
+from gradscope._wrappers import is_fsdp2
 
 __all__ = ["is_fsdp2", "FsdpStamps"]
-
-
-def is_fsdp2(module) -> bool:
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # torch built without distributed
-        return False
-    return isinstance(module, FSDPModule)
 
 
 def _key(grad):

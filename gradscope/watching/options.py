@@ -7,7 +7,7 @@ import fnmatch
 import torch
 
 from gradscope._format import one_line
-from gradscope._torch import unwrap_parallel
+from gradscope._wrappers import unwrap_parallel
 from gradscope.errors import InputTypeError, InputValueError
 
 __all__ = ["validate", "select", "ignored"]

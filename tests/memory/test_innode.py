@@ -228,6 +228,45 @@ def test_large_tensors_are_extrapolated_from_small_sizes(monkeypatch):
     assert bm.peak == pytest.approx(direct.peak, rel=0.02)
 
 
+class Pieces(nn.Module):
+    """What LLM layers do with pieces of tensors: a fused projection split in three (GPT-2), half a head
+    rotated by slicing and concatenating (Llama's rotary embedding), keys appended to an empty cache."""
+
+    def __init__(self, d=64, heads=4):
+        super().__init__()
+        self.qkv, self.heads = nn.Linear(d, 3 * d), heads
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).split(x.shape[-1], dim=-1)
+        q, k, v = (t.unflatten(-1, (self.heads, -1)).transpose(1, 2) for t in (q, k, v))
+        half = q.shape[-1] // 2
+        q = torch.cat((-q[..., half:], q[..., :half]), dim=-1)
+        k = torch.cat((torch.zeros(k.shape[0], k.shape[1], 0, k.shape[3]), k), dim=-2)
+        return (q.sigmoid() * k.tanh() * v).pow(2).mean()
+
+
+def test_split_slices_and_cat_are_measured_at_small_sizes_too(monkeypatch):
+    """Split, slices and cat are rebuilt and measured, at their own size and shrunk for extrapolation (the
+    pieces shrink together, so they still fit): no node is left unmodelled, the peak is the profiler's."""
+    torch.manual_seed(0)
+
+    def build():
+        m = Pieces()
+        x = torch.randn(4, 256, 64)
+        return m, lambda: m(x)
+
+    direct = _truth(build)
+    assert direct.prediction.innode_unknown == {}
+    assert direct.prediction.peak == pytest.approx(direct.peak, rel=0.01)
+    monkeypatch.setattr(measure_mod, "LIMIT", 64 * 1024)  # every 256 KiB activation is shrunk
+    workspace._MEMO.clear()
+    monkeypatch.setenv("GRADSCOPE_CACHE", os.environ["GRADSCOPE_CACHE"] + "-small")
+    model, f = build()
+    bm = gradscope.inspect(f(), model=model).backward_memory()
+    assert bm.innode_unknown == {} and "extrapolated" in str(bm)
+    assert bm.peak == pytest.approx(direct.peak, rel=0.01)
+
+
 def test_our_measurement_prints_no_profiler_line_and_changes_no_setting(tmp_path):
     """A fresh process with an empty cache: the first measurement's profiler session writes nothing to
     stderr, a line the user writes to stderr afterwards still arrives, and the environment is unchanged."""

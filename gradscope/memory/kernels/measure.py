@@ -81,9 +81,9 @@ def _restride(shape: list, stride) -> list | None:
 
 
 def shrink(sig: dict, f: float) -> dict:
-    """The signature with each large dimension size (>= 32, in its largest tensor) divided by ``f``."""
-    big = max(tensors_of(sig), key=lambda t: _nbytes(*t))[0]
-    new = {int(n): max(1, math.ceil(int(n) / f)) for n in big if int(n) >= 32}
+    """The signature with each large dimension size (>= 32) divided by ``f``, in every tensor and recorded
+    size alike, so that sizes that must agree (a ``cat``'s pieces and its output, a slice's bounds) still do."""
+    new = {int(n): max(1, math.ceil(int(n) / f)) for shape, _ in tensors_of(sig) for n in shape if int(n) >= 32}
 
     def sub(x):
         if isinstance(x, bool) or not isinstance(x, (int, list)):
@@ -101,6 +101,21 @@ def shrink(sig: dict, f: float) -> dict:
 
 
 _EVAL = "autograd::engine::evaluate_function: "
+
+
+def one_thread(fn, *args):
+    """``fn(*args)`` on one intra-op thread, the count restored after: building a node's inputs is not what
+    is measured, and on a loaded machine each parallel region of a small op costs a scheduling wait (a
+    session took four times as long with two threads). The backward itself runs on the caller's threads,
+    which the signature records."""
+    n = torch.get_num_threads()
+    if n == 1:
+        return fn(*args)
+    torch.set_num_threads(1)
+    try:
+        return fn(*args)
+    finally:
+        torch.set_num_threads(n)
 
 
 def _window(marker, op: str | None):
@@ -176,8 +191,8 @@ def _session(jobs: list, run_custom: bool) -> dict:
                 make = prepare_formula if is_formula(sig) else lambda s: prepare(s, run_custom)
                 if sig["op"] not in warm:  # a first run sets up what a kernel sets up once per process
                     warm.add(sig["op"])
-                    make(sig)()
-                run = make(sig)
+                    one_thread(make, sig)()
+                run = one_thread(make, sig)
                 with record_function(f"{_MARK}{i}"):
                     got = run()
                 op = SAME_FORMULA.get(sig["op"], sig["op"])  # the node the rebuild made

@@ -33,6 +33,10 @@ _SUFFIXES: tuple[str, ...] = ("_sym_sizes_opt", "_sym_sizes", "_sizes", "_sym_ar
 SAME_FORMULA = {"AsStridedBackward1": "AsStridedBackward0"}
 
 
+#: The return types of a forward whose outputs can receive gradients here (``split`` returns a list).
+_RETURNS = ("Tensor", "List[Tensor]")
+
+
 def _snake(camel: str) -> str:
     s = re.sub(r"(?<!^)(?=[A-Z])", "_", camel).lower()
     return re.sub(r"(\d)_d(?=_|$)", r"\1d", s)
@@ -47,7 +51,7 @@ def _candidates(node_name: str) -> list:
     out = []
     for n in names:
         for s in _schemas(n):
-            if s.returns and all(str(r.type) == "Tensor" for r in s.returns) and not _writes(s):
+            if s.returns and all(str(r.type) in _RETURNS for r in s.returns) and not _writes(s):
                 out.append((n, s))
     return out
 
@@ -139,8 +143,10 @@ def _list_shapes(sig: dict, start: int) -> list:
     for j in range(max(n, max(missing, default=0) + 1)):
         if j in known:
             shapes.append(known[j])
-        else:
-            shapes.append([max(1, rest // len(missing)) if d == dim else int(x) for d, x in enumerate(out)])
+        else:  # what is left, shared (an empty piece when nothing is: a key cache's empty past)
+            i = missing.index(j)
+            size = max(0, rest) // len(missing) + (1 if i < max(0, rest) % len(missing) else 0)
+            shapes.append([size if d == dim else int(x) for d, x in enumerate(out)])
     return shapes
 
 
@@ -246,11 +252,15 @@ def _builtin(sig: dict):
     if not pairs:
         raise Unmeasurable(f"{sig['op']}'s outputs receive no gradient")
 
-    def run():
-        # a scalar root (no grad_outputs: torch.autograd.grad would import sympy to check them): sum() sends
-        # an expanded gradient itself; (out * g).sum() sends one laid out as g (TensorIterator follows g's
-        # dimension order); a g with gaps (a slice of a larger gradient, from cat) is sent as it is
+    # a scalar root, made here (run() is only the backward): no grad_outputs, or torch.autograd.grad would
+    # import sympy to check them; sum() sends an expanded gradient itself, (out * g).sum() one laid out as g
+    # (TensorIterator follows g's dimension order), and a g with gaps (a slice of a larger gradient, from
+    # cat) is sent as it is; the gradient is the engine's own, as one between two nodes is
+    with torch.enable_grad():
         total = torch.stack([root(o, g) for o, g in pairs]).sum() if len(pairs) > 1 else root(*pairs[0])
+
+    def run():
+        run.outputs = pairs  # type: ignore[attr-defined]  # alive through the backward, as before it
         return torch.autograd.grad(total, leaves, allow_unused=True)
 
     return run

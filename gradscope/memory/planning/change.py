@@ -140,14 +140,16 @@ class _Rewritten:
         self.cache = {PROGRAM_KEY: (report.graph, prog)}
 
 
-def replay_change(report, ov, regions, off=frozenset(), optimizer=None):
-    """The replay of the step with ``change_overrides``' result applied."""
+def replay_change(report, ov, regions, off=frozenset(), optimizer=None, transform=None):
+    """The replay of the step with ``change_overrides``' result applied; ``transform(program)`` rewrites
+    the compiled program first (a dtype change: ``sharding/precision.py``)."""
     from gradscope.memory.planning.rewrite import with_checkpoints, with_offload
     from gradscope.memory.replay.backward import program, replay
 
-    if regions or off:
+    if regions or off or transform is not None:
         ctx = context(report)
-        prog = with_checkpoints(program(report), report.graph, regions, ctx["device"], ctx["rank"])
+        prog = program(report) if transform is None else transform(program(report))
+        prog = with_checkpoints(prog, report.graph, regions, ctx["device"], ctx["rank"])
         report = _Rewritten(report, with_offload(prog, off))
     return replay(report, ov, optimizer=optimizer)
 

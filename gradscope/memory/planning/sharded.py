@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gradscope.errors import InputTypeError, InputValueError
+from gradscope.errors import InputTypeError
 from gradscope.memory.planning.select import Scaler
 from gradscope.memory.planning.whatif import change_overrides, context, in_forward_order, replay_change, what_if
 from gradscope.memory.sharding.ddp import ddp_step
@@ -40,10 +40,11 @@ def sharded_what_if(
     if wi.batch != 1:  # what_if adds the loss buffer's growth to its replay; the runs below add it too
         grown = wi.peak - replay_change(report, ov, regions, off_nodes, optimizer).absolute_peak
 
-    def run(has_grad=None):
-        if has_grad is None:
+    def run(has_grad=None, transform=None):
+        if has_grad is None and transform is None:
             return wi.memory
-        mem = replay_change(report, replace(ov, has_grad=has_grad), regions, off_nodes, optimizer)
+        step_ov = ov if has_grad is None else replace(ov, has_grad=has_grad)
+        mem = replay_change(report, step_ov, regions, off_nodes, optimizer, transform)
         mem.absolute_peak += grown
         return mem
 
@@ -53,18 +54,13 @@ def sharded_what_if(
         step = ddp_step(report.graph, spec, run, before=wi.before, single=wi.peak, change=change, device=device)
         step.checkpoint = list(wi.checkpoint)
         return step
-    if spec.param_dtype:
-        raise InputValueError(
-            f"what_if(shard={spec!r}): FSDP2 with a mixed-precision policy is not predicted yet "
-            "(the traced step's activations are in its own dtype); drop mp_policy."
-        )
     from gradscope.memory.sharding.fsdp import fsdp_step
 
     modules = in_forward_order(report, sorted({m for m in wi.memory.modules if m} | _all_modules(report)))
     step = fsdp_step(
         report.graph,
         spec,
-        wi.memory,
+        run(transform=_cast(report.graph, spec)),
         optimizer,
         modules=modules,
         before=wi.before,
@@ -74,6 +70,18 @@ def sharded_what_if(
     )
     step.checkpoint = list(wi.checkpoint)
     return step
+
+
+def _cast(graph, spec: FSDP):
+    """The replay's dtype change for ``spec.mp_policy`` (None without one): NOTE [FSDP2 mixed precision]."""
+    if not spec.param_dtype:
+        return None
+    from gradscope.memory.sharding.precision import in_param_dtype, params_dtype
+
+    orig = params_dtype(graph)
+    if orig == spec.param_dtype:
+        return None
+    return lambda prog: in_param_dtype(prog, graph, spec.param_dtype, orig)
 
 
 def _all_modules(report) -> set[str]:

@@ -9,8 +9,9 @@ only when the step runs on an accelerator: on the CPU it moves nothing (NOTE [FS
 ``shard="auto"`` looks for the smallest world size (1, 2, 4, ... 1024) at which one of
 these fits, unsharded first: a step that fits one process needs no sharding, and DDP never lowers a
 rank's peak, so the sharded candidates are FSDP2's. A candidate fits when the *ceiling* of its highest
-rank (``peak_range[1]``, the device's) is within the budget less ``margin``. Mixed precision is not
-predicted yet, so the search does not use it and says so.
+rank (``peak_range[1]``, the device's) is within the budget less ``margin``. A spec's ``mp_policy`` is kept
+as given (it is predicted, NOTE [FSDP2 mixed precision], but it changes the numerics, not only the cost, so
+the search never switches it on).
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ def shard_plan(report, budget, optimizer=None, shard="auto", *, margin: float = 
         previous = here
     if best is None:
         raise InputValueError("plan(shard=...) had nothing to try.")
-    msg = "mixed precision is not predicted yet, so it was not tried" + (
+    msg = "mixed precision is tried only as the spec gives it" + (
         "; CPU offload moves nothing on the CPU, so it was not tried" if device == "cpu" else ""
     )
     return ShardPlan(parse_budget(budget), best[0], best[2].checkpoint, False, best[2].peak_range, best[2], tried, msg)

@@ -27,13 +27,16 @@ per group (seen: the per-rank peak of the same run moving in whole steps of one 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from gradscope.graph import PARAMS
 from gradscope.graph.attribution import node_modules, seq_order, storage_uses
-from gradscope.memory.sharding.layout import ROOT, Group, group_of, groups
+from gradscope.memory.sharding.layout import ROOT, Group, group_of, groups, shard_rows
 from gradscope.memory.sharding.offload import host_parts, offload_notes
 from gradscope.memory.sharding.optstep import sharded_step
+from gradscope.memory.sharding.precision import params_dtype
 from gradscope.memory.sharding.result import ShardedStep
-from gradscope.memory.sharding.specs import FSDP
+from gradscope.memory.sharding.specs import FSDP, dtype_bytes
 
 __all__ = ["fsdp_step"]
 
@@ -64,37 +67,87 @@ class _Peak:
             self.value, self.where = level, where
 
 
-def _forward(spec: FSDP, gs: list[Group], order: list[str], acts: dict, base: int, peak: _Peak, apart: bool) -> int:
+@dataclass(frozen=True, slots=True)
+class _Bytes:
+    """One group's FSDP2 buffers, in the dtypes of the policy (NOTE [FSDP2 mixed precision])."""
+
+    full: int  # the unsharded parameters (param_dtype)
+    ag: int  # the all-gather output: world x the padded shards (param_dtype)
+    flat: int  # the cast copy of the padded shards the all-gather sends (mixed precision only)
+    small: int  # reshard_after_forward=int: the shards of the smaller mesh kept after forward (param_dtype)
+    rs: int  # the reduce-scatter input: world x the padded shards (reduce_dtype)
+    chunk: int  # the largest padded chunk of one gradient cast into the input (reduce_dtype != param_dtype)
+    cast: int  # the reduce-scatter output cast to the parameters' dtype (reduce_dtype != their dtype)
+    grads: int  # the unsharded gradients autograd makes (param_dtype)
+    grad: int  # the sharded gradients: views into one flat padded output (the parameters' dtype)
+    shard: int  # the padded shards in the parameters' dtype (CPU offload copies them to the device)
+
+
+def _dtypes(spec: FSDP, orig: str) -> tuple[str, str]:
+    """``(param dtype, reduce dtype)`` as FSDP2 settles them: a ``param_dtype`` equal to the parameters'
+    is none, a ``reduce_dtype`` equal to ``param_dtype`` or None reduces in ``param_dtype``."""
+    pd = spec.param_dtype or orig
+    return pd, spec.reduce_dtype or pd
+
+
+def _sizes(spec: FSDP, g: Group, grads: int, chunks: dict, orig: str) -> _Bytes:
+    world = spec.world_size
+    ob = g.padded // g.numel_padded if g.numel_padded else dtype_bytes(orig, 4)
+    pd, rd = _dtypes(spec, orig)
+    pb, rb = dtype_bytes(pd, ob), dtype_bytes(rd, ob)
+    shard = g.numel_padded * pb
+    return _Bytes(
+        full=g.numel_full * pb,
+        ag=world * shard,
+        flat=shard if pd != orig else 0,
+        small=shard * world // spec.reshard_size,
+        rs=world * g.numel_padded * rb,
+        chunk=max((chunks[p] for p in g.params), default=0) * rb if rd != pd else 0,
+        cast=g.numel_padded * rb if rd != orig else 0,
+        grads=grads * pb // ob,
+        grad=g.padded,
+        shard=g.padded,
+    )
+
+
+def _chunks(graph, world: int) -> dict[str, int]:
+    """Elements of each parameter's padded chunk (``ceil(d0 / world)`` rows)."""
+    out = {}
+    for name, p in graph.graph.get(PARAMS, {}).items():
+        shape = [int(s) for s in p.get("shape") or []]
+        rest = 1
+        for s in shape[1:]:
+            rest *= s
+        out[name] = shard_rows(shape[0], world, 0) * rest if shape else 1
+    return out
+
+
+def _forward(spec: FSDP, by: dict[str, _Bytes], order: list[str], acts: dict, base: int, peak: _Peak, apart) -> int:
     """The forward's events from ``base``; returns what the unsharded parameters kept for backward add.
     ``apart``: the shards live on the host (CPU offload with an accelerator), copied to the device first."""
-    world = spec.world_size
-    by = {g.name: g for g in gs}
     root = by[ROOT]
-    ag_root = world * root.padded
     if apart:
-        peak.at(base + root.padded + ag_root, "forward (all-gather of the root)")
-    peak.at(base + 2 * ag_root, "forward (all-gather of the root)")
-    peak.at(base + ag_root + root.full, "forward (all-gather of the root)")
-    level, prev, kept = base + root.full + ag_root, ag_root, root.full
+        peak.at(base + root.shard + root.ag, "forward (all-gather of the root)")
+    peak.at(base + root.flat + 2 * root.ag, "forward (all-gather of the root)")
+    peak.at(base + root.ag + root.full, "forward (all-gather of the root)")
+    level, prev, kept = base + root.full + root.ag, root.ag, root.full
     for name in order:
         g = by[name]
-        ag = world * g.padded
         here = level + acts.get(name, 0)
         if apart:  # the shards' copies to the device, then the flat output
-            peak.at(here + g.padded + ag, f"forward (all-gather of {name})")
-        peak.at(here + 2 * ag, f"forward (all-gather of {name})")
-        peak.at(here + ag + g.full, f"forward (all-gather of {name})")
-        level += ag - prev
-        prev = ag
+            peak.at(here + g.shard + g.ag, f"forward (all-gather of {name})")
+        peak.at(here + g.flat + 2 * g.ag, f"forward (all-gather of {name})")
+        peak.at(here + g.ag + g.full, f"forward (all-gather of {name})")
+        level += g.ag - prev
+        prev = g.ag
         nxt = acts.get(_next(order, name), acts.get("$end", 0))
         peak.at(level + nxt + g.full, f"forward of {name}")
         if spec.reshard_after_forward is False:
             level += g.full
             kept += g.full
         elif spec.reshard_after_forward is not True:
-            small = g.padded * world // spec.reshard_size
-            level += small
-            kept += small
+            level += g.small
+            kept += g.small
     return kept
 
 
@@ -122,11 +175,9 @@ def _grad_bytes(graph, gs: list[Group]) -> dict[str, int]:
     return out
 
 
-def _backward(spec: FSDP, gs: list[Group], order: list[str], bm, node_group, grads, base: int, rank: int, peak, apart):
+def _backward(spec: FSDP, by: dict[str, _Bytes], order: list[str], bm, node_group, base: int, peak, apart):
     """The backward's events over the replayed levels from ``base``; returns the level after backward.
     ``apart``: each sharded gradient is copied to the host and freed on the device (CPU offload)."""
-    world = spec.world_size
-    by = {g.name: g for g in gs}
     back = list(reversed(order))
     gather = spec.reshard_after_forward is not False
     fs = 0  # what FSDP adds to (or removes from) the single process's level
@@ -142,25 +193,26 @@ def _backward(spec: FSDP, gs: list[Group], order: list[str], bm, node_group, gra
             nxt = back[0]
         if nxt is None or not gather:
             return
-        ag = world * by[nxt].padded
+        g = by[nxt]
         if apart and spec.reshard_after_forward is True:  # resharded to the host: copied to the device first
-            peak.at(base + level + fs + by[nxt].padded + ag, f"backward (all-gather of {nxt})")
-        peak.at(base + level + fs + 2 * ag, f"backward (all-gather of {nxt})")
-        fs += ag
+            peak.at(base + level + fs + g.shard + g.ag, f"backward (all-gather of {nxt})")
+        flat = g.flat if spec.reshard_after_forward is True else g.flat and g.small
+        peak.at(base + level + fs + flat + 2 * g.ag, f"backward (all-gather of {nxt})")
+        fs += g.ag
 
     def post(name: str) -> None:
         nonlocal fs, rs_prev
         g = by[name]
         fs -= g.full  # the unsharded parameters (kept from forward too) go
         fs -= rs_prev
-        rs = world * g.padded
-        fs += rs
-        peak.at(base + level + fs, f"backward (reduce-scatter of {name or 'the root'})")
-        fs += g.padded - grads[name]  # the sharded gradients are views into one flat output (padded)
-        peak.at(base + level + fs + rs, f"backward (reduce-scatter of {name or 'the root'})")
+        fs += g.rs
+        where = f"backward (reduce-scatter of {name or 'the root'})"
+        peak.at(base + level + fs + g.chunk, where)
+        fs += g.grad - g.grads  # the sharded gradients are views into one flat output (padded)
+        peak.at(base + level + fs + max(g.rs, g.cast), where)
         if apart:  # the sharded gradient's copy to the host; the device's output goes
-            fs -= g.padded
-        rs_prev = rs
+            fs -= g.grad
+        rs_prev = g.rs
 
     level = 0
     prefetch(None)
@@ -175,9 +227,9 @@ def _backward(spec: FSDP, gs: list[Group], order: list[str], bm, node_group, gra
             if gather:
                 fs += by[g].full
                 peak.at(base + level + fs, f"backward (copy-out of {g})")
-                fs -= world * by[g].padded
+                fs -= by[g].ag
                 if spec.reshard_after_forward is not True:
-                    fs -= by[g].padded * world // spec.reshard_size
+                    fs -= by[g].small
             prefetch(g)
         level = lv
         peak.at(base + max(lv, inner) + fs, f"backward of {g or 'the root'}")
@@ -204,8 +256,11 @@ def fsdp_step(
     acts["$end"] = acts_total
     node_group = _node_groups(graph, bm, names)
     grads = _grad_bytes(graph, gs)
+    orig = params_dtype(graph)
+    chunks = _chunks(graph, world)
+    by = {g.name: _sizes(spec, g, grads[g.name], chunks, orig) for g in gs}
     sharded = sum(g.padded for g in gs)
-    ceiling = sum(world * g.padded for g in gs if g.name) if device == "cpu" else 0
+    ceiling = sum(by[g.name].rs for g in gs if g.name) if device == "cpu" else 0
     apart = spec.offload and device != "cpu"  # NOTE [FSDP2 CPU offload] in offload.py
     held = parts.get("buffers", 0) + parts.get("leaf inputs", 0)
     ranks, all_parts, phase, host = [], [], [], []
@@ -214,8 +269,8 @@ def fsdp_step(
         state = step.state_before if step is not None else 0
         base = held + (0 if apart else sharded + state)
         peak = _Peak()
-        kept = _forward(spec, gs, names, acts, base, peak, apart)
-        end = _backward(spec, gs, names, bm, node_group, grads, base + kept + acts_total, rank, peak, apart)
+        kept = _forward(spec, by, names, acts, base, peak, apart)
+        end = _backward(spec, by, names, bm, node_group, base + kept + acts_total, peak, apart)
         if step is not None and not apart:
             peak.at(end + step.peak, f"{step.name}.step()")
         low = peak.value
@@ -232,6 +287,12 @@ def fsdp_step(
         f"each of the {world} ranks runs the traced batch; groups: the root and {len(names)} fully_shard "
         f"module(s) ({names[0]}{', ...' if len(names) > 1 else ''})",
     ]
+    if spec.param_dtype and spec.param_dtype != orig:
+        notes.append(
+            f"the forward replayed in {spec.param_dtype}: every {orig} activation and gradient of the traced step "
+            f"taken as {spec.param_dtype}; what the model computes in {orig} on purpose (an upcast that is a no-op "
+            f"in a {orig} trace) is not seen, so where it is alive the peak is a lower bound"
+        )
     if ceiling:
         notes.append(
             "high adds one reduce-scatter input per group: gloo's worker thread may release a collective's "

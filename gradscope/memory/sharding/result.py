@@ -26,6 +26,8 @@ class ShardedStep:
         host_parts: with FSDP2's ``CPUOffloadPolicy``, per rank, the host's bytes at its peak by kind (sharded
             parameters, gradients, optimizer state, the step's own peak): NOTE [FSDP2 CPU offload]; empty
             without offload. ``host`` sums them per rank.
+        rank: with ``inspect(model=m)`` on a rank of a DDP / FSDP2 model, that rank (its peak:
+            ``ranks[rank]``); None from one process.
     """
 
     spec: Any
@@ -40,6 +42,7 @@ class ShardedStep:
     checkpoint: list[str] = field(default_factory=list)  # the modules the change checkpoints (resolved)
     groups: list[str] = field(default_factory=list)  # FSDP2: the modules fully_shard wraps before the root
     host_parts: list[dict[str, int]] = field(default_factory=list)
+    rank: int | None = None  # the rank the report was inspected on (a wrapped model), else None
 
     @property
     def host(self) -> list[int]:
@@ -74,7 +77,9 @@ class ShardedStep:
         lo, hi = self.peak_range
         span = b(lo) if lo == hi else f"{b(lo)} .. {b(hi)}"
         lines = [
-            f"what if: {self.spec.label()}, per rank" + ("" if self.change == "no change" else f"; {self.change}"),
+            f"what if: {self.spec.label()}, per rank"
+            + ("" if self.change == "no change" else f"; {self.change}")
+            + ("" if self.rank is None else f" (inspected on rank {self.rank}: {b(self.ranks[self.rank][0])})"),
             f"  per-rank peak {span} on {self.device} (one process, unsharded: {b(self.before)})",
         ]
         host = self.host or [0] * self.world_size

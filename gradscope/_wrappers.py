@@ -1,0 +1,24 @@
+"""Model wrappers, recognized through public torch API: DDP / DataParallel unwrapped, FSDP2 recognized."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["PARALLEL_WRAPPERS", "unwrap_parallel", "is_fsdp2"]
+
+#: Wrappers whose ``.module`` is the model the user wrote: its parameter names carry no ``module.`` prefix.
+PARALLEL_WRAPPERS = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
+
+
+def unwrap_parallel(model):
+    """The model inside a DistributedDataParallel / DataParallel wrapper, or ``model`` itself."""
+    return model.module if isinstance(model, PARALLEL_WRAPPERS) else model
+
+
+def is_fsdp2(module) -> bool:
+    """Whether ``fully_shard`` was applied to ``module`` (``torch.distributed.fsdp.FSDPModule``)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch built without distributed
+        return False
+    return isinstance(module, FSDPModule)
