@@ -411,3 +411,33 @@ def test_convolution_layout_on_cpu_and_on_meta():
     assert out.is_contiguous() and not out.is_contiguous(memory_format=cl)
     gx, gw = torch.autograd.grad(out, (xm, wm), torch.ones_like(out))
     assert gx.is_contiguous(memory_format=cl) and gw.is_contiguous(memory_format=cl) and not gx.is_contiguous()
+
+
+def test_gradient_layouts_that_the_replay_follows():
+    """docs/internals.md#gradient-layout: a transpose's gradient is a view (of a piece of cat's gradient
+    too); bmm's and layer_norm's are contiguous whatever they read; mm's follows a column-major input."""
+    import torch.nn.functional as F
+
+    a = torch.randn(2, 16, 32, requires_grad=True)
+    b = torch.randn(2, 1, 32, requires_grad=True)
+    out = torch.cat([b, a], 1).transpose(1, 2)
+    g = torch.randn(2, 17, 32).transpose(1, 2)
+    ga, gb = torch.autograd.grad(out, (a, b), g)
+    assert ga.untyped_storage().data_ptr() == g.untyped_storage().data_ptr() and ga.stride() == (544, 32, 1)
+    q = torch.randn(4, 8, 16).transpose(1, 2).requires_grad_()
+    k = torch.randn(4, 8, 16, requires_grad=True)
+    gq, gk = torch.autograd.grad(torch.bmm(q, k), (q, k), torch.randn(4, 16, 16).transpose(1, 2))
+    assert gq.is_contiguous() and gk.is_contiguous()
+    x = torch.randn(2, 16, 8).transpose(1, 2).requires_grad_()
+    (gx,) = torch.autograd.grad(F.layer_norm(x, (16,)), x, torch.randn(2, 16, 8).transpose(1, 2))
+    assert gx.is_contiguous()
+    w = torch.randn(5, 3, requires_grad=True)
+    m1 = torch.randn(3, 4).t().requires_grad_()
+    g1, gw = torch.autograd.grad(F.linear(m1, w), (m1, w), torch.randn(4, 5))
+    assert g1.stride() == (1, 4) and gw.is_contiguous()
+    x = torch.randn(2, 64, 16).permute(0, 2, 1).reshape(2, 16, 8, 8)  # channels-last strides
+    conv = torch.nn.Conv2d(16, 16, 2, stride=2)
+    (gw,) = torch.autograd.grad(conv(x).sum(), conv.weight)
+    assert gw.is_contiguous(memory_format=torch.channels_last) and not gw.is_contiguous()
+    conv(x).sum().backward()
+    assert conv.weight.grad.is_contiguous()  # AccumulateGrad cloned it into the weight's layout

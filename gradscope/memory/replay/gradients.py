@@ -214,10 +214,24 @@ class Memory:
 
 
 def outputs(
-    v: int, name: str, inputs: dict, edges: list, positions: list, gbytes: list, mem: Memory, grad_scale, alpha=1
+    v: int,
+    name: str,
+    inputs: dict,
+    edges: list,
+    positions: list,
+    gbytes: list,
+    mem: Memory,
+    grad_scale,
+    alpha=1,
+    as_view: bool | None = None,
 ) -> list:
-    """The gradient tensor (impl id) the formula of ``v`` sends along each edge."""
+    """The gradient tensor (impl id) the formula of ``v`` sends along each edge. ``as_view``: whether a
+    view formula's gradient is a view, where the layout says (NOTE [gradient layout] in
+    ``memory/kernels/layout.py``: a transpose always, a reshape when its strides allow); None: when it has
+    the incoming gradient's bytes."""
     g0 = inputs.get(0)
+    if as_view is None and name in STRIDE_VIEWS:
+        as_view = True
     kind = _KIND.get(name, 0)
     if g0 is not None and kind and len(inputs) == 1 and mem.impl_view.get(g0) in EXPANDED:
         return _from_expanded(mem, g0, kind, name, edges, positions, gbytes, grad_scale, alpha)
@@ -225,7 +239,7 @@ def outputs(
         if grad_scale is None:
             return [mem.alloc(gbytes[u][k] if k < len(gbytes[u]) else 0) for u, k in edges]
     elif grad_scale is None and len(inputs) == 1:  # the loop below for its common case, in fewer steps
-        return _from_one(mem, g0, kind, name, edges, positions, gbytes, alpha)
+        return _from_one(mem, g0, kind, name, edges, positions, gbytes, alpha, as_view)
     in_bytes = mem.st_bytes.get(mem.impl_storage[g0], -1) if g0 is not None else -1
     view = kind & 1
     expand = kind & 2 and len(inputs) == 1
@@ -243,10 +257,10 @@ def outputs(
             # grad.expand(sizes): a stride-0 view of the incoming grad
             outs.append(mem.view(g0, "expand0" if name == "SumBackward0" else "expand"))
             continue
-        if g0 is not None and nbytes == in_bytes and len(inputs) == 1:
-            if view:
-                outs.append(mem.view(g0))
-                continue
+        if g0 is not None and view and len(inputs) == 1 and (nbytes == in_bytes if as_view is None else as_view):
+            outs.append(mem.view(g0))
+            continue
+        if g0 is not None and nbytes == in_bytes and len(inputs) == 1 and not view:
             pos = positions[i] if i < len(positions) else i
             if passes and not (pos > 0 and (name in _PASS_ONLY_FIRST or alpha != 1)):
                 outs.append(mem.ref(g0))
@@ -279,7 +293,9 @@ def _from_expanded(
     return outs
 
 
-def _from_one(mem: Memory, g0: int, kind: int, name: str, edges: list, positions: list, gbytes: list, alpha) -> list:
+def _from_one(
+    mem: Memory, g0: int, kind: int, name: str, edges: list, positions: list, gbytes: list, alpha, as_view
+) -> list:
     """:func:`outputs` of a formula with one incoming gradient ``g0`` and unscaled sizes."""
     refs, storage, views_of, st_refs = mem.impl_refs, mem.impl_storage, mem.impl_view, mem.st_refs
     st = storage[g0]
@@ -300,15 +316,15 @@ def _from_one(mem: Memory, g0: int, kind: int, name: str, edges: list, positions
     for j, (u, k) in enumerate(edges):
         gb = gbytes[u]
         nbytes = gb[k] if k < len(gb) else 0
-        if nbytes == in_bytes:
-            if views:
-                i = new_id()
-                st_refs[st] += 1
-                refs[i] = 1
-                storage[i] = st
-                views_of[i] = tag
-                outs.append(i)
-                continue
+        if views and (nbytes == in_bytes if as_view is None else as_view):
+            i = new_id()
+            st_refs[st] += 1
+            refs[i] = 1
+            storage[i] = st
+            views_of[i] = tag
+            outs.append(i)
+            continue
+        if nbytes == in_bytes and not views:
             pos = positions[j] if j < len(positions) else j
             if not (pos > 0 and (name in _PASS_ONLY_FIRST or alpha != 1)):
                 refs[g0] += 1

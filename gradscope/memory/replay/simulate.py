@@ -174,7 +174,9 @@ def _op_step(run: Run, v: int, inputs: dict, level: int, high: int) -> tuple[int
     else:
         mem.level, mem.high, mem.cur = level, high, v
         alpha = extra_attrs.get("alpha", 1) if extra_attrs is not None else 1
-        sent = outputs(v, prog.name[v], inputs, es, prog.needs[v], prog.grad_bytes, mem, run.grad_scale, alpha)
+        sent = outputs(
+            v, prog.name[v], inputs, es, prog.needs[v], prog.grad_bytes, mem, run.grad_scale, alpha, run.as_view.get(v)
+        )
         level, high = mem.level, mem.high
         pending = [(u, k, g) for (u, k), g in zip(es, sent) if g is not None]
     wsd = run.wsd

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from itertools import repeat
 
+from gradscope.memory.kernels.layout import layout_clones, reshape_views
 from gradscope.memory.replay.engine import Program, node_extras, numel_bytes, reentrant_nodes
 from gradscope.memory.replay.gradients import EXPANDED, OUTPUT_KINDS, READS_EXPANDED, Memory
 from gradscope.memory.replay.recompute import recompute_high
@@ -57,6 +58,8 @@ class Run:
         "origin",
         "grads_kept",
         "saved_freed",
+        "as_view",
+        "clones",
     )
 
     def __init__(
@@ -77,6 +80,8 @@ class Run:
         self.origin = mem.origin if snapshot_at is not None else None  # only a snapshot reads who made a gradient
         self.grads_kept = 0  # bytes that ended in .grad (stolen or cloned)
         self.saved_freed = 0
+        self.as_view = reshape_views(prog)  # NOTE [gradient layout]: the reshapes that copy, or view a piece
+        self.clones = layout_clones(prog)  # gradients AccumulateGrad clones into their parameter's layout
 
 
 def hold_saved(prog: Program, mem: Memory, sizes: dict, drop) -> None:
@@ -113,7 +118,8 @@ def seed_gradients(prog: Program, mem: Memory, buffers: list, held_seeds: bool) 
 
 def leaf_step(run: Run, v: int, g, level: int, high: int) -> tuple[int, int]:
     """AccumulateGrad ``v`` with incoming gradient ``g`` (or None): stolen when ``.grad`` is None and ``g`` is
-    sole-owned and dense, cloned when ``.grad`` is None otherwise, added in place when ``.grad`` is set."""
+    sole-owned, dense and in the parameter's layout, cloned when ``.grad`` is None otherwise, added in place
+    when ``.grad`` is set."""
     shared, has_grad = run.shared, run.has_grad
     if g is not None and shared is not None and v in shared:  # a parameter a traced region uses too
         if shared[v] in run.given:
@@ -122,7 +128,12 @@ def leaf_step(run: Run, v: int, g, level: int, high: int) -> tuple[int, int]:
     if g is None:
         return level, high
     mem = run.mem
-    if not has_grad.get(v) and mem.impl_refs.get(g) == 1 and mem.impl_view.get(g) not in EXPANDED:
+    if (
+        not has_grad.get(v)
+        and mem.impl_refs.get(g) == 1
+        and mem.impl_view.get(g) not in EXPANDED
+        and v not in run.clones
+    ):
         run.grads_kept += mem.st_bytes.get(mem.impl_storage[g], 0)  # stolen: it becomes .grad
         return level, high
     mem.level, mem.high, mem.cur = level, high, v
