@@ -46,6 +46,9 @@ def tensor_words(graph, nid: str, entry: dict) -> str:
     slot = entry["slot"]
     if slot.startswith("checkpoint input"):
         return "an input of its checkpoint region (kept to recompute the region)"
+    if slot.startswith("hidden["):  # NOTE [CopySlices formula]: the in-place op inside the node saved it
+        op = entry.get("hidden_op")
+        return "a tensor for the in-place op it wraps" + (f" ({op_words(op)})" if op else "")
     if slot == "result" or slot.startswith("result"):
         return "its own output" if slot == "result" else "one of its own outputs"
     sid = entry.get("storage")

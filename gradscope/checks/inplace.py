@@ -20,11 +20,14 @@ def check(graph, nodes=None) -> Iterator[Finding]:
     """
     events = [e for e in graph.graph.get(EVENTS, ()) if e["kind"] == "inplace"]
     yield from _in_reentrant_checkpoint(graph, events)
-    yield from _hidden_by_slice(graph, events)
+    reported: set = set()
+    for f in _hidden_by_slice(graph, events):  # traced: the slice write and the later one, named
+        reported.add(f.node)
+        yield f
     groups: dict = {}
     for nid, data in node_items(graph, nodes):
         stale = [e for e in data["saved"] if e["status"] == "stale"]
-        if stale:
+        if stale and nid not in reported:
             key = stale[0]["storage"] if stale[0]["storage"] is not None else ("node", nid)
             groups.setdefault(key, []).append((nid, data, stale))
     for savers in groups.values():

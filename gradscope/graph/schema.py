@@ -96,6 +96,8 @@ class SavedEntry(TypedDict, total=False):
     stride: list[int]  # present only when the tensor is not contiguous (a transposed or channels-last view)
     version: int  # stale only: the tensor's version now (it was modified in place)
     saved_version: int | None  # stale only: the version backward expects (from torch's error text); None: unknown
+    hidden_op: str  # a CopySlices node's stale hidden slot (``hidden[k]``), when torch's error names the node
+    # that saved it ("SigmoidBackward0"): NOTE [CopySlices formula]
     recompute: dict[str, Any]  # recomputed (checkpoint) only, when the frame tells: {"region", "index", "shape",
     # "dtype", "nbytes", "frame_bytes"} of what backward's recompute re-creates
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gradscope.walk.copyslices import NAME as COPY_SLICES
+from gradscope.walk.copyslices import read_copyslices
 from gradscope.walk.slots import FREED_MARK, VERSION_RE, VIEW_MARK, SavedTensor, StorageIds, blank, classify
 from gradscope.walk.values import dtype_str, plain_value
 
@@ -91,6 +93,8 @@ def read_saved(node, info: NodeType, storages: StorageIds) -> tuple[list[dict], 
     if info.custom:
         _read_custom(node, saved, attrs, storages)
         return saved, attrs
+    if info.name == COPY_SLICES:  # NOTE [CopySlices formula]
+        return read_copyslices(node, storages)
     # The common case (a live, never-written slot) is read inline by fast.py; this is the general path.
     for s, raw_attr, attr in info.tensor_slots:
         try:

@@ -74,8 +74,10 @@ class StorageIds:
         self.impls: dict[int, list] = {}
         self.regions: dict[int, tuple] = {}  # id(checkpoint frame) -> (region number, {id(holder): i})
 
-    def key(self, t: torch.Tensor) -> tuple[int | None, int]:
-        """Return ``(storage_id, storage_nbytes)`` of a tensor; id None when it has no plain storage."""
+    def key(self, t: torch.Tensor, refs: int = _KEY_REFS) -> tuple[int | None, int]:
+        """Return ``(storage_id, storage_nbytes)`` of a tensor; id None when it has no plain storage.
+
+        ``refs``: the Python references the caller's path holds on ``t`` (NOTE [holder counts])."""
         try:
             st = t.untyped_storage()
             ptr, size = st._cdata, st.nbytes()
@@ -86,7 +88,7 @@ class StorageIds:
             sid = self.ids[ptr] = len(self.sizes)
             self.sizes.append(size)
             self.uses.append(_storage_uses(ptr) - 1)  # - 1: our `st`
-        note_impl(self.impls, t, sid, getrefcount(t) - _KEY_REFS)
+        note_impl(self.impls, t, sid, getrefcount(t) - refs)
         return sid, size
 
 
@@ -125,8 +127,10 @@ def device_str(device) -> str:
     return text
 
 
-def slot_meta(slot: str, t: torch.Tensor, status: str, storages: StorageIds, device=None) -> dict:
-    sid, size = storages.key(t)
+def slot_meta(
+    slot: str, t: torch.Tensor, status: str, storages: StorageIds, device=None, refs: int = _KEY_REFS
+) -> dict:
+    sid, size = storages.key(t, refs)
     try:
         shape = t.shape
     except RuntimeError:  # a nested tensor: torch gives no shape (dtype, device and storage it does give)

@@ -10,13 +10,14 @@ from collections.abc import Callable
 from operator import attrgetter
 from typing import Any, NamedTuple
 
+from gradscope.walk.copyslices import NAME as COPY_SLICES
 from gradscope.walk.outputs import OUT_SLOT
 from gradscope.walk.saved import NodeType, node_type, plain_value
 
 __all__ = ["OP", "LEAF", "OTHER", "ClassSpec", "SPECS", "class_spec", "read_values"]
 
 #: What kind of node a class makes: a built-in op (the fast path may read it), an AccumulateGrad leaf,
-#: or another node (a custom Function: the general reader).
+#: or another node (a custom Function, CopySlices: the general reader).
 OP, LEAF, OTHER = 0, 1, 2
 
 
@@ -40,7 +41,7 @@ SPECS: dict[type, ClassSpec] = {}
 def class_spec(node) -> ClassSpec:
     """The :class:`ClassSpec` of ``node``'s class, made and cached on first sight."""
     info = node_type(node)
-    code = LEAF if info.leaf else (OTHER if info.custom else OP)
+    code = LEAF if info.leaf else (OTHER if info.custom or info.name == COPY_SLICES else OP)
     attrs = [attr for _, attr in info.value_slots]
     out_slot = OUT_SLOT.get(info.name) if code == OP else None
     if out_slot is not None and out_slot not in {s for s, _, _ in info.tensor_slots}:

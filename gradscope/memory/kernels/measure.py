@@ -24,7 +24,8 @@ import sys
 import torch
 
 from gradscope._torch import PROFILER_ALLOCATION, profiler_enabled
-from gradscope.memory.kernels.rebuild import Unmeasurable, prepare
+from gradscope.memory.kernels.formula import is_formula, prepare_formula
+from gradscope.memory.kernels.rebuild import SAME_FORMULA, Unmeasurable, prepare
 from gradscope.memory.kernels.signature import tensors_of
 
 __all__ = ["measure", "LIMIT", "quiet"]
@@ -187,13 +188,15 @@ def _session(jobs: list, run_custom: bool) -> dict:
     try:
         for i, sig in jobs:
             try:
+                make = prepare_formula if is_formula(sig) else lambda s: prepare(s, run_custom)
                 if sig["op"] not in warm:  # a first run sets up what a kernel sets up once per process
                     warm.add(sig["op"])
-                    one_thread(prepare, sig, run_custom)()
-                run = one_thread(prepare, sig, run_custom)
+                    one_thread(make, sig)()
+                run = one_thread(make, sig)
                 with record_function(f"{_MARK}{i}"):
                     got = run()
-                info[i] = (None if getattr(run, "direct", False) else sig["op"], _returned(got))
+                op = SAME_FORMULA.get(sig["op"], sig["op"])  # the node the rebuild made
+                info[i] = (None if getattr(run, "direct", False) else op, _returned(got))
                 del got, run
             except Unmeasurable as e:
                 results[i] = str(e)
@@ -214,7 +217,7 @@ def _plan(sig: dict) -> list:
     largest tensor at most LIMIT/2, then its large dimensions doubled: sizes near LIMIT, where kernels
     choose the algorithm they choose at full size more often than at tiny ones)."""
     top = _largest(sig)
-    if top <= LIMIT:
+    if top <= LIMIT or is_formula(sig):  # a recorded formula's sizes are in its calls too: full size
         return [sig]
     f = 2.0
     small = shrink(sig, f)

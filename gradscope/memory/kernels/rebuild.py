@@ -20,28 +20,17 @@ import torch
 
 from gradscope.memory.kernels.tensors import Unmeasurable, make_tensor, root, torch_dtype
 
-__all__ = ["Unmeasurable", "prepare"]
+__all__ = ["Unmeasurable", "prepare", "SAME_FORMULA"]
 
 
 _NAME = re.compile(r"^(.*)Backward(\d+)$")
-_SUFFIXES: tuple[str, ...] = (
-    "_sym_sizes_opt",
-    "_sym_sizes",
-    "_sizes",
-    "_sym_argsize_0",
-    "_sym_argsize_1",
-    "_sym_strides",
-)
-_SUFFIXES += (
-    "_options",
-    "_scalar_type",
-    "_dim",
-    "_sym_numel",
-    "_numel",
-    "_args_sizes_symint",
-    "_args_scalartypes",
-    "_info",
-)
+_ELEMENT = re.compile(r"\[(\d+)\]$")
+_SUFFIXES: tuple[str, ...] = ("_sym_sizes_opt", "_sym_sizes", "_sizes", "_sym_argsize_0", "_sym_argsize_1",
+                              "_sym_strides", "_options", "_scalar_type", "_dim", "_sym_numel", "_numel",
+                              "_args_sizes_symint", "_args_scalartypes", "_info")  # fmt: skip
+#: Nodes of an in-place op whose formula is the out-of-place op's: measured by rebuilding that one
+#: (``as_strided_``: ``as_strided_backward`` for both).
+SAME_FORMULA = {"AsStridedBackward1": "AsStridedBackward0"}
 
 
 #: The return types of a forward whose outputs can receive gradients here (``split`` returns a list).
@@ -54,7 +43,7 @@ def _snake(camel: str) -> str:
 
 
 def _candidates(node_name: str) -> list:
-    m = _NAME.match(node_name)
+    m = _NAME.match(SAME_FORMULA.get(node_name, node_name))
     if m is None:
         return []
     base = _snake(m.group(1))
@@ -89,7 +78,7 @@ def _base(key: str) -> str:
 
 def _resolve(sig: dict):
     """The aten overload whose arguments explain the node's saved slots and values best."""
-    saved = {s[0] for s in sig["saved"] if not s[0].startswith("result")}
+    saved = {_ELEMENT.sub("", s[0]) for s in sig["saved"] if not s[0].startswith("result")}  # indices[0]: indices
     best, best_score = None, -1.0
     for name, schema in _candidates(sig["op"]):
         args = {a.name for a in schema.arguments}
@@ -188,6 +177,12 @@ def _args(sig: dict, schema) -> tuple[list, dict, list]:
                 raise Unmeasurable(f"{sig['op']}'s argument {a.name!r} is not recorded")
             continue
         text = str(a.type)
+        listed = sorted((int(m.group(1)), v) for k, v in saved.items() if (m := _ELEMENT.search(k)) and
+                        k[: m.start()] == a.name)  # fmt: skip
+        if listed:  # a list saved element by element (index's indices)
+            args.append([make_tensor(v[1], v[3], v[2], False, bound) for _, v in listed])
+            pos += len(listed)
+            continue
         if text in ("List[Tensor]", "List[Optional[Tensor]]"):
             shapes = attrs.get(a.name + "_args_sizes_symint") or attrs.get(a.name + "_args_sizes")
             dts = attrs.get(a.name + "_args_scalartypes") or []
@@ -249,7 +244,7 @@ def _builtin(sig: dict):
         out = op(*args, **kwargs)
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     fn = next((o.grad_fn for o in outs if isinstance(o, torch.Tensor) and o.grad_fn is not None), None)
-    if fn is None or type(fn).__name__ != sig["op"]:
+    if fn is None or type(fn).__name__ != SAME_FORMULA.get(sig["op"], sig["op"]):
         got = "no node" if fn is None else type(fn).__name__
         raise Unmeasurable(f"rebuilding {sig['op']} made {got}")
     grads = _grads(sig)
