@@ -265,6 +265,22 @@ def test_reshape_of_a_permuted_gradient_copies_it():
     _inner_levels(truth)
 
 
+def test_mean_of_a_channels_last_block_sends_a_contiguous_gradient():
+    # mean()'s gradient is contiguous although the block's activation is channels-last, so the permute
+    # back to (N, H, W, C) before a Linear is not viewable as (N*H*W, C): the view's backward copies it
+    torch.manual_seed(0)
+    m = nn.Module()
+    m.fc = nn.Linear(8, 8)
+    x = torch.randn(2, 8, 8, 8).to(memory_format=torch.channels_last)
+
+    def forward():
+        return (x + m.fc(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)).pow(2).mean()
+
+    truth = _truth(forward, m, [x])
+    _levels_and_peak(truth, peak_tol=0.001)
+    _inner_levels(truth)
+
+
 def test_reshape_stride_is_torchs():
     from gradscope.memory.kernels.layout import reshape_stride
 

@@ -415,7 +415,7 @@ def test_convolution_layout_on_cpu_and_on_meta():
 
 def test_gradient_layouts_that_the_replay_follows():
     """docs/internals.md#gradient-layout: a transpose's gradient is a view (of a piece of cat's gradient
-    too); bmm's and layer_norm's are contiguous whatever they read; mm's follows a column-major input."""
+    too); bmm's, layer_norm's and mean's are contiguous whatever they read; mm's follows a column-major input."""
     import torch.nn.functional as F
 
     a = torch.randn(2, 16, 32, requires_grad=True)
@@ -431,6 +431,10 @@ def test_gradient_layouts_that_the_replay_follows():
     x = torch.randn(2, 16, 8).transpose(1, 2).requires_grad_()
     (gx,) = torch.autograd.grad(F.layer_norm(x, (16,)), x, torch.randn(2, 16, 8).transpose(1, 2))
     assert gx.is_contiguous()
+    x = torch.randn(2, 8, 4, 4).to(memory_format=torch.channels_last).requires_grad_()
+    for y in (x.mean(), x.mean((2, 3)), x.mean(1, keepdim=True)):
+        (gx,) = torch.autograd.grad(y.sum(), x)
+        assert gx.is_contiguous() and not gx.is_contiguous(memory_format=torch.channels_last)  # mean's: new
     w = torch.randn(5, 3, requires_grad=True)
     m1 = torch.randn(3, 4).t().requires_grad_()
     g1, gw = torch.autograd.grad(F.linear(m1, w), (m1, w), torch.randn(4, 5))

@@ -41,8 +41,9 @@ _VIEWS = RESHAPES | {"SqueezeBackward0", "UnsqueezeBackward0"}
 #: Formulas that send each input a slice of the gradient they received: ``cat`` a narrowed piece (the
 #: whole gradient's strides), ``stack`` one ``select`` (those strides without its ``dim``).
 _PIECES = ("CatBackward0", "StackBackward0")
-#: Formulas whose gradients are new contiguous tensors whatever the layouts they read.
-CONTIGUOUS_OUT = frozenset({"NativeLayerNormBackward0", "BmmBackward0"})
+#: Formulas whose gradients are new contiguous tensors whatever the layouts they read (``mean``'s is its
+#: gradient expanded then divided: TensorIterator lays out a stride-0 input contiguously).
+CONTIGUOUS_OUT = frozenset({"NativeLayerNormBackward0", "BmmBackward0", "MeanBackward0", "MeanBackward1"})
 #: Matrix products: an input's gradient is column-major when that input was (``mm_mat1_backward``,
 #: ``mm_mat2_backward``: the recorded ``<arg>_sym_strides``), else contiguous; the arguments by position.
 _MATMULS = {"MmBackward0": ("self", "mat2"), "AddmmBackward0": ("self", "mat1", "mat2")}
