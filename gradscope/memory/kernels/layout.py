@@ -244,12 +244,13 @@ def _own_output_stride(prog, v: int, shape: list) -> list | None:
 def consumers_of(prog) -> dict:
     """``(node, output) -> [nodes consuming it]`` over a compiled program; built once and cached on the
     program (which nothing changes), shared by the in-node signatures, the reshapes and the clones."""
-    cons = prog.__dict__.get("_consumers")
+    cons: dict | None = prog.__dict__.get("_consumers")
     if cons is None:
-        cons = prog.__dict__["_consumers"] = {}
+        cons = {}
         for u, es in enumerate(prog.edges):
             for t, k in es:
                 cons.setdefault((t, k), []).append(u)
+        prog.__dict__["_consumers"] = cons
     return cons
 
 
