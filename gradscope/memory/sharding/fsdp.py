@@ -11,8 +11,9 @@ the whole traced forward and backward on its own batch; around each group FSDP2 
   (FSDP2 keeps the last all-gather's result alive until the next one is copied out); after the group's
   forward its unsharded parameters are freed (``reshard_after_forward=True``), kept (False), or replaced by
   shards of a smaller mesh (an int). The root's are kept; the root's post-forward frees the last output.
-- **backward**, groups in reverse forward order: the root's pre-backward prefetches the first group's
-  all-gather; each group's pre-backward copies out its parameters, frees its own all-gather output and
+- **backward**, groups in reverse forward order: the root's pre-backward (a hook on the model's outputs,
+  so after the backward of the loss computed outside the model: the leading nodes no module owns)
+  prefetches the first group's all-gather; each group's pre-backward copies out its parameters, frees its own all-gather output and
   prefetches the next group's. After the group's last node its post-backward frees the unsharded
   parameters, frees the previous group's reduce-scatter input, allocates its own (world x padded shard),
   frees the unsharded gradients, allocates the sharded gradient and, on gloo, a temporary the size of the
@@ -30,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gradscope.graph import PARAMS
-from gradscope.graph.attribution import node_modules, seq_order, storage_uses
+from gradscope.graph.attribution import NO_MODULE, node_modules, seq_order, storage_uses
 from gradscope.memory.sharding.layout import ROOT, Group, group_of, groups, shard_rows
 from gradscope.memory.sharding.offload import host_parts, offload_notes
 from gradscope.memory.sharding.optstep import sharded_step
@@ -39,6 +40,9 @@ from gradscope.memory.sharding.result import ShardedStep
 from gradscope.memory.sharding.specs import FSDP, dtype_bytes
 
 __all__ = ["fsdp_step"]
+
+#: Bytes per rank of the ``DeviceMesh``'s tensor of ranks (int32), which every FSDP2 rank keeps.
+MESH_RANK_BYTES = 4
 
 
 def _acts_before(graph, names: list[str], total: int) -> dict[str, int]:
@@ -215,9 +219,12 @@ def _backward(spec: FSDP, by: dict[str, _Bytes], order: list[str], bm, node_grou
         rs_prev = g.rs
 
     level = 0
-    prefetch(None)
     posted: set[str] = set()
+    waiting = True  # the root's pre-backward: once the gradient reaches the model (after the loss's nodes)
     for i, (g, lv, inner) in enumerate(zip(node_group, bm.levels, bm.inner or bm.levels)):
+        if waiting and bm.modules[i] not in (None, NO_MODULE):
+            waiting = False
+            prefetch(None)
         if g is not None:  # a group's post-backward runs once its last node and its AccumulateGrads are done
             for done in [d for d in started if d not in posted and last[d] < i and d != final]:
                 posted.add(done)
@@ -239,7 +246,7 @@ def _backward(spec: FSDP, by: dict[str, _Bytes], order: list[str], bm, node_grou
     if final != ROOT:
         post(final)
     fs -= rs_prev
-    return base + level + fs
+    return base + bm.end + fs  # the level after backward: the loss's seed gradient freed
 
 
 def fsdp_step(
@@ -263,6 +270,8 @@ def fsdp_step(
     ceiling = sum(by[g.name].rs for g in gs if g.name) if device == "cpu" else 0
     apart = spec.offload and device != "cpu"  # NOTE [FSDP2 CPU offload] in offload.py
     held = parts.get("buffers", 0) + parts.get("leaf inputs", 0)
+    if device == "cpu":  # the rank's DeviceMesh: its ranks as one int32 tensor, kept (on the host)
+        held += MESH_RANK_BYTES * world
     ranks, all_parts, phase, host = [], [], [], []
     for rank in range(world):
         step = sharded_step(optimizer, graph, world, rank)
