@@ -121,13 +121,13 @@ def hf_model(kind: str, layers: int = 2, planted: bool = False, d: int = 32, hea
 
 
 class BasicBlock(nn.Module):
-    """torchvision's ResNet BasicBlock, with its module names."""
+    """torchvision's ResNet BasicBlock, with its module names (``inplace=False``: its ReLU as ``F.relu``)."""
 
-    def __init__(self, cin: int, cout: int, stride: int = 1):
+    def __init__(self, cin: int, cout: int, stride: int = 1, inplace: bool = True):
         super().__init__()
         self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(cout)
-        self.relu = nn.ReLU(inplace=True)
+        self.relu = nn.ReLU(inplace=inplace)
         self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
         self.bn2 = nn.BatchNorm2d(cout)
         self.downsample = None

@@ -18,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 import gradscope
 from tests._memtruth import measure
+from tests.fuzz._vocab import ScaleF
 from tests.memory.test_backward_memory_reentrant import _nested_names
 
 
@@ -184,16 +185,6 @@ def test_hf_reentrant_gradient_checkpointing(arch, attn):
     assert len(untraced.unmodelled) == 2
 
 
-class _Twice(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, a):
-        return a * 2
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * 2
-
-
 def _traced_report(fn, x, model):
     with gradscope.trace(model) as tr:
         loss = checkpoint(fn, x, use_reentrant=True).pow(2).sum()
@@ -206,7 +197,7 @@ def test_what_cannot_be_replayed_stays_a_lower_bound(kind):
     lin, x = nn.Linear(8, 8), torch.randn(6, 8, requires_grad=True)
     stray = torch.randn(8, requires_grad=True)                      # requires grad, not the model's
     fn, why = {
-        "function": (lambda h: _Twice.apply(lin(h)), "autograd Function"),
+        "function": (lambda h: ScaleF.apply(lin(h)), "autograd Function"),
         "meta": (lambda h: lin(h)[torch.nonzero(h[:, 0] > 0).squeeze(1)], "on meta"),   # data-dependent shape
         "leaf": (lambda h: lin(h) * stray, "no parameter of the model"),
     }[kind]
