@@ -12,7 +12,9 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["MODELS", "HF_MODELS"]
+from tests.fuzz._vocab import MulF
+
+__all__ = ["MODELS", "HF_MODELS", "BasicBlock"]
 
 
 def _mse(model, x):
@@ -34,7 +36,9 @@ def mlp_norm_dropout():
     return m, (torch.randn(16, 48),), _mse
 
 
-class _Block(nn.Module):
+class BasicBlock(nn.Module):
+    """A ResNet basic block without downsampling: ReLU in place, the residual added in place (``out += x``)."""
+
     def __init__(self, c, inplace=True):
         super().__init__()
         self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
@@ -54,7 +58,7 @@ class ResNet(nn.Module):
     def __init__(self, c=8, blocks=2, classes=10):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(3, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU(inplace=True))
-        self.layers = nn.Sequential(*[_Block(c) for _ in range(blocks)])
+        self.layers = nn.Sequential(*[BasicBlock(c) for _ in range(blocks)])
         self.head = nn.Linear(c, classes)
 
     def forward(self, x):
@@ -66,7 +70,7 @@ def resnet():
 
 
 def cnn_inplace():
-    return nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), _Block(6), nn.Flatten(), nn.Linear(6 * 12 * 12, 5)), \
+    return nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), BasicBlock(6), nn.Flatten(), nn.Linear(6 * 12 * 12, 5)), \
         (torch.randn(2, 3, 12, 12), torch.randint(0, 5, (2,))), _xent
 
 
@@ -179,11 +183,8 @@ def checkpoint_reentrant_chain():
     return _CkptChain(), (torch.randn(4, 6, 32, requires_grad=True),), _mse
 
 
-class _Scale(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, a, w):
-        ctx.save_for_backward(a, w)
-        return a * w
+class _Scale(MulF):
+    """``a * w`` with ``w`` broadcast over the batch: its gradient is summed back to ``w``'s shape."""
 
     @staticmethod
     def backward(ctx, g):

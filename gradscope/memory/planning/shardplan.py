@@ -102,10 +102,13 @@ def _variants(spec: DDP | FSDP, device: str, mixed: bool) -> list[tuple[DDP | FS
     out = _by_time(spec, device)
     if not mixed or not isinstance(spec, FSDP) or spec.param_dtype:
         return out
-    return [v for s, ck in out for v in ((s, ck), (_bf16(s), ck))]
+    both: list[tuple[DDP | FSDP, bool]] = []
+    for s, ck in out:
+        both += [(s, ck), (_bf16(s), ck)] if isinstance(s, FSDP) else [(s, ck)]
+    return both
 
 
-def _bf16(spec: DDP | FSDP) -> DDP | FSDP:
+def _bf16(spec: FSDP) -> FSDP:
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
