@@ -312,36 +312,40 @@ def _grid_params():
 _GRID_TRUTH: dict = {}
 
 
-# CPU offload on the MLP stack and the transformer, the same settings: the per-rank range and the host's peak
-OFFLOAD_GRID = [k[:4] for k in GRID if k[0] in ("mlp", "gpt") and k[4] == "fp32"]
+# CPU offload on the MLP stack and the transformer, the same settings: the per-rank range and the host's peak;
+# "offload" in float32, "offload-bf16" with bfloat16 parameters and a float32 reduce too (2 ranks)
+OFFLOAD_GRID = [(*k[:4], "offload") for k in GRID if k[0] in ("mlp", "gpt") and k[4] == "fp32"]
+OFFLOAD_GRID += [(*k[:4], "offload-bf16") for k in GRID if k[0] in ("mlp", "gpt") and k[4] == "fp32" and k[1] == 2]
 
 
 def _grid_truth(model: str, world: int) -> dict:
     """All configs of one model and world size, measured in one process group (3 runs each); a key whose
-    precision is ``"offload"`` is the float32 config with CPU offload, ``"host"`` appended its host's peaks."""
+    precision starts with ``"offload"`` is a config with CPU offload, ``"host"`` appended its host's peaks."""
     if (model, world) not in _GRID_TRUTH:
         keys = [k for k in GRID if k[:2] == (model, world)]
-        keys += [(*k, "offload") for k in OFFLOAD_GRID if k[:2] == (model, world)]
-        cfgs = [{"kind": "fsdp", "reshard": k[2], "ckpt": k[3], "mp": k[4] == "bf16", "offload": k[4] == "offload",
-                 "inspect": not k[3] and k[4] != "bf16"} for k in keys]
+        keys += [k for k in OFFLOAD_GRID if k[:2] == (model, world)]
+        cfgs = [{"kind": "fsdp", "reshard": k[2], "ckpt": k[3], "mp": "bf16" in k[4], "offload": "offload" in k[4],
+                 "inspect": not k[3] and "bf16" not in k[4]} for k in keys]
         peaks, hosts, seen = _split(keys, measure(model, cfgs, world=world, runs=3, key="all"))
-        _GRID_TRUTH[(model, world)] = peaks | {(*k, "host"): v for k, v in hosts.items() if k[4] == "offload"}
-        _GRID_TRUTH[(model, world)] |= {(*k, "inspected"): v for k, v in seen.items() if not k[3] and k[4] != "bf16"}
+        _GRID_TRUTH[(model, world)] = peaks | {(*k, "host"): v for k, v in hosts.items() if "offload" in k[4]}
+        _GRID_TRUTH[(model, world)] |= {(*k, "inspected"): v for k, v in seen.items()
+                                        if not k[3] and "bf16" not in k[4]}
     return _GRID_TRUTH[(model, world)]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model, world, reshard, ckpt", OFFLOAD_GRID, ids=lambda v: str(v))
-def test_fsdp2_cpu_offload_grid_per_rank_range_and_host_hold_every_run(model, world, reshard, ckpt):
+@pytest.mark.parametrize("model, world, reshard, ckpt, prec", OFFLOAD_GRID, ids=lambda v: str(v))
+def test_fsdp2_cpu_offload_grid_per_rank_range_and_host_hold_every_run(model, world, reshard, ckpt, prec):
     from tests._shardmodels import SHARDED
 
     truth = _grid_truth(model, world)
-    key = (model, world, reshard, ckpt, "offload")
-    wi = predict(model, offload(world, modules=[SHARDED[model]], reshard_after_forward=reshard),
+    key = (model, world, reshard, ckpt, prec)
+    mp = bf16_fp32_reduce() if "bf16" in prec else None
+    wi = predict(model, offload(world, modules=[SHARDED[model]], reshard_after_forward=reshard, mp_policy=mp),
                  checkpoint=SHARDED[model] if ckpt else None)
     check_range(wi, truth[key], key)
     check_host(wi, truth[(*key, "host")], key)
-    if not ckpt:
+    if not ckpt and not mp:
         check_inspected(truth[(*key, "inspected")], wi, key)
 
 
