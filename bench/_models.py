@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from tests._fold_models import BasicBlock  # torchvision's block (ReLU not in place here, as F.relu was)
 from tests._plan_models import GPT  # the tied-embedding GPT of the plan tests, here at GPT-2-small's size
-from tests._render_models import BasicBlock  # torchvision's block (ReLU not in place here, as F.relu was)
 
 __all__ = ["mlp", "resnet18_like", "gpt2_small_like", "lstm_unrolled", "deep_transformer", "chain",
            "MODELS"]

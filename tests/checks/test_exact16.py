@@ -280,14 +280,19 @@ def test_freed_graph_is_an_error_with_the_step_boundary_fix():
     assert _raises(loss)
 
 
-def test_reentrant_checkpoint_without_grad_inputs_is_the_cause():
+def _lin_then_head(middle):
+    """``head(middle(lin, x)).sum()`` traced over ``{lin, head}``: ``(lin, head, loss, report)``."""
     lin, head = nn.Linear(3, 3), nn.Linear(3, 1)
     model = nn.ModuleDict({"lin": lin, "head": head})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with gradscope.trace(model) as tr:
-            loss = head(checkpoint(lin, torch.randn(2, 3), use_reentrant=True)).sum()
-    r = gradscope.inspect(loss, model=model, trace=tr)
+            loss = head(middle(lin, torch.randn(2, 3))).sum()
+    return lin, head, loss, gradscope.inspect(loss, model=model, trace=tr)
+
+
+def test_reentrant_checkpoint_without_grad_inputs_is_the_cause():
+    lin, head, loss, r = _lin_then_head(lambda lin, x: checkpoint(lin, x, use_reentrant=True))
     assert len(r.findings) == 1 and "inputs do not require grad" in r.findings[0].message
     assert set(r.findings[0].params) == {"lin.weight", "lin.bias"}
     assert "use the module in forward" not in r.findings[0].message.lower()
@@ -296,13 +301,7 @@ def test_reentrant_checkpoint_without_grad_inputs_is_the_cause():
 
 
 def test_torch_tensor_copy_is_named_as_a_copy():
-    lin, head = nn.Linear(3, 3), nn.Linear(3, 1)
-    model = nn.ModuleDict({"lin": lin, "head": head})
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with gradscope.trace(model) as tr:
-            loss = head(torch.tensor(lin(torch.randn(2, 3)))).sum()
-    r = gradscope.inspect(loss, model=model, trace=tr)
+    lin, _, loss, r = _lin_then_head(lambda lin, x: torch.tensor(lin(x)))
     assert "torch.tensor()" in r.findings[0].message and "argmax" not in r.findings[0].message
     loss.backward()
     assert lin.weight.grad is None

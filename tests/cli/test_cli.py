@@ -121,24 +121,19 @@ def _call(path, name):
 
 
 # -- check: exit 1 vs 0 from real findings --------------------------------------------------------
-def test_check_exits_1_on_an_unused_head_that_torch_leaves_without_grad(targets):
-    result = _run("check", f"{targets}:buggy")
-    assert result.exit_code == 1, result.output
-    assert "unused-parameter" in result.stdout
-    loss, model = _call(targets, "buggy")
+@pytest.mark.parametrize("name,code,said,without_grad", [
+    ("buggy", 1, "unused-parameter", {"unused_head.weight", "unused_head.bias"}),  # an unused head: exit 1
+    ("clean", 0, "No findings", set()),                                            # every parameter gets one
+])
+def test_check_exit_code_follows_the_parameters_torch_leaves_without_grad(targets, name, code, said, without_grad):
+    result = _run("check", f"{targets}:{name}")
+    assert result.exit_code == code, result.output
+    assert said in result.stdout
+    loss, model = _call(targets, name)
     loss.backward()
-    assert grads_none(model) == {"unused_head.weight", "unused_head.bias"}
-    for name in grads_none(model):
-        assert name in result.stdout
-
-
-def test_check_exits_0_when_every_parameter_gets_a_gradient(targets):
-    result = _run("check", f"{targets}:clean")
-    assert result.exit_code == 0, result.output
-    assert "No findings" in result.stdout
-    loss, model = _call(targets, "clean")
-    loss.backward()
-    assert grads_none(model) == set()
+    assert grads_none(model) == without_grad
+    for param in grads_none(model):
+        assert param in result.stdout
 
 
 def test_check_json_lists_the_findings_with_their_parameters(targets):

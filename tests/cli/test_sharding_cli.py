@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 import torch
-from click.testing import CliRunner
 
 import gradscope
 from gradscope._format import human_bytes
-from gradscope.cli.commands import main
+from tests.cli.conftest import run_memory as _run  # the `target` fixture: tests/cli/conftest.py
 
 _TARGET = """
 import torch
@@ -38,18 +35,6 @@ def step():
     m = Net()
     return m(torch.randn(16, 64)).pow(2).mean(), m
 """
-
-
-@pytest.fixture()
-def target(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRADSCOPE_CACHE", str(tmp_path / "cache"))
-    path = tmp_path / "train.py"
-    path.write_text(textwrap.dedent(_TARGET))
-    return str(path)
-
-
-def _run(*args):
-    return CliRunner().invoke(main, ["memory", *args])
 
 
 def _library_peak(target, spec) -> int:

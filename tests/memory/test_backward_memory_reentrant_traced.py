@@ -18,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 import gradscope
 from tests._memtruth import measure
+from tests._zoo import docs_example
 from tests.fuzz._vocab import ScaleF
 from tests.memory.test_backward_memory_reentrant import _nested_names
 
@@ -31,15 +32,11 @@ class _Residual(nn.Module):
         return x + self.mlp(x)
 
 
-class _Block(nn.Module):
-    """A small pre-LN transformer block: LayerNorm, softmax attention written out, a GELU MLP, residuals."""
+class _Block(docs_example("memory_example").Block):
+    """docs/memory_example.py's pre-LN block (d=32, 4 heads), its softmax attention written out."""
 
     def __init__(self, d=32, heads=4):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        super().__init__(d, heads)
 
     def forward(self, x):
         b, t, d = x.shape

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests._zoo import TwoTasks
 from tests.watch._twins import snapshot, twin
 
 
@@ -171,17 +172,6 @@ def test_gan_in_one_module_with_two_optimizers():
 
     guard = twin(build, step, steps=4)
     assert guard.counts == {} and guard.backwards == 8
-
-
-class TwoTasks(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.trunk = nn.Linear(4, 8)
-        self.task1, self.task2 = nn.Linear(8, 1), nn.Linear(8, 1)
-
-    def forward(self, x):
-        h = self.trunk(x).relu()
-        return self.task1(h), self.task2(h)
 
 
 def test_multi_task_two_backwards_per_step():
