@@ -6,16 +6,13 @@ import torch
 from torch import nn
 
 from tests._fold_models import ResNet
+from tests._zoo import Linears
 
 
-class Planted(nn.Module):
+class Planted(Linears):
     """Linear -> sigmoid -> Linear, with an in-place write on a saved activation and an unused layer."""
 
-    def __init__(self):
-        super().__init__()
-        self.a = nn.Linear(3, 4)
-        self.b = nn.Linear(4, 1)
-        self.unused = nn.Linear(2, 2)
+    LAYERS = {"a": (3, 4), "b": (4, 1), "unused": (2, 2)}
 
     def forward(self, x):
         h = torch.sigmoid(self.a(x))

@@ -27,22 +27,11 @@ import torch
 from torch import nn
 
 
-class TwoHeads(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.body = nn.Linear(6, 8)
-        self.head = nn.Linear(8, 1)
-        self.unused_head = nn.Linear(8, 3)
-
-    def forward(self, x):
-        return self.head(torch.relu(self.body(x)))
-
-
 def make(use_all):
     torch.manual_seed(0)
-    model = TwoHeads()
+    model = nn.ModuleDict({"body": nn.Linear(6, 8), "head": nn.Linear(8, 1), "unused_head": nn.Linear(8, 3)})
     x = torch.randn(5, 6)
-    out = model(x).sum()
+    out = model.head(torch.relu(model.body(x))).sum()
     if use_all:
         out = out + model.unused_head(torch.relu(model.body(x))).sum()
     return out, model

@@ -23,12 +23,10 @@ class Block(nn.Module):
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
-        self.blocks = nn.ModuleList(Block() for _ in range(3))
+        self.blocks = nn.Sequential(*(Block() for _ in range(3)))
         self.head = nn.Linear(64, 4)
     def forward(self, x):
-        for b in self.blocks:
-            x = b(x)
-        return self.head(x)
+        return self.head(self.blocks(x))
 
 def step():
     torch.manual_seed(0)

@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 import gradscope
 from gradscope.cli.commands import main
+from tests._zoo import Linears
 from tests.fuzz._vocab import ScaleF
 
 HERE = Path(__file__).name
@@ -220,11 +221,8 @@ def test_nodes_made_outside_the_block_have_no_line():
 
 
 # -- what the user sees ----------------------------------------------------------------------------
-class Wide(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.up = nn.Linear(64, 512)
-        self.down = nn.Linear(512, 1)
+class Wide(Linears):
+    LAYERS = {"up": (64, 512), "down": (512, 1)}
 
     def forward(self, x):
         h = torch.tanh(self.up(x))  # L:wide-up
