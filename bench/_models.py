@@ -10,11 +10,12 @@ torch.Size([])
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from tests._fold_models import BasicBlock  # torchvision's block (ReLU not in place here, as F.relu was)
+from tests._plan_models import GPT  # the tied-embedding GPT of the plan tests, here at GPT-2-small's size
 
 __all__ = ["mlp", "resnet18_like", "gpt2_small_like", "lstm_unrolled", "deep_transformer", "chain",
            "MODELS"]
@@ -32,23 +33,6 @@ def mlp(width: int = 256, depth: int = 4, batch: int = 32, device: str = "cpu"):
     return model(x).pow(2).mean(), model
 
 
-class _Block(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int):
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.down = None
-        if stride != 1 or cin != cout:
-            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x):
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return F.relu(out + (x if self.down is None else self.down(x)))
-
-
 class _ResNet(nn.Module):
     def __init__(self, width: int = 64, classes: int = 10):
         super().__init__()
@@ -57,7 +41,7 @@ class _ResNet(nn.Module):
         cin = width
         for i, cout in enumerate((width, width * 2, width * 4, width * 8)):
             for j in range(2):
-                blocks.append(_Block(cin, cout, 2 if (i > 0 and j == 0) else 1))
+                blocks.append(BasicBlock(cin, cout, 2 if (i > 0 and j == 0) else 1, inplace=False))
                 cin = cout
         self.layers = nn.Sequential(*blocks)
         self.fc = nn.Linear(cin, classes)
@@ -75,56 +59,11 @@ def resnet18_like(batch: int = 2, size: int = 32, width: int = 64, device: str =
     return F.cross_entropy(model(x), y), model
 
 
-class _Attention(nn.Module):
-    def __init__(self, d: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(d, 3 * d)
-        self.proj = nn.Linear(d, d)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).split(d, dim=2)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
-        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        y = (att @ v).transpose(1, 2).reshape(b, t, d)
-        return self.proj(y)
-
-
-class _GPTBlock(nn.Module):
-    def __init__(self, d: int, heads: int):
-        super().__init__()
-        self.ln1 = nn.LayerNorm(d)
-        self.attn = _Attention(d, heads)
-        self.ln2 = nn.LayerNorm(d)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
-
-
-class _GPT(nn.Module):
-    def __init__(self, n_layer: int, d: int, heads: int, vocab: int, ctx: int):
-        super().__init__()
-        self.wte = nn.Embedding(vocab, d)
-        self.wpe = nn.Embedding(ctx, d)
-        self.blocks = nn.Sequential(*(_GPTBlock(d, heads) for _ in range(n_layer)))
-        self.ln_f = nn.LayerNorm(d)
-
-    def forward(self, idx):
-        pos = torch.arange(idx.shape[1], device=idx.device)
-        x = self.blocks(self.wte(idx) + self.wpe(pos))
-        return self.ln_f(x) @ self.wte.weight.t()        # tied embedding: a shared parameter
-
-
 def gpt2_small_like(n_layer: int = 12, d: int = 768, heads: int = 12, vocab: int = 50257, ctx: int = 64,
                     batch: int = 1, device: str = "meta"):
     """A GPT-2-small-like decoder (tied embeddings); on the ``meta`` device by default (real shapes, no data)."""
     with torch.device(device):                       # build on the device: no 150 MB CPU init on meta
-        model = _GPT(n_layer, d, heads, vocab, ctx)
+        model = GPT(n_layer, d, heads, vocab, ctx)
     idx = torch.zeros(batch, ctx, dtype=torch.long, device=device)
     logits = model(idx)
     return F.cross_entropy(logits.view(-1, vocab), idx.view(-1)), model

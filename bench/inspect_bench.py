@@ -49,52 +49,33 @@ except ImportError:  # pragma: no cover - bench-only dependency
     torchviz = None
 
 TARGET_BARE, TARGET_VIZ, TARGET_FLAT, TARGET_BYTES = 3.0, 5.0, 1.3, 800
-_CACHE: dict = {}
+_NAMES: dict = {}
 
 
-def bare_walk(loss) -> int:
-    """The floor: visit every node once, read every saved tensor's shape/dtype/device/storage size."""
+def _names(cls) -> tuple:
+    """``(raw saved slots, other saved values, is a leaf)`` of one node class, read once per class."""
+    attrs = dir(cls)
+    raw = [a for a in attrs if a.startswith("_raw_saved_")]
+    vals = [a for a in attrs if a.startswith("_saved_") and "_raw" + a not in raw]
+    return raw, vals, hasattr(cls, "variable")
+
+
+def bare_walk(loss, reads: bool = False) -> int:
+    """The floor: visit every node once, read every saved tensor's shape/dtype/device/storage size.
+
+    ``reads=True``: plus the other reads the report's attributes need, with no bookkeeping: saved values,
+    ``_input_metadata`` (output shapes, device), ``_sequence_nr()``, versions, storage ids, unpack hooks.
+    """
     root = loss.grad_fn
     seen = {root}
     stack = [root]
     while stack:
         node = stack.pop()
         cls = type(node)
-        names = _CACHE.get(cls)
+        names = _NAMES.get(cls)
         if names is None:
-            names = _CACHE[cls] = [a for a in dir(cls) if a.startswith("_raw_saved_")]
-        for a in names:
-            raw = getattr(node, a)
-            for r in (raw if isinstance(raw, (list, tuple)) else (raw,)):
-                t = r.data
-                if isinstance(t, torch.Tensor):
-                    (t.shape, t.dtype, t.device, t.untyped_storage().nbytes())
-        for child, _ in node.next_functions:
-            if child is not None and child not in seen:
-                seen.add(child)
-                stack.append(child)
-    return len(seen)
-
-
-_FLOOR: dict = {}
-
-
-def reads_walk(loss) -> int:
-    """The bare walk plus the other reads the report's attributes need, with no bookkeeping: saved values,
-    ``_input_metadata`` (output shapes, device), ``_sequence_nr()``, versions, storage ids, unpack hooks."""
-    root = loss.grad_fn
-    seen = {root}
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        cls = type(node)
-        names = _FLOOR.get(cls)
-        if names is None:
-            attrs = dir(cls)
-            raw = [a for a in attrs if a.startswith("_raw_saved_")]
-            vals = [a for a in attrs if a.startswith("_saved_") and "_raw" + a not in raw]
-            names = _FLOOR[cls] = (raw, vals, hasattr(cls, "variable"))
-        if names[2]:
+            names = _NAMES[cls] = _names(cls)
+        if reads and names[2]:
             v = node.variable
             _ = (v.shape, v.dtype, v.device, v.requires_grad)
         for a in names[0]:
@@ -103,18 +84,27 @@ def reads_walk(loss) -> int:
                 t = r.data
                 if isinstance(t, torch.Tensor):
                     st = t.untyped_storage()
-                    _ = (t.shape, t.dtype, t.device, st.nbytes(), st._cdata, t._version, r.unpack_hook)
-        for a in names[1]:
-            getattr(node, a)
-        if not names[2]:
-            for m in node._input_metadata:
-                _ = (m.shape, m.device)
-            node._sequence_nr()
+                    if reads:
+                        _ = (t.shape, t.dtype, t.device, st.nbytes(), st._cdata, t._version, r.unpack_hook)
+                    else:
+                        (t.shape, t.dtype, t.device, st.nbytes())
+        if reads:
+            for a in names[1]:
+                getattr(node, a)
+            if not names[2]:
+                for m in node._input_metadata:
+                    _ = (m.shape, m.device)
+                node._sequence_nr()
         for child, _ in node.next_functions:
             if child is not None and child not in seen:
                 seen.add(child)
                 stack.append(child)
     return len(seen)
+
+
+def reads_walk(loss) -> int:
+    """:func:`bare_walk` with every read the report's attributes need (``reads=True``)."""
+    return bare_walk(loss, reads=True)
 
 
 def hf(kind: str):

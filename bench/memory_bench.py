@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import gradscope
 from gradscope._format import human_bytes
+from tests._truth import hooked_unique_bytes
 
 try:
     from _models import MODELS
@@ -65,17 +66,9 @@ MODELS = {**MODELS, "transformer_24_checkpointed": checkpointed_transformer}
 
 
 def hooked_bytes(build) -> int:
-    sizes: dict[int, int] = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        sizes.setdefault(st._cdata, st.nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss, model = build()
-    del loss, model
-    return sum(sizes.values())
+    """Bytes of the unique storages saved_tensors_hooks sees while ``build()`` runs (its step is dropped)."""
+    nbytes, _ = hooked_unique_bytes(build)
+    return nbytes
 
 
 def timed(fn, repeat: int) -> tuple[float, object]:

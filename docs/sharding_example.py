@@ -35,15 +35,12 @@ class Decoder(nn.Module):
     def __init__(self, vocab=32000, d=4096, n=32):
         super().__init__()
         self.embed = nn.Embedding(vocab, d)
-        self.layers = nn.ModuleList(Layer(d) for _ in range(n))
+        self.layers = nn.Sequential(*(Layer(d) for _ in range(n)))
         self.norm = nn.RMSNorm(d)
         self.head = nn.Linear(d, vocab, bias=False)
 
     def forward(self, tok):
-        x = self.embed(tok)
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(self.norm(x))
+        return self.head(self.norm(self.layers(self.embed(tok))))
 
 
 t0 = time.perf_counter()

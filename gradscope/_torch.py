@@ -146,6 +146,7 @@ def version(t: torch.Tensor) -> int:
 #: as ``func.__name__ == "__get__"`` with ``func.__self__`` this descriptor.
 #: docs/internals.md#the-data-property-in-a-torchfunctionmode.
 TENSOR_DATA: Any = torch._C.TensorBase.__dict__["data"]
+TENSOR_DTYPE: Any = torch._C.TensorBase.__dict__["dtype"]  #: ``.dtype``, the same way (docs/internals.md#dtype-flow)
 
 #: The code object of ``torch.autograd.Function.apply``: a frame running it means we are inside a custom
 #: Function's forward (grad disabled by autograd, not by the user). docs/internals.md#custom-functions.

@@ -10,7 +10,25 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tests._render_models import BasicBlock
+
+class BasicBlock(nn.Module):
+    """torchvision's ResNet BasicBlock, with its module names (``inplace=False``: its ReLU as ``F.relu``)."""
+
+    def __init__(self, cin: int, cout: int, stride: int = 1, inplace: bool = True):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=inplace)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + (x if self.downsample is None else self.downsample(x)))
 
 
 class Bottleneck(nn.Module):

@@ -12,7 +12,10 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["MODELS", "HF_MODELS"]
+from tests._zoo import Linears
+from tests.fuzz._vocab import MulF
+
+__all__ = ["MODELS", "HF_MODELS", "BasicBlock", "ReentrantStack"]
 
 
 def _mse(model, x):
@@ -34,7 +37,9 @@ def mlp_norm_dropout():
     return m, (torch.randn(16, 48),), _mse
 
 
-class _Block(nn.Module):
+class BasicBlock(nn.Module):
+    """A ResNet basic block without downsampling: ReLU in place, the residual added in place (``out += x``)."""
+
     def __init__(self, c, inplace=True):
         super().__init__()
         self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
@@ -54,7 +59,7 @@ class ResNet(nn.Module):
     def __init__(self, c=8, blocks=2, classes=10):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(3, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU(inplace=True))
-        self.layers = nn.Sequential(*[_Block(c) for _ in range(blocks)])
+        self.layers = nn.Sequential(*[BasicBlock(c) for _ in range(blocks)])
         self.head = nn.Linear(c, classes)
 
     def forward(self, x):
@@ -66,7 +71,7 @@ def resnet():
 
 
 def cnn_inplace():
-    return nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), _Block(6), nn.Flatten(), nn.Linear(6 * 12 * 12, 5)), \
+    return nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), BasicBlock(6), nn.Flatten(), nn.Linear(6 * 12 * 12, 5)), \
         (torch.randn(2, 3, 12, 12), torch.randint(0, 5, (2,))), _xent
 
 
@@ -115,12 +120,8 @@ def gru():
     return _RNN(nn.GRU), (torch.randint(0, 50, (4, 12)), torch.randint(0, 50, (4, 12))), _lm
 
 
-class _Shared(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.inp = nn.Linear(32, 64)
-        self.shared = nn.Linear(64, 64)
-        self.out = nn.Linear(64, 1)
+class _Shared(Linears):
+    LAYERS = {"inp": (32, 64), "shared": (64, 64), "out": (64, 1)}
 
     def forward(self, x):
         h = torch.tanh(self.inp(x))
@@ -156,18 +157,13 @@ def checkpoint_reentrant():
     return _Ckpt(True), (x,), _mse
 
 
-class _CkptChain(nn.Module):
-    """Reentrant checkpoints one after another (no residual), on a 3-d input: ``F.linear``'s views, ``mm``
-    without bias, activations saving their result (ReLU, Tanh) or their input (SiLU), a frozen layer."""
+class ReentrantStack(nn.Module):
+    """``blocks`` one after another, each in a reentrant checkpoint, then ``head``."""
 
-    def __init__(self):
+    def __init__(self, blocks, head):
         super().__init__()
-        self.blocks = nn.ModuleList(
-            nn.Sequential(nn.Linear(32, 96), nn.ReLU(), nn.Linear(96, 64, bias=False), nn.SiLU(),
-                          nn.Sequential(nn.Linear(64, 32), nn.Tanh()))
-            for _ in range(2))
-        self.blocks[1][2].weight.requires_grad_(False)
-        self.head = nn.Linear(32, 1)
+        self.blocks = nn.ModuleList(blocks)
+        self.head = head
 
     def forward(self, x):
         for b in self.blocks:
@@ -176,14 +172,17 @@ class _CkptChain(nn.Module):
 
 
 def checkpoint_reentrant_chain():
-    return _CkptChain(), (torch.randn(4, 6, 32, requires_grad=True),), _mse
+    """Reentrant checkpoints one after another (no residual), on a 3-d input: ``F.linear``'s views, ``mm``
+    without bias, activations saving their result (ReLU, Tanh) or their input (SiLU), a frozen layer."""
+    blocks = [nn.Sequential(nn.Linear(32, 96), nn.ReLU(), nn.Linear(96, 64, bias=False), nn.SiLU(),
+                            nn.Sequential(nn.Linear(64, 32), nn.Tanh()))
+              for _ in range(2)]
+    blocks[1][2].weight.requires_grad_(False)
+    return ReentrantStack(blocks, nn.Linear(32, 1)), (torch.randn(4, 6, 32, requires_grad=True),), _mse
 
 
-class _Scale(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, a, w):
-        ctx.save_for_backward(a, w)
-        return a * w
+class _Scale(MulF):
+    """``a * w`` with ``w`` broadcast over the batch: its gradient is summed back to ``w``'s shape."""
 
     @staticmethod
     def backward(ctx, g):
@@ -206,11 +205,8 @@ def custom_function():
     return _Custom(), (torch.randn(8, 32),), _mse
 
 
-class _GLU(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.proj = nn.Linear(24, 64)
-        self.out = nn.Linear(32, 24)
+class _GLU(Linears):
+    LAYERS = {"proj": (24, 64), "out": (32, 24)}
 
     def forward(self, x):
         a, b = self.proj(x).chunk(2, dim=-1)

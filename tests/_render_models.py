@@ -5,15 +5,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tests._fold_models import ResNet
+from tests._zoo import Linears
 
-class Planted(nn.Module):
+
+class Planted(Linears):
     """Linear -> sigmoid -> Linear, with an in-place write on a saved activation and an unused layer."""
 
-    def __init__(self):
-        super().__init__()
-        self.a = nn.Linear(3, 4)
-        self.b = nn.Linear(4, 1)
-        self.unused = nn.Linear(2, 2)
+    LAYERS = {"a": (3, 4), "b": (4, 1), "unused": (2, 2)}
 
     def forward(self, x):
         h = torch.sigmoid(self.a(x))
@@ -120,52 +119,9 @@ def hf_model(kind: str, layers: int = 2, planted: bool = False, d: int = 32, hea
     return out.loss, model
 
 
-class BasicBlock(nn.Module):
-    """torchvision's ResNet BasicBlock, with its module names."""
-
-    def __init__(self, cin: int, cout: int, stride: int = 1):
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.relu = nn.ReLU(inplace=True)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.downsample = None
-        if stride != 1 or cin != cout:
-            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x):
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return self.relu(out + (x if self.downsample is None else self.downsample(x)))
-
-
-class ResNet18(nn.Module):
-    """torchvision.models.resnet18's layout and parameter names (conv1, bn1, layer1.0.conv1, ..., fc)."""
-
-    def __init__(self, classes: int = 10, width: int = 64):
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, width, 7, 2, 3, bias=False)
-        self.bn1 = nn.BatchNorm2d(width)
-        self.relu = nn.ReLU(inplace=True)
-        self.maxpool = nn.MaxPool2d(3, 2, 1)
-        cin = width
-        for i, cout in enumerate((width, 2 * width, 4 * width, 8 * width)):
-            stride = 1 if i == 0 else 2
-            setattr(self, f"layer{i + 1}", nn.Sequential(BasicBlock(cin, cout, stride), BasicBlock(cout, cout)))
-            cin = cout
-        self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(cin, classes)
-
-    def forward(self, x):
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
-
-
 def resnet18(planted: bool = False, model=None):
     torch.manual_seed(0)
-    model = ResNet18() if model is None else model
+    model = ResNet(width=64) if model is None else model  # torchvision.models.resnet18's layout and names
     handle = _plant(model, "layer3.0.conv2") if planted else None
     try:
         loss = nn.functional.cross_entropy(model(torch.randn(2, 3, 64, 64)), torch.tensor([1, 2]))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tests import _plan_models as plan_models
+
 
 class Block(nn.Module):
     def __init__(self, d: int, hidden: int):
@@ -30,12 +32,8 @@ class MLPStack(nn.Module):
         return self.head(x)
 
 
-class Attention(nn.Module):
-    def __init__(self, d: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(d, 3 * d)
-        self.proj = nn.Linear(d, d)
+class Attention(plan_models.Attention):
+    """The plan tests' attention layers, computed by ``scaled_dot_product_attention``."""
 
     def forward(self, x):
         b, t, d = x.shape

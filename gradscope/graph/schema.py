@@ -44,6 +44,7 @@ __all__ = [
     "CHECKPOINT_PARAMS",
     "INPUT_STORAGES",
     "HF_CHECKPOINTING",
+    "DTYPE_FLOW",
 ]
 
 # -- node kinds ------------------------------------------------------------------------------------
@@ -80,6 +81,11 @@ INPUT_STORAGES = "input_storages"  #: input leaf node id -> the storage id an op
 #: GradientCheckpointingLayer modules], "method": "activation_checkpointing_enable" or
 #: "gradient_checkpointing_enable"}`` (plans say the model's own switch when they amount to it)
 HF_CHECKPOINTING = "hf_checkpointing"
+#: traced: what is float32 in a run whose parameters are in a lower precision (FSDP2's ``param_dtype``),
+#: from the forward's explicit casts (NOTE [dtype flow]): ``{"nodes": {node id: {"saved": [storage ids
+#: it saves in float32], "outputs": [its outputs in float32]}}, "casts": [{"of": node id, "output": nr,
+#: "seq": the cast's sequence number, "to": "float32" or "param", "by": [node ids reading the cast]}]}``
+DTYPE_FLOW = "dtype_flow"
 
 
 class SavedEntry(TypedDict, total=False):

@@ -8,6 +8,7 @@ parameters equal ``report.saved_bytes`` exactly.
 from __future__ import annotations
 
 import html
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from gradscope._format import human_bytes, one_line
@@ -31,7 +32,18 @@ BY = ("module", "op", "node")
 
 
 @dataclass(frozen=True, slots=True)
-class MemoryRow:
+class _Counts:
+    """The counts a :class:`MemoryRow` and a :class:`DeviceTotal` share, after the name of the group."""
+
+    name: str
+    nodes: int = 0
+    held: int = 0
+    params: int = 0
+    offloaded: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRow(_Counts):
     """Saved-tensor memory of one group (a module, an op kind, or a node).
 
     Attributes:
@@ -45,26 +57,18 @@ class MemoryRow:
         tensors: saved tensor slots in the group.
     """
 
-    name: str
-    nodes: int = 0
-    held: int = 0
-    params: int = 0
-    offloaded: int = 0
     recomputed: int = 0
     shared: int = 0
     tensors: int = 0
 
 
 @dataclass(frozen=True, slots=True)
-class DeviceTotal:
-    """Saved bytes per device; ``nodes`` counts op and leaf nodes there; ``offloaded`` are bytes that left
-    this device for the CPU."""
+class DeviceTotal(_Counts):
+    """Saved bytes on the device ``name``: ``nodes`` op and leaf nodes there, ``offloaded`` bytes sent to the CPU."""
 
-    device: str
-    nodes: int = 0
-    held: int = 0
-    params: int = 0
-    offloaded: int = 0
+    @property
+    def device(self) -> str:  # the name: "cpu", "cuda:0", "meta"
+        return self.name
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,12 +304,11 @@ def memory(report, *, by: str = "module", depth: int | None = None, top: int | N
                 elif status == "opaque":
                     opaque += 1
     sharing = []
-    devices: dict[str, dict] = {}
+    devices: defaultdict[str, Counter] = defaultdict(Counter)
     for use in storage_uses(graph, order):
         owner = group(use.owner)
         acc[owner][use.category] += use.nbytes
-        dev = devices.setdefault(use.device or "?", {"nodes": 0, "held": 0, "params": 0, "offloaded": 0})
-        dev[use.category] += use.nbytes
+        devices[use.device or "?"][use.category] += use.nbytes
         groups = list(dict.fromkeys(group(u) for u in use.users)) if len(use.users) > 1 else ()
         if len(groups) > 1:
             for g in groups:
@@ -314,7 +317,7 @@ def memory(report, *, by: str = "module", depth: int | None = None, top: int | N
     for _, d in graph.nodes(data=True):  # op nodes and leaves (a CPU input copied to the GPU)
         dev = d.get("device")
         if dev is not None:
-            devices.setdefault(dev, {"nodes": 0, "held": 0, "params": 0, "offloaded": 0})["nodes"] += 1
+            devices[dev]["nodes"] += 1
     rows = [MemoryRow(name, **a) for name, a in acc.items()]
     rows.sort(key=lambda r: (-(r.held + r.offloaded), -r.params, -r.recomputed, -r.nodes, r.name))
     sums = {f: sum(getattr(r, f) for r in rows) for f in ("held", "params", "offloaded", "recomputed")}

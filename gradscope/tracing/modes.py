@@ -17,14 +17,16 @@ tensor subclass) is swallowed and counted as a dropped event, never raised into 
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from gradscope._torch import ACCUMULATE_GRAD, TENSOR_DATA, impl_key, peek_sequence_nr, storage_key
+from gradscope._torch import ACCUMULATE_GRAD, TENSOR_DATA, TENSOR_DTYPE, impl_key, peek_sequence_nr, storage_key
 from gradscope._torch import version as tensor_version
+from gradscope.tracing.dtypeflow import CAST_NAMES
 from gradscope.tracing.probes import (
     INPLACE_FLAG,
     SAVES_OUTPUT,
@@ -49,29 +51,15 @@ _DATA = TENSOR_DATA
 _Tensor = torch.Tensor
 _grad_enabled = torch.is_grad_enabled
 
-# Categories (NOTE [cheap per-op path]); small ints compare fastest.
-_PLAIN, _GETTER, _DETACH, _DATA_GET, _TO_PYTHON, _INPLACE, _FUNCTIONAL = range(7)
+# Categories (NOTE [cheap per-op path]); small ints compare fastest. _CAST and _DTYPE: NOTE [dtype flow].
+_PLAIN, _GETTER, _DETACH, _DATA_GET, _TO_PYTHON, _INPLACE, _FUNCTIONAL, _CAST, _DTYPE = range(9)
 
 _TO_PYTHON_NAMES = frozenset(
     {"item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__", "__complex__", "__array__"}
 )
 _INPLACE_DUNDERS = frozenset(
-    {
-        "__setitem__",
-        "__iadd__",
-        "__isub__",
-        "__imul__",
-        "__itruediv__",
-        "__ifloordiv__",
-        "__imod__",
-        "__ipow__",
-        "__iand__",
-        "__ior__",
-        "__ixor__",
-        "__ilshift__",
-        "__irshift__",
-        "__imatmul__",
-    }
+    "__setitem__ __iadd__ __isub__ __imul__ __itruediv__ __ifloordiv__ __imod__ __ipow__ __iand__ __ior__ "
+    "__ixor__ __ilshift__ __irshift__ __imatmul__".split()
 )
 _NOT_WRITES = frozenset({"requires_grad_", "share_memory_", "retain_grad", "detach_"})
 # Ops that carry a detached tensor on towards .numpy() (x.detach().cpu().numpy()).
@@ -83,7 +71,10 @@ _CATEGORY: dict = {}
 def _classify(func) -> int:
     name = getattr(func, "__name__", "")
     if name == "__get__" or name == "__set__":
-        cat = _DATA_GET if name == "__get__" and getattr(func, "__self__", None) is _DATA else _GETTER
+        owner = getattr(func, "__self__", None) if name == "__get__" else None
+        cat = _DATA_GET if owner is _DATA else _DTYPE if owner is TENSOR_DTYPE else _GETTER
+    elif name in CAST_NAMES:
+        cat = _CAST
     elif name in ("detach", "detach_"):
         cat = _DETACH
     elif name in _TO_PYTHON_NAMES:
@@ -149,6 +140,7 @@ class CutMode(TorchFunctionMode):
         self._lines = rec.node_lines  # NOTE [node lines]
         self._end = self._lines.end
         self._regions = rec.regions  # NOTE [recording a reentrant region]
+        self._flow = rec.dtypes  # NOTE [dtype flow]
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         try:
@@ -167,7 +159,9 @@ class CutMode(TorchFunctionMode):
                 self._end = end
             if before:
                 self._functional_writes(func, before, kwargs or {})
-            if cat == _PLAIN or cat == _FUNCTIONAL:  # NOTE [cheap per-op path]
+            if self._flow.marks or cat == _CAST or (kwargs and "dtype" in kwargs):  # NOTE [dtype flow]
+                self._flow.call(_op_name(func), cat == _CAST, args, kwargs or {}, out, seq, end)
+            if cat == _PLAIN or cat == _FUNCTIONAL or cat == _CAST:  # NOTE [cheap per-op path]
                 if isinstance(out, _Tensor):
                     if not out.requires_grad:
                         self._plain_cut(func, args, kwargs or {}, out, seq)
@@ -179,7 +173,9 @@ class CutMode(TorchFunctionMode):
                         self._plain_cut(func, args, kwargs or {}, out, seq)
                     elif rg and end == seq and not _grad_enabled():
                         self._regions.call(func, args, kwargs, out, seq)
-            elif cat == _GETTER:
+            elif cat == _GETTER or cat == _DTYPE:
+                if cat == _DTYPE and args:
+                    self._flow.dtype_read(args[0], sys._getframe(1))
                 if seq == self._regions.region_seq and isinstance(out, _Tensor):  # x.T inside a region
                     self._regions.call(func, args, kwargs, out, seq)
             elif cat == _INPLACE:

@@ -27,6 +27,8 @@ from gradscope._wrappers import unwrap_parallel
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.graph import CALLED_MODULES, CHECKPOINT_PARAMS, EVENTS, EVENTS_DROPPED, MODULE_CALLS, PARAMS
 from gradscope.tracing.calls import call_names, live_modules, module_calls
+from gradscope.tracing.dtypeflow import DtypeFlow
+from gradscope.tracing.dtypeflow import annotate as annotate_dtypes
 from gradscope.tracing.lines import NodeLines
 from gradscope.tracing.modes import MAX_EVENTS, CutMode
 from gradscope.tracing.regions import RegionRecorder
@@ -109,6 +111,7 @@ class Trace:
         self._dropped = 0
         self.node_lines = NodeLines(_peek_seq())  # NOTE [node lines]: the user's line of every node
         self.regions = RegionRecorder(self.leaf_refs)  # NOTE [recording a reentrant region]
+        self.dtypes = DtypeFlow()  # NOTE [dtype flow]
 
     # -- recording ------------------------------------------------------------------------------
     def __enter__(self) -> Trace:
@@ -151,6 +154,7 @@ class Trace:
 
     def _segment(self, call: int) -> None:
         seq = _peek_seq()
+        self.dtypes.depth(len(self._stack), call)
         starts = self._seg_seq
         if starts and starts[-1] == seq:  # the previous segment made no node: reuse it
             self._seg_call[-1] = call
@@ -164,6 +168,7 @@ class Trace:
         key = id(module)
         if key not in self._refs:
             self._refs[key] = weakref.ref(module)
+        self.dtypes.buffers(module)
         stack = self._stack
         index = len(self._calls)
         self._calls.append((key, stack[-1] if stack else -1))
@@ -190,7 +195,6 @@ class Trace:
                 self._segment(stack[-1] if stack else -1)
                 return
 
-    # -- reading --------------------------------------------------------------------------------
     # -- what the mode records (CutMode) ------------------------------------------------------------
     def full(self) -> bool:
         """True once MAX_EVENTS events are kept: later ones are only counted (:meth:`drop_event`)."""
@@ -280,6 +284,7 @@ class Trace:
         pnames = self._param_names(model, names)
         graph.graph[EVENTS] = self._event_dicts(call_names, pnames)
         self.regions.annotate(ops, pnames, graph.graph.get(PARAMS) or {})
+        annotate_dtypes(self.dtypes, graph)
         graph.graph[CHECKPOINT_PARAMS] = {
             pnames[p]: sorted(s) for p, s in self.checkpoint_params.items() if p in pnames
         }

@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import gradscope
+from tests.fuzz._vocab import ScaleF, Square
 
 
 def _raises(loss) -> bool:
@@ -54,24 +55,13 @@ def test_split_view_of_an_input_written_with_a_grad_requiring_value():
 @pytest.mark.parametrize("saver", ["function", "reentrant", "non-reentrant"])
 def test_split_view_saved_by_custom_function_or_checkpoint(saver):
     # the same piece saved by a custom Function (once missed), and by the two checkpoint flavours
-    class Sq(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.save_for_backward(x)
-            return x * x
-
-        @staticmethod
-        def backward(ctx, g):
-            x, = ctx.saved_tensors
-            return 2 * x * g
-
     p = nn.Parameter(torch.randn(4, 4))
     h = p * 2
     a, b = h.split(2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if saver == "function":
-            out = Sq.apply(b)
+            out = Square.apply(b)
         else:
             out = checkpoint(lambda t: t.sin() * 2, b, use_reentrant=saver == "reentrant")
     loss = out.sum()
@@ -148,16 +138,6 @@ def test_inplace_on_a_slice_that_hides_its_saved_result(second):
 
 
 # -- fewer "maybe" warnings -----------------------------------------------------------------------
-class _Double(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x * 2
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * 2
-
-
 def _unused_severity(build):
     lin, other = nn.Linear(3, 3), nn.Linear(3, 3)
     model = nn.ModuleDict({"lin": lin, "other": other})
@@ -170,7 +150,7 @@ def _unused_severity(build):
 
 
 def test_custom_function_hides_no_parameter():
-    assert _unused_severity(lambda lin, x: _Double.apply(lin(x))) == [
+    assert _unused_severity(lambda lin, x: ScaleF.apply(lin(x))) == [
         ("error", {"other.weight", "other.bias"})]
 
 
@@ -300,14 +280,19 @@ def test_freed_graph_is_an_error_with_the_step_boundary_fix():
     assert _raises(loss)
 
 
-def test_reentrant_checkpoint_without_grad_inputs_is_the_cause():
+def _lin_then_head(middle):
+    """``head(middle(lin, x)).sum()`` traced over ``{lin, head}``: ``(lin, head, loss, report)``."""
     lin, head = nn.Linear(3, 3), nn.Linear(3, 1)
     model = nn.ModuleDict({"lin": lin, "head": head})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with gradscope.trace(model) as tr:
-            loss = head(checkpoint(lin, torch.randn(2, 3), use_reentrant=True)).sum()
-    r = gradscope.inspect(loss, model=model, trace=tr)
+            loss = head(middle(lin, torch.randn(2, 3))).sum()
+    return lin, head, loss, gradscope.inspect(loss, model=model, trace=tr)
+
+
+def test_reentrant_checkpoint_without_grad_inputs_is_the_cause():
+    lin, head, loss, r = _lin_then_head(lambda lin, x: checkpoint(lin, x, use_reentrant=True))
     assert len(r.findings) == 1 and "inputs do not require grad" in r.findings[0].message
     assert set(r.findings[0].params) == {"lin.weight", "lin.bias"}
     assert "use the module in forward" not in r.findings[0].message.lower()
@@ -316,13 +301,7 @@ def test_reentrant_checkpoint_without_grad_inputs_is_the_cause():
 
 
 def test_torch_tensor_copy_is_named_as_a_copy():
-    lin, head = nn.Linear(3, 3), nn.Linear(3, 1)
-    model = nn.ModuleDict({"lin": lin, "head": head})
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with gradscope.trace(model) as tr:
-            loss = head(torch.tensor(lin(torch.randn(2, 3)))).sum()
-    r = gradscope.inspect(loss, model=model, trace=tr)
+    lin, _, loss, r = _lin_then_head(lambda lin, x: torch.tensor(lin(x)))
     assert "torch.tensor()" in r.findings[0].message and "argmax" not in r.findings[0].message
     loss.backward()
     assert lin.weight.grad is None

@@ -7,7 +7,9 @@ import torch
 import torch.nn as nn
 
 import gradscope
+from tests._memmodels import BasicBlock
 from tests._truth import backward_raises_inplace, kinds
+from tests.fuzz._vocab import MulF
 
 
 def _hazards(report):
@@ -63,22 +65,6 @@ def test_sigmoid_then_inplace_relu_is_hazard():
     assert backward_raises_inplace(loss)
 
 
-class BasicBlock(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(c)
-        self.relu = nn.ReLU(inplace=True)
-        self.conv2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(c)
-
-    def forward(self, x):
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        out += x
-        return self.relu(out)
-
-
 def test_resnet_block_with_inplace_relu_is_clean():
     m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
                       BasicBlock(8), BasicBlock(8), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5))
@@ -97,23 +83,12 @@ def test_linear_then_inplace_relu_is_clean():
 
 
 def test_custom_function_saved_tensor_modified():
-    class Scale(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, w):
-            ctx.save_for_backward(x, w)
-            return x * w
-
-        @staticmethod
-        def backward(ctx, g):
-            x, w = ctx.saved_tensors
-            return g * w, g * x
-
     w = torch.randn(3, requires_grad=True)
     x = torch.randn(3, requires_grad=True) * 1
-    y = Scale.apply(x, w)
+    y = MulF.apply(x, w)
     x.add_(1)
     loss = y.sum()
     r = gradscope.inspect(loss, params={"w": w})
     (f,) = _hazards(r)
-    assert r.graph.nodes[f.node]["name"] == "ScaleBackward"
+    assert r.graph.nodes[f.node]["name"] == "MulFBackward"
     assert backward_raises_inplace(loss)

@@ -27,22 +27,11 @@ import torch
 from torch import nn
 
 
-class TwoHeads(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.body = nn.Linear(6, 8)
-        self.head = nn.Linear(8, 1)
-        self.unused_head = nn.Linear(8, 3)
-
-    def forward(self, x):
-        return self.head(torch.relu(self.body(x)))
-
-
 def make(use_all):
     torch.manual_seed(0)
-    model = TwoHeads()
+    model = nn.ModuleDict({"body": nn.Linear(6, 8), "head": nn.Linear(8, 1), "unused_head": nn.Linear(8, 3)})
     x = torch.randn(5, 6)
-    out = model(x).sum()
+    out = model.head(torch.relu(model.body(x))).sum()
     if use_all:
         out = out + model.unused_head(torch.relu(model.body(x))).sum()
     return out, model
@@ -121,24 +110,19 @@ def _call(path, name):
 
 
 # -- check: exit 1 vs 0 from real findings --------------------------------------------------------
-def test_check_exits_1_on_an_unused_head_that_torch_leaves_without_grad(targets):
-    result = _run("check", f"{targets}:buggy")
-    assert result.exit_code == 1, result.output
-    assert "unused-parameter" in result.stdout
-    loss, model = _call(targets, "buggy")
+@pytest.mark.parametrize("name,code,said,without_grad", [
+    ("buggy", 1, "unused-parameter", {"unused_head.weight", "unused_head.bias"}),  # an unused head: exit 1
+    ("clean", 0, "No findings", set()),                                            # every parameter gets one
+])
+def test_check_exit_code_follows_the_parameters_torch_leaves_without_grad(targets, name, code, said, without_grad):
+    result = _run("check", f"{targets}:{name}")
+    assert result.exit_code == code, result.output
+    assert said in result.stdout
+    loss, model = _call(targets, name)
     loss.backward()
-    assert grads_none(model) == {"unused_head.weight", "unused_head.bias"}
-    for name in grads_none(model):
-        assert name in result.stdout
-
-
-def test_check_exits_0_when_every_parameter_gets_a_gradient(targets):
-    result = _run("check", f"{targets}:clean")
-    assert result.exit_code == 0, result.output
-    assert "No findings" in result.stdout
-    loss, model = _call(targets, "clean")
-    loss.backward()
-    assert grads_none(model) == set()
+    assert grads_none(model) == without_grad
+    for param in grads_none(model):
+        assert param in result.stdout
 
 
 def test_check_json_lists_the_findings_with_their_parameters(targets):

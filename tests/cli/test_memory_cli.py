@@ -5,9 +5,8 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from click.testing import CliRunner
 
-from gradscope.cli.commands import main
+from tests.cli.conftest import run_memory as _run  # the `target` fixture: tests/cli/conftest.py
 
 _TARGET = """
 import torch
@@ -28,18 +27,6 @@ def freed():
     loss.backward()
     return loss
 """
-
-
-@pytest.fixture()
-def target(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRADSCOPE_CACHE", str(tmp_path / "cache"))
-    path = tmp_path / "train.py"
-    path.write_text(textwrap.dedent(_TARGET))
-    return str(path)
-
-
-def _run(*args):
-    return CliRunner().invoke(main, ["memory", *args])
 
 
 def test_prints_the_budget_and_fits(target):
@@ -127,7 +114,7 @@ def test_plan_without_budget_refuses_before_the_replay(target, monkeypatch):
                                        ("300 kB", "budget 300 kB read as 300,000 bytes = 293.0 KiB"),
                                        ("16GiB", None)])
 def test_a_decimal_budget_says_how_it_was_read(target, size, said):
-    res = CliRunner().invoke(main, ["memory", f"{target}:step", "--budget", size])
+    res = _run(f"{target}:step", "--budget", size)
     assert res.exit_code in (0, 1), res.output
     if said is None:
         assert "read as" not in res.stderr

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 import torch
-from click.testing import CliRunner
 
 import gradscope
 from gradscope._format import human_bytes
-from gradscope.cli.commands import main
+from tests.cli.conftest import run_memory as _run  # the `target` fixture: tests/cli/conftest.py
 
 _TARGET = """
 import torch
@@ -26,30 +23,16 @@ class Block(nn.Module):
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
-        self.blocks = nn.ModuleList(Block() for _ in range(3))
+        self.blocks = nn.Sequential(*(Block() for _ in range(3)))
         self.head = nn.Linear(64, 4)
     def forward(self, x):
-        for b in self.blocks:
-            x = b(x)
-        return self.head(x)
+        return self.head(self.blocks(x))
 
 def step():
     torch.manual_seed(0)
     m = Net()
     return m(torch.randn(16, 64)).pow(2).mean(), m
 """
-
-
-@pytest.fixture()
-def target(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRADSCOPE_CACHE", str(tmp_path / "cache"))
-    path = tmp_path / "train.py"
-    path.write_text(textwrap.dedent(_TARGET))
-    return str(path)
-
-
-def _run(*args):
-    return CliRunner().invoke(main, ["memory", *args])
 
 
 def _library_peak(target, spec) -> int:

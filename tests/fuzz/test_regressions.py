@@ -5,6 +5,8 @@ Each runs the full oracle (``check_program``) and asserts the specific torch beh
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -14,6 +16,21 @@ from ._oracle import backward_truth, check_program, hooked_saved_bytes
 from ._program import Program, run_program
 
 # pool at start: [x (input, no grad), a (param), m (leaf input that requires grad)]; new results append.
+
+def _inspected(program, traced=False):
+    """Run ``program`` (under ``gradscope.trace()`` when ``traced``): the run and its report."""
+    with gradscope.trace() if traced else contextlib.nullcontext() as tr:
+        run = run_program(program)
+    return run, gradscope.inspect(run.root, params=run.params, trace=tr)
+
+
+def _one_hazard(program, says):
+    """Assert that ``program``'s report has one inplace-hazard and that it says ``says``; return the run."""
+    run, report = _inspected(program)
+    hazards = [f for f in report.findings if f.kind == "inplace-hazard"]
+    assert len(hazards) == 1 and says in hazards[0].message
+    return run
+
 
 CKPT_INPUT_MODIFIED = Program((("mul", 1, 2, "plain"), ("exp", 3, 0, "ckpt"), ("mul_", 3, 0, "plain")),
                               (4,), "sum")
@@ -27,18 +44,14 @@ def test_checkpoint_input_modified_in_place_is_a_hazard():
     # Found by the fuzzer: checkpoint(use_reentrant=False) keeps its inputs as version-checked
     # SavedTensors in its frame (reachable only through the unpack hook), and backward's recomputation
     # raises when one was modified in place. Fixed in gradscope/walk/checkpoint.py.
-    run = run_program(CKPT_INPUT_MODIFIED)
-    report = gradscope.inspect(run.root, params=run.params)
-    hazards = [f for f in report.findings if f.kind == "inplace-hazard"]
-    assert len(hazards) == 1 and "an input of its checkpoint region" in hazards[0].message
+    run = _one_hazard(CKPT_INPUT_MODIFIED, "an input of its checkpoint region")
     assert backward_truth(run.root)["errors"] == ["inplace"]
     check_program(CKPT_INPUT_MODIFIED)
 
 
 def test_checkpoint_inputs_count_as_saved_bytes():
     # Found by the fuzzer: saved_bytes was 0 while saved_tensors_hooks saw the checkpoint's input.
-    run = run_program(CKPT_INPUT_BYTES)
-    report = gradscope.inspect(run.root, params=run.params)
+    run, report = _inspected(CKPT_INPUT_BYTES)
     # checkpoint(exp_op, a, x): both inputs are kept, 2 x (2, 4) float32
     assert report.saved_bytes == hooked_saved_bytes(CKPT_INPUT_BYTES) == 2 * 2 * 4 * 4
     check_program(CKPT_INPUT_BYTES)
@@ -48,8 +61,7 @@ def test_reentrant_checkpoint_may_return_none_for_an_input():
     # The checkpointed exp() ignores its second input (the parameter a): torch gives a.grad None although
     # a is reachable, through CheckpointFunctionBackward only. No walk can know what an opaque backward
     # returns; the oracle accepts either outcome for parameters reached only through opaque nodes.
-    run = run_program(REENTRANT_IGNORES_INPUT)
-    report = gradscope.inspect(run.root, params=run.params)
+    run, report = _inspected(REENTRANT_IGNORES_INPUT)
     assert report.graph.graph["params"]["a"]["node"] is not None
     run.root.backward()
     assert run.params["a"].grad is None
@@ -65,8 +77,7 @@ def test_reentrant_checkpoint_whose_output_needs_no_grad():
 
 
 def test_copyslices_saved_tensors_are_a_lower_bound():
-    run = run_program(COPYSLICES_HIDES_SAVED)
-    report = gradscope.inspect(run.root, params=run.params)
+    run, report = _inspected(COPYSLICES_HIDES_SAVED)
     assert any(d["name"] == "CopySlices" for _, d in report.graph.nodes(data=True))
     assert report.saved_bytes < hooked_saved_bytes(COPYSLICES_HIDES_SAVED)
     check_program(COPYSLICES_HIDES_SAVED)
@@ -93,8 +104,7 @@ def test_checkpoint_input_unused_by_the_region_is_a_side_channel():
     # checkpoint(exp_op, m, sin(a)): exp ignores sin(a), so sin's node is not in the backward graph, but
     # the frame keeps sin(a) alive and with it SinBackward0's saved a. saved_bytes counts what the
     # graph holds (both checkpoint inputs) and is a lower bound of what stays alive.
-    run = run_program(CKPT_UNUSED_INPUT_HISTORY)
-    report = gradscope.inspect(run.root, params=run.params)
+    run, report = _inspected(CKPT_UNUSED_INPUT_HISTORY)
     assert "SinBackward0" not in {d["name"] for _, d in report.graph.nodes(data=True)}
     assert report.saved_bytes == 64 < hooked_saved_bytes(CKPT_UNUSED_INPUT_HISTORY) == 96
     check_program(CKPT_UNUSED_INPUT_HISTORY)
@@ -107,9 +117,7 @@ def test_cut_parameter_also_used_in_reentrant_checkpoint_is_not_flagged_when_tra
     # Found by the slow profile (traced): b is cut by a no_grad region (addmm) and also used by linear
     # inside a reentrant checkpoint, which hides it from the walk; torch gives b a gradient. With
     # trace() the parameters the checkpoint body used are known: no finding about b at all.
-    with gradscope.trace() as tr:
-        run = run_program(CUT_AND_REENTRANT)
-    report = gradscope.inspect(run.root, params=run.params, trace=tr)
+    run, report = _inspected(CUT_AND_REENTRANT, traced=True)
     assert not [f for f in report.findings if "b" in f.params]
     untraced = gradscope.inspect(run.root, params=run.params)     # untraced: a warning, never an error
     assert [f.severity for f in untraced.findings if "b" in f.params] == ["warning"]
@@ -154,10 +162,7 @@ def test_saved_split_view_whose_base_is_modified_in_place():
     # Found by the slow profile: mul saved the two chunk() views of m, then m.add_() under no_grad.
     # torch refuses in backward with its multi-output-view message (no version in it), which the
     # version regex missed: no inplace-hazard was reported. Now the slot is stale.
-    run = run_program(SPLIT_VIEW_BASE_MODIFIED)
-    report = gradscope.inspect(run.root, params=run.params)
-    hazards = [f for f in report.findings if f.kind == "inplace-hazard"]
-    assert len(hazards) == 1 and "at an earlier version" in hazards[0].message
+    run = _one_hazard(SPLIT_VIEW_BASE_MODIFIED, "at an earlier version")
     with pytest.raises(RuntimeError, match="is a view and its base"):
         run.root.backward()
     check_program(SPLIT_VIEW_BASE_MODIFIED)
@@ -170,9 +175,7 @@ def test_parameter_used_only_in_a_checkpoint_region_outside_the_graph_is_flagged
     # Found by the CI fuzz profile (traced): w is used only inside a reentrant checkpoint whose
     # input needs no grad, so that region never joins the graph; another region does. The region of each
     # parameter is now its own node (the ctx of its CheckpointFunction.forward frame), not a guess by seq.
-    with gradscope.trace() as tr:
-        run = run_program(DEAD_REGION)
-    report = gradscope.inspect(run.root, params=run.params, trace=tr)
+    run, report = _inspected(DEAD_REGION, traced=True)
     assert "w" in {p for f in report.findings if f.severity == "error" for p in f.params}
     assert "a" not in {p for f in report.findings for p in f.params}
     check_program(DEAD_REGION, traced=True, watched=True)
@@ -184,8 +187,6 @@ VIEW_IN_REGION = Program((("bmm", 0, 1, "ckpt_reentrant"),), (3,), "sum")
 def test_parameter_viewed_inside_a_checkpoint_region_is_known():
     # Found by the slow profile (traced): bmm inside a reentrant checkpoint uses
     # u.unsqueeze(0), a view taken under no_grad; the view, not u, was recorded as the region's input.
-    with gradscope.trace() as tr:
-        run = run_program(VIEW_IN_REGION)
-    report = gradscope.inspect(run.root, params=run.params, trace=tr)
+    run, report = _inspected(VIEW_IN_REGION, traced=True)
     assert "u" not in {p for f in report.findings for p in f.params}
     check_program(VIEW_IN_REGION, traced=True, watched=True)

@@ -14,13 +14,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
-from torch.utils.checkpoint import checkpoint
 
 import gradscope
 from gradscope.memory.replay.backward import program
 from gradscope.memory.replay.reentrant import modelled_region, node_effect
 from gradscope.memory.replay.simulate import simulate
-from tests._memmodels import MODELS
+from tests._memmodels import MODELS, ReentrantStack
 from tests._memtruth import measure
 
 
@@ -72,23 +71,16 @@ class _Residual(nn.Module):
         return x + self.mlp(x)
 
 
-class _ResidualInside(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.blocks = nn.ModuleList(_Residual() for _ in range(2))
-        self.head = nn.Linear(64, 1)
-
-    def forward(self, x):
-        for b in self.blocks:
-            x = checkpoint(b, x, use_reentrant=True)
-        return self.head(x)
+def _residual_inside():
+    """Two residual blocks (a ``forward`` of their own), each in a reentrant checkpoint, then a head."""
+    return ReentrantStack([_Residual() for _ in range(2)], nn.Linear(64, 1))
 
 
 def test_custom_forward_region_is_modelled_when_traced():
     # untraced, the region's ops are not known before backward (the next test); traced, its recorded calls
     # are replayed on meta (memory/replay/traced.py; more cases in test_backward_memory_reentrant_traced.py)
     torch.manual_seed(0)
-    model, x = _ResidualInside(), torch.randn(16, 64, requires_grad=True)
+    model, x = _residual_inside(), torch.randn(16, 64, requires_grad=True)
     loss_fn = lambda m, x: m(x).pow(2).mean()  # noqa: E731
 
     def forward():
@@ -110,7 +102,7 @@ def test_custom_forward_region_is_modelled_when_traced():
 
 def test_an_unmodelled_region_is_said_and_the_peak_is_a_lower_bound():
     torch.manual_seed(0)
-    model, x = _ResidualInside(), torch.randn(16, 64, requires_grad=True)
+    model, x = _residual_inside(), torch.randn(16, 64, requires_grad=True)
     truth = _truth(model, (x,), lambda m, x: m(x).pow(2).mean())
     bm = truth.prediction
     regions = [n for n, k in zip(bm.order, bm.names) if k == "CheckpointFunctionBackward"]

@@ -18,6 +18,8 @@ from torch.utils.checkpoint import checkpoint
 
 import gradscope
 from tests._memtruth import measure
+from tests._zoo import docs_example
+from tests.fuzz._vocab import ScaleF
 from tests.memory.test_backward_memory_reentrant import _nested_names
 
 
@@ -30,15 +32,11 @@ class _Residual(nn.Module):
         return x + self.mlp(x)
 
 
-class _Block(nn.Module):
-    """A small pre-LN transformer block: LayerNorm, softmax attention written out, a GELU MLP, residuals."""
+class _Block(docs_example("memory_example").Block):
+    """docs/memory_example.py's pre-LN block (d=32, 4 heads), its softmax attention written out."""
 
     def __init__(self, d=32, heads=4):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        super().__init__(d, heads)
 
     def forward(self, x):
         b, t, d = x.shape
@@ -184,16 +182,6 @@ def test_hf_reentrant_gradient_checkpointing(arch, attn):
     assert len(untraced.unmodelled) == 2
 
 
-class _Twice(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, a):
-        return a * 2
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * 2
-
-
 def _traced_report(fn, x, model):
     with gradscope.trace(model) as tr:
         loss = checkpoint(fn, x, use_reentrant=True).pow(2).sum()
@@ -206,7 +194,7 @@ def test_what_cannot_be_replayed_stays_a_lower_bound(kind):
     lin, x = nn.Linear(8, 8), torch.randn(6, 8, requires_grad=True)
     stray = torch.randn(8, requires_grad=True)                      # requires grad, not the model's
     fn, why = {
-        "function": (lambda h: _Twice.apply(lin(h)), "autograd Function"),
+        "function": (lambda h: ScaleF.apply(lin(h)), "autograd Function"),
         "meta": (lambda h: lin(h)[torch.nonzero(h[:, 0] > 0).squeeze(1)], "on meta"),   # data-dependent shape
         "leaf": (lambda h: lin(h) * stray, "no parameter of the model"),
     }[kind]

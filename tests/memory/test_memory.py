@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 import gradscope
 from gradscope.errors import InputValueError
 from gradscope.memory.table import NO_MODULE, module_bytes, node_bytes
+from tests._zoo import Linears
 
 
 def packed(fn):
@@ -151,11 +152,8 @@ def test_parameters_saved_by_mm_addmm_are_parameters():
 
 
 def test_shared_storage_is_attributed_to_first_saver():
-    class Two(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a = nn.Linear(8, 8)
-            self.b = nn.Linear(8, 8)
+    class Two(Linears):
+        LAYERS = {"a": (8, 8), "b": (8, 8)}
 
         def forward(self, x):
             h = torch.tanh(x)                    # h is saved by tanh, a's addmm and b's addmm

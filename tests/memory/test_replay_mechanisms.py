@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 import gradscope
 from tests._memtruth import measure
+from tests.fuzz._memprogram import Residual  # LayerNorm, a GELU MLP and a residual
 
 warnings.filterwarnings("ignore", message=".*use_reentrant.*")
 
@@ -90,24 +91,14 @@ def test_checkpoint_recompute_temporaries_and_rng_copy_are_in_the_peak():
     from torch.utils.checkpoint import checkpoint
 
     torch.manual_seed(0)
-    m = nn.Module()
-    m.lin = nn.Linear(16, 16)
-    m.blk = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16))
-    m.head = nn.Linear(16, 10)
+    m = nn.ModuleDict(dict(
+        lin=nn.Linear(16, 16),
+        blk=nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16)),
+        head=nn.Linear(16, 10),
+    ))
     x, t = torch.randn(16, 16), torch.randint(0, 10, (16,))
     truth = _truth(lambda: F.cross_entropy(m.head(checkpoint(m.blk, m.lin(x), use_reentrant=False)), t), m, [x, t])
     _levels_and_peak(truth)
-
-
-class _Block(nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.ln = nn.LayerNorm(d)
-        self.fc1 = nn.Linear(d, 2 * d)
-        self.fc2 = nn.Linear(2 * d, d)
-
-    def forward(self, x):
-        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
 
 
 @pytest.mark.parametrize("retain_graph", [False, True])
@@ -116,9 +107,7 @@ def test_checkpoint_levels_with_retain_graph(retain_graph):
     from torch.utils.checkpoint import checkpoint
 
     torch.manual_seed(0)
-    m = nn.Module()
-    m.blk = _Block(128)
-    m.lin = nn.Linear(128, 128)
+    m = nn.ModuleDict(dict(blk=Residual(128), lin=nn.Linear(128, 128)))
     x = torch.randn(16, 128)
     truth = _truth(lambda: (m.lin(checkpoint(m.blk, x, use_reentrant=False)) ** 2).mean(), m, [x], retain_graph)
     _levels_and_peak(truth, level_tol=4096, peak_tol=0.01)
@@ -130,9 +119,7 @@ def test_checkpoint_input_saved_by_the_op_before_is_freed_with_its_last_holder()
     from torch.utils.checkpoint import checkpoint
 
     torch.manual_seed(0)
-    m = nn.Module()
-    m.lin = nn.Linear(128, 128)
-    m.blk = _Block(128)
+    m = nn.ModuleDict(dict(lin=nn.Linear(128, 128), blk=Residual(128)))
     x = torch.randn(32, 128)
 
     def forward():
@@ -160,9 +147,7 @@ def test_checkpoint_binary_op_saving_two_inputs_of_one_shape_recreates_each_once
     from torch.utils.checkpoint import checkpoint
 
     torch.manual_seed(0)
-    m = nn.Module()
-    m.fc = nn.Linear(64, 64)
-    m.head = nn.Linear(64, 64)
+    m = nn.ModuleDict(dict(fc=nn.Linear(64, 64), head=nn.Linear(64, 64)))
     x = torch.randn(16, 64)
 
     def gated(a):
@@ -177,10 +162,7 @@ def test_densenet_like_cat_sums_its_pieces_at_the_gradients_size():
     # cat([h, h]) sends two pieces of one gradient to h; their sum has h's size and the cat's gradient
     # is freed with its last piece (no drift after the first CatBackward0)
     torch.manual_seed(0)
-    m = nn.Module()
-    m.a = nn.Linear(64, 64)
-    m.b = nn.Linear(128, 64)
-    m.c = nn.Linear(128, 64)
+    m = nn.ModuleDict(dict(a=nn.Linear(64, 64), b=nn.Linear(128, 64), c=nn.Linear(128, 64)))
     x = torch.randn(32, 64)
 
     def forward():
@@ -197,10 +179,7 @@ def test_tied_embedding_weight_sums_its_two_gradients_out_of_place():
     # InputBuffer first; the embedding's dense gradient arrives second and torch adds ``old + new`` (a third
     # buffer for a moment) rather than reusing the sole new one: before this was modelled the peak was 33% low
     torch.manual_seed(0)
-    m = nn.Module()
-    m.emb = nn.Embedding(100, 32)
-    m.mid = nn.Linear(32, 32)
-    m.head = nn.Linear(32, 100, bias=False)
+    m = nn.ModuleDict(dict(emb=nn.Embedding(100, 32), mid=nn.Linear(32, 32), head=nn.Linear(32, 100, bias=False)))
     m.head.weight = m.emb.weight
     ids = torch.randint(0, 100, (2, 8))
     truth = _truth(lambda: m.head(torch.tanh(m.mid(m.emb(ids)))).logsumexp(-1).mean(), m, [ids])
@@ -311,9 +290,7 @@ def test_channels_last_weight_gradient_is_cloned_into_the_weights_layout():
     # channels-last-strided, so is its weight gradient, and AccumulateGrad clones it to the contiguous
     # weight's layout instead of stealing it (the weight's bytes more inside that node)
     torch.manual_seed(0)
-    m = nn.Module()
-    m.lin = nn.Linear(16, 16)
-    m.conv = nn.Conv2d(16, 16, 2, stride=2)
+    m = nn.ModuleDict(dict(lin=nn.Linear(16, 16), conv=nn.Conv2d(16, 16, 2, stride=2)))
     x = torch.randn(2, 64, 16)
     truth = _truth(lambda: m.conv(m.lin(x).permute(0, 2, 1).reshape(2, 16, 8, 8)).pow(2).mean(), m, [x])
     _levels_and_peak(truth)

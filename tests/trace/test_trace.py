@@ -21,6 +21,7 @@ from torch.nn.modules import module as nn_module
 
 import gradscope
 from gradscope.errors import InputTypeError, InputValueError
+from tests._zoo import Linears
 from tests.conftest import grads_none
 
 
@@ -410,14 +411,12 @@ def test_user_mistakes_are_clear():
 
 # -- explain ---------------------------------------------------------------------------------------
 def test_explain_tells_each_story():
-    class Story(nn.Module):
+    class Story(Linears):
+        LAYERS = {"used": (4, 4), "cut": (4, 4), "never": (4, 4), "dropped": (4, 4), "frozen": (4, 4)}
+
         def __init__(self):
             super().__init__()
-            self.used = nn.Linear(4, 4)
-            self.cut = nn.Linear(4, 4)
-            self.never = nn.Linear(4, 4)
-            self.dropped = nn.Linear(4, 4)
-            self.frozen = nn.Linear(4, 4).requires_grad_(False)
+            self.frozen.requires_grad_(False)
 
         def forward(self, x):
             self.dropped(x)

@@ -25,6 +25,8 @@ from torch.utils.checkpoint import checkpoint
 
 import gradscope
 from gradscope.cli.commands import main
+from tests._zoo import Linears
+from tests.fuzz._vocab import ScaleF
 
 HERE = Path(__file__).name
 _SOURCE = Path(__file__).read_text(encoding="utf-8").splitlines()
@@ -152,23 +154,13 @@ def _region(t):
     return u * t  # L:region-mul
 
 
-class _Twice(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x * 2
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * 2
-
-
 def test_checkpointed_regions_and_custom_functions():
     x = torch.randn(5, requires_grad=True)
 
     def forward():
         a = checkpoint(_region, x, use_reentrant=False)  # L:ckpt-nonreentrant
         b = checkpoint(_region, a, use_reentrant=True)  # L:ckpt-reentrant
-        c = _Twice.apply(b)  # L:custom-apply
+        c = ScaleF.apply(b)  # L:custom-apply
         return c.sum()  # L:ckpt-sum
 
     report, truth, _ = traced(forward)
@@ -178,7 +170,7 @@ def test_checkpointed_regions_and_custom_functions():
     assert names["MulBackward0"] == {line("region-mul")}
     # reentrant: one node for the region, made where checkpoint() was called; a custom Function: apply's line
     assert names["CheckpointFunctionBackward"] == {line("ckpt-reentrant")}
-    assert names["_TwiceBackward"] == {line("custom-apply")}
+    assert names["ScaleFBackward"] == {line("custom-apply")}
     assert names["SumBackward0"] == {line("ckpt-sum")}
     assert_matches_torch(report, truth)
 
@@ -229,11 +221,8 @@ def test_nodes_made_outside_the_block_have_no_line():
 
 
 # -- what the user sees ----------------------------------------------------------------------------
-class Wide(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.up = nn.Linear(64, 512)
-        self.down = nn.Linear(512, 1)
+class Wide(Linears):
+    LAYERS = {"up": (64, 512), "down": (512, 1)}
 
     def forward(self, x):
         h = torch.tanh(self.up(x))  # L:wide-up

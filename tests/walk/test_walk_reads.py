@@ -101,12 +101,17 @@ class _SavesNothing(torch.autograd.Function):
         return g * ctx.k
 
 
-def test_custom_function_freed_by_an_earlier_backward():
+def _used_after_a_backward(function):
+    """``function`` applied to a parameter, one backward, then its output used again: ``(p, loss, report)``."""
     p = torch.nn.Parameter(torch.randn(4))
-    y = ExpF.apply(p)
+    y = function.apply(p)
     y.sum().backward()
     loss = (y + 1).sum()
-    r = gradscope.inspect(loss, params={"p": p})
+    return p, loss, gradscope.inspect(loss, params={"p": p})
+
+
+def test_custom_function_freed_by_an_earlier_backward():
+    _, loss, r = _used_after_a_backward(ExpF)
     assert "freed-graph" in kinds(r)
     f = next(f for f in r.findings if f.kind == "freed-graph")
     assert r.graph.nodes[f.node]["name"] == "ExpFBackward"
@@ -115,11 +120,7 @@ def test_custom_function_freed_by_an_earlier_backward():
 
 
 def test_custom_function_that_saved_nothing_is_not_freed():
-    p = torch.nn.Parameter(torch.randn(4))
-    y = _SavesNothing.apply(p)
-    y.sum().backward()
-    loss = (y + 1).sum()
-    r = gradscope.inspect(loss, params={"p": p})
+    p, loss, r = _used_after_a_backward(_SavesNothing)
     assert "freed-graph" not in kinds(r)
     loss.backward()                                 # torch agrees: nothing was freed that it needs
     assert p.grad is not None

@@ -7,18 +7,14 @@ import os
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 import gradscope
+from tests._zoo import Linears
 from tests.watch._ddp import init
 
 
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.body = nn.Linear(4, 4)
-        self.head = nn.Linear(4, 2)
-        self.unused = nn.Linear(4, 2)
+class Net(Linears):
+    LAYERS = {"body": (4, 4), "head": (4, 2), "unused": (4, 2)}
 
     def forward(self, x):
         return self.head(self.body(x).relu())

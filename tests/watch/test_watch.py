@@ -12,17 +12,14 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import gradscope
+from tests._zoo import Linears
 from tests.watch import _ddp as _watch_ddp
 
 
-class TwoHeads(nn.Module):
+class TwoHeads(Linears):
     """A trunk and two heads; ``forward(x, head)`` uses only the named head."""
 
-    def __init__(self):
-        super().__init__()
-        self.trunk = nn.Linear(4, 8)
-        self.a = nn.Linear(8, 1)
-        self.b = nn.Linear(8, 1)
+    LAYERS = {"trunk": (4, 8), "a": (8, 1), "b": (8, 1)}
 
     def forward(self, x, head="both"):
         h = self.trunk(x).relu()
@@ -65,11 +62,8 @@ def test_custom_function_returning_none_for_weight():
             (w,) = ctx.saved_tensors
             return grad @ w, None                   # the weight's gradient is dropped
 
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inp = nn.Linear(4, 4)
-            self.proj = nn.Linear(4, 3)
+    class Net(Linears):
+        LAYERS = {"inp": (4, 4), "proj": (4, 3)}
 
         def forward(self, x):
             return NoWeightGrad.apply(self.inp(x), self.proj.weight) + self.proj.bias

@@ -11,6 +11,7 @@ from torch import nn
 
 import gradscope
 from gradscope.watching import flow
+from tests._zoo import TwoTasks
 from tests.watch._twins import twin
 
 
@@ -50,17 +51,6 @@ def test_user_callable_exception_goes_through():
     with gradscope.watch(model, on_error=on_error):
         with pytest.raises(Stop):
             (model.bias * 2).sum().backward()                        # weight gets no gradient
-
-
-class TwoTasks(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.trunk = nn.Linear(4, 8)
-        self.task1, self.task2 = nn.Linear(8, 1), nn.Linear(8, 1)
-
-    def forward(self, x):
-        h = self.trunk(x).relu()
-        return self.task1(h), self.task2(h)
 
 
 def test_head_without_gradient_is_named_at_the_optimizer_step():

@@ -11,11 +11,22 @@ import pytest
 import torch
 from torch import nn
 
+from tests._zoo import TwoTasks
 from tests.watch._twins import snapshot, twin
 
 
 def _sgd(model, lr=0.01):
     return torch.optim.SGD(model.parameters(), lr=lr)
+
+
+def _with_sgd(make):
+    """A ``build`` for :func:`twin`: the model ``make()`` returns, with plain SGD."""
+
+    def build():
+        model = make()
+        return model, _sgd(model)
+
+    return build
 
 
 def _mse_step(model, opt, x_shape, dtype=torch.float32):
@@ -26,9 +37,7 @@ def _mse_step(model, opt, x_shape, dtype=torch.float32):
 
 
 def test_float64_model():
-    def build():
-        model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)).double()
-        return model, _sgd(model)
+    build = _with_sgd(lambda: nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)).double())
 
     guard = twin(build, lambda m, o, i: _mse_step(m, o, (3, 4), torch.float64))
     assert guard.counts == {} and guard.checks == 3 and len(guard.history) == 3
@@ -61,18 +70,14 @@ def test_complex_spectral_weights():
 
 def test_half_and_bfloat16_models():
     for dtype in (torch.float16, torch.bfloat16):
-        def build(dtype=dtype):
-            model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)).to(dtype)
-            return model, _sgd(model)
+        build = _with_sgd(lambda dtype=dtype: nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)).to(dtype))
 
         guard = twin(build, lambda m, o, i, dtype=dtype: _mse_step(m, o, (3, 4), dtype))
         assert guard.counts == {} and guard.checks == 3
 
 
 def test_sparse_embedding_gradients():
-    def build():
-        model = nn.Sequential(nn.Embedding(20, 4, sparse=True), nn.Linear(4, 1))
-        return model, _sgd(model)
+    build = _with_sgd(lambda: nn.Sequential(nn.Embedding(20, 4, sparse=True), nn.Linear(4, 1)))
 
     def step(model, opt, i):
         opt.zero_grad()
@@ -107,9 +112,7 @@ def test_lazy_module_materialized_inside_the_watched_loop():
 
 
 def test_model_converted_to_float64_after_watch():
-    def build():
-        model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
-        return model, _sgd(model)
+    build = _with_sgd(lambda: nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)))
 
     def step(model, opt, i):
         if i == 1:
@@ -121,9 +124,7 @@ def test_model_converted_to_float64_after_watch():
 
 
 def test_siamese_with_a_detached_branch_is_not_stopped():
-    def build():
-        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))
-        return model, _sgd(model)
+    build = _with_sgd(lambda: nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4)))
 
     def step(model, opt, i):
         opt.zero_grad()
@@ -173,21 +174,8 @@ def test_gan_in_one_module_with_two_optimizers():
     assert guard.counts == {} and guard.backwards == 8
 
 
-class TwoTasks(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.trunk = nn.Linear(4, 8)
-        self.task1, self.task2 = nn.Linear(8, 1), nn.Linear(8, 1)
-
-    def forward(self, x):
-        h = self.trunk(x).relu()
-        return self.task1(h), self.task2(h)
-
-
 def test_multi_task_two_backwards_per_step():
-    def build():
-        model = TwoTasks()
-        return model, _sgd(model)
+    build = _with_sgd(TwoTasks)
 
     def step(model, opt, i):
         opt.zero_grad()
@@ -202,9 +190,7 @@ def test_multi_task_two_backwards_per_step():
 
 
 def test_accumulation_over_micro_batches_without_accumulate():
-    def build():
-        model = TwoTasks()
-        return model, _sgd(model)
+    build = _with_sgd(TwoTasks)
 
     def step(model, opt, i):
         opt.zero_grad()
@@ -258,9 +244,7 @@ def test_hf_gpt2_with_clipping():
 def test_stateful_lstm_done_right():
     from tests.watch.test_watch_bugs import StatefulLSTM
 
-    def build():
-        model = StatefulLSTM(detach=True)
-        return model, _sgd(model)
+    build = _with_sgd(lambda: StatefulLSTM(detach=True))
 
     guard = twin(build, lambda m, o, i: _mse_step(m, o, (2, 3)), steps=4)
     assert guard.counts == {}
@@ -278,9 +262,7 @@ def test_logging_attribute_that_no_backward_uses():
             self.last = out                                            # kept for logging, never used again
             return out
 
-    def build():
-        model = Logs()
-        return model, _sgd(model)
+    build = _with_sgd(Logs)
 
     guard = twin(build, lambda m, o, i: _mse_step(m, o, (3, 4)), steps=4)
     assert guard.counts == {}

@@ -17,6 +17,8 @@ each gradient from the consumer that sends it, up to :data:`DEPTH` consumers bac
 
 from __future__ import annotations
 
+from gradscope.memory.kernels.reuse import derived
+
 __all__ = [
     "contiguous",
     "grad_stride",
@@ -138,7 +140,7 @@ def grad_stride(prog, consumers: dict, v: int, k: int, shape: list) -> list | No
 def _layout(prog, consumers: dict, v: int, k: int, shape: list, depth: int) -> tuple:
     """:func:`_sent` memoized on the program (which nothing changes); several gradients for one output are
     summed (in place into the first, or ``old + new``): known when they all have one known layout."""
-    memo = prog.__dict__.setdefault("_grad_layouts", {})
+    memo = derived(prog).setdefault("grad layouts", {})
     got = memo.get((v, k))
     if got is not None:
         return got
@@ -244,13 +246,13 @@ def _own_output_stride(prog, v: int, shape: list) -> list | None:
 def consumers_of(prog) -> dict:
     """``(node, output) -> [nodes consuming it]`` over a compiled program; built once and cached on the
     program (which nothing changes), shared by the in-node signatures, the reshapes and the clones."""
-    cons: dict | None = prog.__dict__.get("_consumers")
+    cons: dict | None = derived(prog).get("consumers")
     if cons is None:
         cons = {}
         for u, es in enumerate(prog.edges):
             for t, k in es:
                 cons.setdefault((t, k), []).append(u)
-        prog.__dict__["_consumers"] = cons
+        derived(prog)["consumers"] = cons
     return cons
 
 
@@ -258,7 +260,7 @@ def reshape_views(prog) -> dict:
     """Node index -> whether its ``grad.reshape(sizes)`` is a view, for the reshape nodes whose incoming
     gradient is known not to be contiguous (the replay reads the others as views when the bytes match);
     cached on the program, which nothing changes."""
-    got = prog.__dict__.get("_reshape_views")
+    got = derived(prog).get("reshape views")
     if got is not None:
         return got
     found: dict = {}
@@ -276,7 +278,7 @@ def reshape_views(prog) -> dict:
             shapes = prog.grad_shapes[u]
             if k < len(shapes) and shapes[k] is not None:
                 found[c] = reshape_stride(out, up, list(shapes[k])) is not None
-    prog.__dict__["_reshape_views"] = found
+    derived(prog)["reshape views"] = found
     return found
 
 
@@ -296,7 +298,7 @@ def layout_clones(prog) -> frozenset:
     where it would steal it (``obeys_layout_contract``): a 2-d convolution's weight gradient is
     channels-last when its input is (docs/internals.md#convolution-layout-on-cpu), a contiguous weight's
     then cloned. Cached on the program."""
-    got = prog.__dict__.get("_layout_clones")
+    got = derived(prog).get("layout clones")
     if got is not None:
         return got
     found = set()
@@ -312,5 +314,5 @@ def layout_clones(prog) -> frozenset:
         for (u, k), pos in zip(prog.edges[c], prog.needs[c]):
             if pos == 1 and prog.leaf[u] and len(cons.get((u, k)) or ()) == 1:
                 found.add(u)
-    prog.__dict__["_layout_clones"] = got = frozenset(found)
+    derived(prog)["layout clones"] = got = frozenset(found)
     return got

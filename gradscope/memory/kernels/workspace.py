@@ -27,6 +27,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from gradscope.memory.kernels.reuse import derived
 from gradscope.memory.kernels.signature import consumers_of, node_signature, signature_key
 
 __all__ = ["InNode", "innode", "cache_path"]
@@ -54,12 +55,19 @@ class InNode:
     notes: tuple = ()
 
 
+_PATHS: dict = {}  # (GRADSCOPE_CACHE, HOME) -> the cache file
+
+
 def cache_path() -> str:
     """The cache file of this machine's measurements (``GRADSCOPE_CACHE`` sets its folder)."""
-    import torch
+    env = os.environ.get("GRADSCOPE_CACHE"), os.environ.get("HOME")
+    path = _PATHS.get(env)
+    if path is None:
+        import torch
 
-    folder = os.environ.get("GRADSCOPE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "gradscope")
-    return os.path.join(folder, f"innode-{torch.__version__.split('+')[0]}.json")
+        folder = env[0] or os.path.join(os.path.expanduser("~"), ".cache", "gradscope")
+        path = _PATHS[env] = os.path.join(folder, f"innode-{torch.__version__.split('+')[0]}.json")
+    return path
 
 
 #: The measuring method's version: a cache file written by another version is not read (its entries may
@@ -135,15 +143,13 @@ def _measure_missing(keys: dict, memo: dict, run_custom: bool) -> tuple[str, ...
 def innode(prog, nodes: Iterable[int], run_custom: bool = False) -> InNode:
     """In-node memory of ``nodes`` (op indices of a compiled program), measured once per signature.
 
-    Each node's signature is kept on the program (which nothing changes), so a later call (a what-if, the
-    same report again) only looks the measurements up.
+    Each node's signature is kept with the program's structure (NOTE [signature reuse]), so a later call (a
+    what-if, the same report again, a graph of the same structure) only looks the measurements up.
     """
-    keys_of = getattr(prog, "_innode_keys", None)
-    if keys_of is None:
-        keys_of = prog._innode_keys = {}
+    threads = _threads()
+    keys_of = derived(prog).setdefault(("innode keys", threads), {})
     memo = _load()
     cons = None
-    threads = _threads()
     keys: dict = {}
     unmodelled: dict = {}
     nodes = list(nodes)

@@ -79,6 +79,20 @@ class NodeAttrs(Sequence):
         )
         return key  # unhashable values raise TypeError where it is looked up
 
+    def structure(self) -> tuple:
+        """What every node's dict is read from (types, outputs, saved slots, values, strides, leaves, roots),
+        as shallow copies: equal for two walks of graphs of one structure (NOTE [signature reuse])."""
+        r = self._records
+        return (
+            list(r.types),
+            list(r.outs),
+            list(r.saved),
+            list(r.values),
+            dict(r.strides),
+            dict(r.leaves),
+            list(r.roots),
+        )
+
     def built(self, i: int) -> dict | None:
         """The dict of node ``i`` when something already built it (a trace annotates every op), else None."""
         return self._records._dicts.get(i)

@@ -29,12 +29,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gradscope.graph import PARAMS
+from gradscope.graph import MODULE_CALLS, PARAMS
 from gradscope.graph.attribution import node_modules, seq_order, storage_uses
 from gradscope.memory.sharding.layout import ROOT, Group, group_of, groups, shard_rows
 from gradscope.memory.sharding.offload import host_parts, offload_notes
 from gradscope.memory.sharding.optstep import sharded_step
-from gradscope.memory.sharding.precision import params_dtype
+from gradscope.memory.sharding.precision import follows_casts, params_dtype
 from gradscope.memory.sharding.result import ShardedStep
 from gradscope.memory.sharding.specs import FSDP, dtype_bytes
 
@@ -156,6 +156,21 @@ def _next(order: list[str], name: str) -> str:
     return order[i + 1] if i + 1 < len(order) else "$end"
 
 
+def _model_start(graph, bm) -> int:
+    """Index in ``bm.order`` of the first node the model's forward made: the loss's nodes (made after the
+    model returned, NOTE [module calls]) run before FSDP2's root pre-backward, which hooks the model's
+    outputs. 0 when untraced."""
+    end = next((c[4] for c in graph.graph.get(MODULE_CALLS) or () if c[0] is None and c[1] == -1), None)
+    if end is None:
+        return 0
+    nodes = graph.nodes
+    for i, nid in enumerate(bm.order):
+        seq = nodes[nid].get("seq") if nid in nodes else None
+        if seq is not None and seq < end:
+            return i
+    return 0
+
+
 def _node_groups(graph, bm, names: list[str]) -> list[str | None]:
     """The group of each node of ``bm.order``; None for a parameter's or input's AccumulateGrad."""
     nodes = graph.nodes
@@ -175,9 +190,10 @@ def _grad_bytes(graph, gs: list[Group]) -> dict[str, int]:
     return out
 
 
-def _backward(spec: FSDP, by: dict[str, _Bytes], order: list[str], bm, node_group, base: int, peak, apart):
+def _backward(spec: FSDP, by: dict[str, _Bytes], order: list[str], bm, node_group, base: int, peak, apart, start=0):
     """The backward's events over the replayed levels from ``base``; returns the level after backward.
-    ``apart``: each sharded gradient is copied to the host and freed on the device (CPU offload)."""
+    ``apart``: each sharded gradient is copied to the host and freed on the device (CPU offload);
+    ``start``: the first node of the model's own backward (:func:`_model_start`)."""
     back = list(reversed(order))
     gather = spec.reshard_after_forward is not False
     fs = 0  # what FSDP adds to (or removes from) the single process's level
@@ -215,9 +231,10 @@ def _backward(spec: FSDP, by: dict[str, _Bytes], order: list[str], bm, node_grou
         rs_prev = g.rs
 
     level = 0
-    prefetch(None)
     posted: set[str] = set()
     for i, (g, lv, inner) in enumerate(zip(node_group, bm.levels, bm.inner or bm.levels)):
+        if i == start:  # the root's pre-backward: on the gradient of the model's output
+            prefetch(None)
         if g is not None:  # a group's post-backward runs once its last node and its AccumulateGrads are done
             for done in [d for d in started if d not in posted and last[d] < i and d != final]:
                 posted.add(done)
@@ -255,6 +272,7 @@ def fsdp_step(
     acts = _acts_before(graph, names, parts.get("saved activations and inputs", 0))
     acts["$end"] = acts_total
     node_group = _node_groups(graph, bm, names)
+    start = _model_start(graph, bm)
     grads = _grad_bytes(graph, gs)
     orig = params_dtype(graph)
     chunks = _chunks(graph, world)
@@ -270,7 +288,7 @@ def fsdp_step(
         base = held + (0 if apart else sharded + state)
         peak = _Peak()
         kept = _forward(spec, by, names, acts, base, peak, apart)
-        end = _backward(spec, by, names, bm, node_group, base + kept + acts_total, peak, apart)
+        end = _backward(spec, by, names, bm, node_group, base + kept + acts_total, peak, apart, start)
         if step is not None and not apart:
             peak.at(end + step.peak, f"{step.name}.step()")
         low = peak.value
@@ -288,11 +306,7 @@ def fsdp_step(
         f"module(s) ({names[0]}{', ...' if len(names) > 1 else ''})",
     ]
     if spec.param_dtype and spec.param_dtype != orig:
-        notes.append(
-            f"the forward replayed in {spec.param_dtype}: every {orig} activation and gradient of the traced step "
-            f"taken as {spec.param_dtype}; what the model computes in {orig} on purpose (an upcast that is a no-op "
-            f"in a {orig} trace) is not seen, so where it is alive the peak is a lower bound"
-        )
+        notes.append(_precision_note(graph, spec.param_dtype, orig))
     if ceiling:
         notes.append(
             "high adds one reduce-scatter input per group: gloo's worker thread may release a collective's "
@@ -303,4 +317,19 @@ def fsdp_step(
     notes += offload_notes(spec, device)
     return ShardedStep(
         spec, ranks, all_parts, before, single, change, device, notes, phase, groups=names, host_parts=host
+    )
+
+
+def _precision_note(graph, param_dtype: str, orig: str) -> str:
+    """What the replay in ``param_dtype`` assumed (NOTE [FSDP2 mixed precision], NOTE [dtype flow])."""
+    if follows_casts(graph):
+        return (
+            f"the forward replayed in {param_dtype}, with what the traced forward casts to float32 (its "
+            f".float() / .to(torch.float32) / dtype= and type promotion, followed by gradscope.trace) in float32"
+        )
+    return (
+        f"the forward replayed in {param_dtype}: every {orig} activation and gradient of the step "
+        f"taken as {param_dtype}; what the model computes in {orig} on purpose (an upcast that is a no-op "
+        f"in a {orig} trace) is not seen, so where it is alive the peak is a lower bound (trace the forward "
+        "again with this version's gradscope.trace() to follow its casts)"
     )

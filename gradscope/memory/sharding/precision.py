@@ -13,23 +13,32 @@ the output, a padded shard in ``reduce_dtype``, is cast to the parameter's dtype
 becomes the sharded ``.grad``. The optimizer steps the shards in their own dtype
 (docs/internals.md#fsdp2-mixed-precision).
 
-A report traced with the parameters in their own dtype (``float32``) does not show which tensors the
-model casts on purpose: ``x.to(torch.float32)`` of a float32 tensor is the tensor itself and makes no node.
-So the step is replayed with every floating tensor of the parameters' dtype that the graph saves or sends
-as a gradient in ``param_dtype`` (:func:`in_param_dtype`). A model that computes some of its forward in
-float32 on purpose (RMSNorm's ``hidden_states.to(torch.float32)``, a loss on ``logits.float()``) holds
-more than this during its backward; the prediction says so in its notes.
+A float32 trace does not show which tensors the model casts on purpose: ``x.to(torch.float32)`` of a
+float32 tensor is the tensor itself and makes no node. Traced with :func:`gradscope.trace`, the forward's
+casts were followed as it ran (NOTE [dtype flow], ``graph.graph[DTYPE_FLOW]``): what each node saves and
+which of its outputs are float32 in the lower-precision run. :func:`in_param_dtype` replays the step with
+those in float32 and every other floating tensor of the parameters' dtype that the graph saves or sends as a
+gradient in ``param_dtype``; a storage read both ways (RMSNorm's input: the residual stream in
+``param_dtype``, its float32 copy saved by ``pow``) counts once per dtype. Saved slots that an op keeps in
+float32 by itself count as float32 on every report (:data:`F32_SLOTS`, docs/internals.md#float32-saved-slots).
+An untraced report has no casts to follow: every such tensor is taken as ``param_dtype``, and where the
+model computes in float32 on purpose (RMSNorm, a loss on ``logits.float()``) the peak is a lower bound; the
+prediction says so in its notes.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from gradscope.graph import PARAMS
+from gradscope.graph import DTYPE_FLOW, PARAMS
 from gradscope.memory.replay.dtypes import DTYPE_BYTES
 from gradscope.memory.replay.engine import node_dtype
 
-__all__ = ["in_param_dtype", "cast_ratio", "params_dtype"]
+__all__ = ["in_param_dtype", "cast_ratio", "params_dtype", "follows_casts", "F32_SLOTS"]
+
+#: Saved slots an op keeps in float32 whatever its inputs' dtype: scaled_dot_product_attention's
+#: ``logsumexp`` (docs/internals.md#float32-saved-slots).
+F32_SLOTS = frozenset({"logsumexp"})
 
 
 def params_dtype(graph) -> str:
@@ -40,6 +49,22 @@ def params_dtype(graph) -> str:
 def cast_ratio(orig: str, to: str) -> float:
     """Bytes per element of ``to`` over those of ``orig``."""
     return DTYPE_BYTES.get(to, 4) / DTYPE_BYTES.get(orig, 4)
+
+
+def follows_casts(graph) -> bool:
+    """Whether the report was traced, so that the forward's casts to float32 are known (NOTE [dtype flow])."""
+    return DTYPE_FLOW in graph.graph
+
+
+def _float32_reads(graph) -> dict:
+    """Node id -> (storage ids it saves in float32, output indices in float32) in the lower-precision run."""
+    flow = (graph.graph.get(DTYPE_FLOW) or {}).get("nodes") or {}
+    out = {n: (set(e["saved"]), set(e["outputs"])) for n, e in flow.items()}
+    for n, d in graph.nodes(data=True):
+        for e in d.get("saved") or ():
+            if e.get("slot") in F32_SLOTS and e.get("storage") is not None:
+                out.setdefault(n, (set(), set()))[0].add(e["storage"])
+    return out
 
 
 def _saved_dtypes(graph) -> dict:
@@ -62,7 +87,7 @@ def in_param_dtype(prog, graph, param_dtype: str, orig: str = "float32"):
         return prog
     dtypes = _saved_dtypes(graph)
     params = {("s", p["storage"]) for p in graph.graph.get(PARAMS, {}).values() if p.get("storage") is not None}
-
+    f32 = _float32_reads(graph)
     storages = {}
     held = {}  # an input the rank holds (external): FSDP2 casts a copy, which the graph saves instead
     for key, n in prog.storages.items():
@@ -74,16 +99,71 @@ def in_param_dtype(prog, graph, param_dtype: str, orig: str = "float32"):
             storages[held[key]] = int(n * k)
         else:
             storages[key] = int(n * k)
-    saved = [tuple(held.get(key, key) for key in keys) for keys in prog.saved] if held else prog.saved
+    saved = []
+    for v, keys in enumerate(prog.saved):
+        up = f32.get(prog.ids[v], ((), ()))[0]
+        row = []
+        for key in keys:
+            if key[0] == "s" and key[1] in up and dtypes.get(key) == orig and key not in params:
+                row.append(("f32", key))  # NOTE [dtype flow]: this node reads it in float32
+                storages[row[-1]] = prog.storages[key]
+            else:
+                row.append(held.get(key, key))
+        saved.append(tuple(row))
+    shapes = {**prog.shapes, **{k: prog.shapes.get(k[1]) for row in saved for k in row if k[0] == "f32"}}
     recompute = {v: [(key, storages.get(key, n)) for key, n in entries] for v, entries in prog.recompute.items()}
     nodes = graph.nodes
     grad_bytes = []
     for v, sizes in enumerate(prog.grad_bytes):
         d = nodes[prog.ids[v]] if prog.ids[v] in nodes else {}
         dts = d.get("out_dtypes") or []
+        up = f32.get(prog.ids[v], ((), ()))[1]
         out = []
         for j, n in enumerate(sizes):
             dt = d.get("dtype") if prog.leaf[v] else (dts[j] if j < len(dts) else node_dtype(d))
-            out.append(int(n * k) if (dt or "float32") == orig else n)
+            out.append(int(n * k) if (dt or "float32") == orig and j not in up else n)
         grad_bytes.append(out)
-    return replace(prog, saved=saved, storages=storages, recompute=recompute, grad_bytes=grad_bytes)
+    used = {key for row in saved for key in row} | set(prog.external)
+    used |= {key for entries in recompute.values() for key, _ in entries}
+    storages = {key: n for key, n in storages.items() if key in used or key[0] not in ("s", "e")}
+    out = replace(prog, saved=saved, storages=storages, shapes=shapes, recompute=recompute, grad_bytes=grad_bytes)
+    return _with_casts(out, prog.grad_bytes, graph, k)
+
+
+def _with_casts(prog, full: list, graph, k: float):
+    """``prog`` with the ``ToCopyBackward0`` node of each cast the traced forward made as a no-op (NOTE [dtype
+    flow]): between the cast tensor's producer and the nodes that read it, receiving their gradient in the
+    cast's dtype (``full``: the gradient bytes in float32) and sending it on in the producer's."""
+    casts = (graph.graph.get(DTYPE_FLOW) or {}).get("casts") or ()
+    if not casts:
+        return prog
+    names = ("ids", "name", "seq", "leaf", "edges", "needs", "grad_bytes", "grad_shapes", "saved", "module", "attrs")
+    cols = {f: list(getattr(prog, f)) for f in names}
+    opaque, index = list(prog.opaque), dict(prog.index)
+    for i, c in enumerate(casts):
+        u, j = prog.index.get(c["of"]), c["output"]
+        by = [prog.index[n] for n in c["by"] if n in prog.index]
+        if u is None or not by or j >= len(full[u]):
+            continue
+        v = len(cols["ids"])
+        for w in by:
+            cols["edges"][w] = [(v, 0) if e == (u, j) else e for e in cols["edges"][w]]
+        row = {
+            "ids": f"{c['of']}:cast{i}",
+            "name": "ToCopyBackward0",
+            "seq": c["seq"] - 0.5,  # made by the cast: after the producer, before the first reader
+            "leaf": False,
+            "edges": [(u, j)],
+            "needs": [0],
+            "grad_bytes": [full[u][j] if c["to"] == "float32" else int(full[u][j] * k)],
+            "grad_shapes": [prog.grad_shapes[u][j] if j < len(prog.grad_shapes[u]) else None],
+            "saved": (),
+            "module": prog.module[by[0]],
+            "attrs": {"kind": "op", "name": "ToCopyBackward0"},
+        }
+        for f in names:
+            cols[f].append(row[f])
+        index[row["ids"]] = v
+        if opaque:
+            opaque.append(False)
+    return replace(prog, **cols, opaque=opaque, index=index)
