@@ -47,8 +47,8 @@ def group_norms(tensors: list[torch.Tensor]) -> list[float]:
     for i, (device, dtype) in enumerate(keys):
         groups.setdefault((device, None if dtype in _IN_FLOAT32 else dtype), []).append(i)
     out = [0.0] * len(tensors)
-    for (_device, dtype), idx in groups.items():
-        for i, n in zip(idx, _norms([tensors[i] for i in idx], dtype)):
+    for (_device, family), idx in groups.items():
+        for i, n in zip(idx, _norms([tensors[i] for i in idx], family)):
             out[i] = n
     return out
 

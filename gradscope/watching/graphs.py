@@ -26,10 +26,10 @@ import weakref
 import torch
 
 from gradscope._format import human_bytes
+from gradscope._frames import location_text
 from gradscope._torch import peek_sequence_nr, storage_key
 from gradscope.findings import Finding
 from gradscope.watching.carried import CarriedChecks
-from gradscope._frames import location_text
 from gradscope.watching.holders import find_holders, holder_text, user_frame
 from gradscope.watching.walks import graph_stats
 
