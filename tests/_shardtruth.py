@@ -47,6 +47,15 @@ def _wrap(model, cfg: dict, world: int):
                                        bucket_cap_mb=cfg.get("bucket_cap_mb", 25), init_sync=False)
     if kind == "single":
         return model
+    if kind == "code":  # the code a plan wrote, run as written (``model`` and ``device`` are the user's names)
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+        names = {"torch": torch, "model": model, "device": "cpu", "init_device_mesh": init_device_mesh,
+                 "fully_shard": fully_shard, "MixedPrecisionPolicy": MixedPrecisionPolicy,
+                 "CPUOffloadPolicy": CPUOffloadPolicy}
+        exec(cfg["code"], names)
+        return model
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
@@ -161,8 +170,8 @@ def _worker(rank: int, port: int, world: int, model_name: str, model_kw: dict, c
                             timeout=datetime.timedelta(seconds=120))
     torch.set_num_threads(1)
     try:
-        res = [[_one(rank, world, model_name, model_kw, {"model": model_name, **cfg}, n) for _ in range(runs)]
-               for cfg in cfgs]
+        res = [[_one(rank, world, model_name, model_kw, {"model": model_name, **cfg}, cfg.get("n", n))
+                for _ in range(runs)] for cfg in cfgs]
         for cfg, runs_of in zip(cfgs, res):
             if cfg.get("inspect"):  # after the measured runs, unprofiled: gradscope on this rank's wrapped model
                 seen = _inspected(rank, world, model_name, model_kw, {"model": model_name, **cfg}, n)

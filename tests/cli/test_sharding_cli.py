@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 import torch
 
@@ -36,6 +38,10 @@ def step():
 
 
 def _library_peak(target, spec) -> int:
+    return _library_range(target, spec)[0]
+
+
+def _library_range(target, spec, checkpoint=False, n=16) -> tuple[int, int]:
     import importlib.util
 
     s = importlib.util.spec_from_file_location("shard_target", target)
@@ -44,9 +50,10 @@ def _library_peak(target, spec) -> int:
     torch.manual_seed(0)
     m = mod.Net()
     with gradscope.trace(m) as tr:  # the batch is not held, as in the target
-        loss = m(torch.randn(16, 64)).pow(2).mean()
+        loss = m(torch.randn(n, 64)).pow(2).mean()
     report = gradscope.inspect(loss, model=m, trace=tr)
-    return report.what_if(optimizer=torch.optim.AdamW(m.parameters()), shard=spec).peak
+    opt = torch.optim.AdamW(m.parameters())
+    return report.what_if(optimizer=opt, shard=spec, checkpoint="blocks.*" if checkpoint else None).peak_range
 
 
 def test_ddp_prints_the_library_per_rank_peak_and_gates_the_budget(target, tmp_path):
@@ -75,6 +82,25 @@ def test_fsdp_plan_prints_the_setting_that_fits_and_gates(target):
     assert "FSDP(2) fits" in res.output and "fully_shard(model.get_submodule(name), mesh=mesh)" in res.output
     res = _run(f"{target}:step", "--optimizer", "adamw", "--fsdp", "2", "--budget", "10KiB", "--plan")
     assert res.exit_code == 1 and "nothing tried fits" in res.output, res.output
+
+
+def test_fsdp_plan_switches_mixed_precision_on_when_only_it_fits(tmp_path, monkeypatch):
+    """At batch 1024 activations dominate: bfloat16 parameters (float32 reduce) fit a budget that float32
+    needs a checkpoint for; the plan says the numerics change and writes the policy."""
+    monkeypatch.setenv("GRADSCOPE_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "big.py"
+    path.write_text(textwrap.dedent(_TARGET).replace("randn(16, 64)", "randn(1024, 64)"))
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    bf16 = _library_range(str(path), gradscope.FSDP(2, mp_policy=mp), n=1024)
+    ck = _library_range(str(path), gradscope.FSDP(2), True, n=1024)
+    assert bf16[1] < ck[1]
+    budget = str((bf16[1] + ck[1]) // 2 * 100 // 98)  # the plan keeps a 2% margin
+    res = _run(f"{path}:step", "--optimizer", "adamw", "--fsdp", "2", "--budget", budget, "--plan")
+    assert res.exit_code == 0, res.output
+    assert "FSDP(2, bfloat16) fits" in res.output and "mixed precision switched on" in res.output
+    assert "numerics change" in res.output and "reduce_dtype=torch.float32)" in res.output
 
 
 @pytest.mark.parametrize(

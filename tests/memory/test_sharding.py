@@ -78,8 +78,45 @@ def fast_truth():
     cfgs = [{**DDP_CONFIGS[n][0], "inspect": True} for n in FAST] + [
         {**c, "inspect": not c.get("mp")} for c in FSDP_FAST.values()
     ]
-    peaks, hosts, seen = _split(FAST + list(FSDP_FAST), measure("mlp", cfgs, world=2, runs=3, key="all"))
+    cfgs.append({"kind": "code", "code": _mixed_plan()[0].code, "n": PLAN_BATCH})  # the plan's code, run as written
+    peaks, hosts, seen = _split(FAST + list(FSDP_FAST) + ["plan"], measure("mlp", cfgs, world=2, runs=3, key="all"))
     return peaks | {"host": hosts["fsdp-offload"], "inspected": seen}
+
+
+PLAN_BATCH = 256  # activations outweigh the shards: bfloat16 parameters lower the peak
+
+
+def _mixed_plan():
+    """The MLP at batch 256 on 2 ranks, with a budget that only bfloat16 parameters (float32 reduce) fit
+    without a checkpoint: ``(plan, (report, optimizer, the bfloat16 step, the float32 checkpointed step))``."""
+    fp32 = predict("mlp", gradscope.FSDP(2), n=PLAN_BATCH)
+    bf16 = predict("mlp", gradscope.FSDP(2, mp_policy=bf16_fp32_reduce()), n=PLAN_BATCH)
+    ck = predict("mlp", gradscope.FSDP(2), n=PLAN_BATCH, checkpoint="blocks.*")
+    assert bf16.high < ck.high < fp32.high  # bfloat16 is what fits: the checkpoint comes after it
+    model = build("mlp")
+    x = batch("mlp", PLAN_BATCH)
+    with gradscope.trace(model) as tr:
+        loss = loss_of(model(x))
+    report = gradscope.inspect(loss, model=model, trace=tr)
+    opt = torch.optim.AdamW(model.parameters())
+    plan = report.plan((bf16.high + ck.high) // 2, optimizer=opt, shard=gradscope.FSDP(2), margin=0)
+    return plan, (report, opt, bf16, ck)
+
+
+def test_plan_switches_mixed_precision_on_and_its_code_runs_under_the_budget(fast_truth):
+    """A budget only bfloat16 parameters fit: the plan says so, writes the code, and that code, run on 2 gloo
+    ranks, peaks under the budget (every run, every rank) and inside the predicted range."""
+    plan, (report, opt, bf16, ck) = _mixed_plan()
+    assert plan.fits and plan.mixed_precision and plan.spec == bf16.spec and not plan.checkpoint
+    assert plan.peak_range == bf16.peak_range and "FSDP(2): " in plan.tried[0] and "bfloat16" in plan.tried[1]
+    assert "mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)" in plan.code
+    assert "numerics change" in plan.code.splitlines()[0] and "numerics change" in str(plan)
+    runs = fast_truth["plan"]
+    assert max(max(run) for run in runs) <= plan.budget, (runs, plan.budget)
+    check_range(plan.result, runs, "plan")
+    keep = report.plan(plan.budget, optimizer=opt, shard=gradscope.FSDP(2), margin=0, mixed_precision=False)
+    assert not keep.mixed_precision and keep.spec.param_dtype is None and keep.peak_range == ck.peak_range
+    assert "mixed precision" not in keep.code
 
 
 def check_range(wi, runs, what):
@@ -93,8 +130,7 @@ def check_range(wi, runs, what):
     for r, (low, high) in enumerate(wi.ranks):
         measured = [run[r] for run in runs]
         assert min(measured) >= low - 0.01 * low, ("a run below the floor", what, r, wi.ranks, runs)
-        # 16 B over the ceiling was seen once on a loaded machine (the floor is 16 B low too: unexplained)
-        assert max(measured) <= high + 64, ("a run above the ceiling", what, r, wi.ranks, runs)
+        assert max(measured) <= high, ("a run above the ceiling", what, r, wi.ranks, runs)
         groups.setdefault((low, high), []).extend(measured)
     for (low, _), measured in groups.items():
         assert min(measured) - low <= 0.01 * min(measured), ("the floor is never reached", what, wi.ranks, runs)
@@ -194,7 +230,8 @@ def test_plan_on_an_accelerator_offloads_when_checkpointing_is_not_enough():
     ck = report.what_if(optimizer=opt, shard=gradscope.FSDP(2), checkpoint="blocks.*")
     off = report.what_if(optimizer=opt, shard=offload(2))
     assert off.high < ck.high
-    plan = report.plan((off.high + ck.high) // 2, optimizer=opt, shard=gradscope.FSDP(2), margin=0)
+    fp32 = {"margin": 0, "mixed_precision": False}  # the float32 order (mixed precision: its own test)
+    plan = report.plan((off.high + ck.high) // 2, optimizer=opt, shard=gradscope.FSDP(2), **fp32)
     assert plan.fits and plan.spec.offload and not plan.checkpoint and plan.peak_range == off.peak_range
     assert "offload_policy=CPUOffloadPolicy()" in plan.code and "CPU offload" in plan.tried[-1]
     cpu = _gpt_report("mlp")[1].plan(1000, optimizer=opt, shard=gradscope.FSDP(2))
@@ -254,8 +291,6 @@ GRID = [
     for prec in ("fp32", "bf16")
 ]
 MISSES: dict[tuple, str] = {
-    ("llama", 4, 2, False, "fp32"): "measured 2,880,024 B on every rank in 3 runs; predicted floor 2,949,640 B (+2.4%, "
-    "over): resharding to 2 of 4 ranks is modelled as the smaller mesh's shards kept plus a full all-gather",
     # bfloat16 parameters with a checkpoint per block (the casts followed, NOTE [dtype flow]): the replay of the
     # recomputed blocks in bfloat16 is not yet matched node by node; measured 3 runs per config
     ("llama", 2, True, True, "bf16"): "lowest run 1,283,536 B; predicted floor 1,250,632 B (-2.6%)",
@@ -342,14 +377,14 @@ def test_plan_picks_the_first_setting_whose_ceiling_fits_and_writes_its_code():
         report.what_if(optimizer=opt, shard=gradscope.FSDP(2), checkpoint="blocks.*"),
     ]
     budget = (tried[1].high + tried[2].high) // 2  # between resharding and resharding + checkpoint
-    plan = report.plan(budget, optimizer=opt, shard=kept, margin=0)
+    plan = report.plan(budget, optimizer=opt, shard=kept, margin=0, mixed_precision=False)
     assert plan.fits and plan.spec == gradscope.FSDP(2) and plan.checkpoint == ["blocks.0", "blocks.1", "blocks.2"]
     assert plan.peak_range == tried[2].peak_range and tried[0].high > budget and tried[1].high > budget
     assert all(model.get_submodule(n) is not None for n in plan.checkpoint)
     assert "fully_shard(model.get_submodule(name), mesh=mesh)" in plan.code and "use_reentrant=False" in plan.code
     assert report.plan(budget, optimizer=opt, shard="auto", margin=0).spec is None  # one process fits this one
     one = report.what_if(optimizer=opt).peak
-    auto = report.plan(one - 1, optimizer=opt, shard="auto", margin=0)
+    auto = report.plan(one - 1, optimizer=opt, shard="auto", margin=0, mixed_precision=False)
     assert auto.fits and auto.spec == gradscope.FSDP(2) and auto.peak_range == tried[2].peak_range
     assert tried[1].high > one - 1 >= tried[2].high
     assert not report.plan(1000, optimizer=opt, shard="auto").fits

@@ -9,9 +9,17 @@ only when the step runs on an accelerator: on the CPU it moves nothing (NOTE [FS
 ``shard="auto"`` looks for the smallest world size (1, 2, 4, ... 1024) at which one of
 these fits, unsharded first: a step that fits one process needs no sharding, and DDP never lowers a
 rank's peak, so the sharded candidates are FSDP2's. A candidate fits when the *ceiling* of its highest
-rank (``peak_range[1]``, the device's) is within the budget less ``margin``. A spec's ``mp_policy`` is kept
-as given (it is predicted, NOTE [FSDP2 mixed precision], but it changes the numerics, not only the cost, so
-the search never switches it on).
+rank (``peak_range[1]``, the device's) is within the budget less ``margin``.
+
+Mixed precision (``mixed_precision=True``, the default, with FSDP2 on float32 parameters and no
+``mp_policy`` in the spec): each setting above is tried as the spec gives it, then with
+``MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)``, the common recipe,
+before any slower setting. It costs no time (half the all-gather bytes, bfloat16 compute on a device), so
+it comes before the next time cost; it changes the numerics, so the float32 setting of the same cost comes
+first, and a plan that switches it on says so in its printout and in the code it writes. On by default
+because the question a plan answers is "what makes it fit", and bfloat16 parameters are how FSDP2 runs are
+usually trained; ``mixed_precision=False`` keeps the spec's precision. Its prediction replays the forward in
+bfloat16, so where the model computes in float32 on purpose the peak is low (NOTE [FSDP2 mixed precision]).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from gradscope.memory.planning.maxbatch import MaxBatch
 from gradscope.memory.planning.plancode import parse_budget, plan_code
 from gradscope.memory.planning.sharded import check_spec, sharded_what_if
 from gradscope.memory.planning.whatif import context, what_if
+from gradscope.memory.sharding.precision import params_dtype
 from gradscope.memory.sharding.result import ShardedStep
 from gradscope.memory.sharding.specs import DDP, FSDP
 
@@ -44,6 +53,7 @@ class ShardPlan:
     result: ShardedStep | None = None
     tried: list[str] = field(default_factory=list)
     message: str = ""
+    mixed_precision: bool = False  # the search switched bfloat16 parameters on (NOTE [sharded plans])
 
     @property
     def peak(self) -> int:
@@ -54,6 +64,8 @@ class ShardPlan:
         parts = [plan_code(self.checkpoint, [])] if self.checkpoint else []
         if self.spec is not None:
             parts.append(self.spec.code(self.result.groups if self.result and self.result.groups else None))
+            if self.mixed_precision:
+                parts[-1] = f"# {_MIXED}\n{parts[-1]}"
         return "\n\n".join(p for p in parts if p)
 
     def __str__(self) -> str:
@@ -67,6 +79,8 @@ class ShardPlan:
             ck = f" + checkpoint {', '.join(self.checkpoint)}" if self.checkpoint else ""
             head = f"budget {b(self.budget)} per rank: {self.spec.label()}{ck} fits (per-rank peak {b(lo)} .. {b(hi)})"
         lines = [head] + [f"  tried: {t}" for t in self.tried]
+        if self.mixed_precision:
+            lines.append(f"  mixed precision switched on: {_MIXED}")
         if self.message:
             lines.append("  " + self.message)
         if self.fits and self.code:
@@ -76,8 +90,32 @@ class ShardPlan:
     __repr__ = __str__
 
 
-def _variants(spec: DDP | FSDP, device: str) -> list[tuple[DDP | FSDP, bool]]:
-    """``(spec, checkpoint the sharded modules)`` in order of cost (NOTE [sharded plans])."""
+_MIXED = (
+    "bfloat16 parameters with a float32 gradient reduce: faster, but the numerics change "
+    "(plan(..., mixed_precision=False) keeps the parameters' precision)"
+)
+
+
+def _variants(spec: DDP | FSDP, device: str, mixed: bool) -> list[tuple[DDP | FSDP, bool]]:
+    """``(spec, checkpoint the sharded modules)`` in order of cost (NOTE [sharded plans]); ``mixed``: each
+    FSDP2 setting also with bfloat16 parameters and a float32 reduce, right after it."""
+    out = _by_time(spec, device)
+    if not mixed or not isinstance(spec, FSDP) or spec.param_dtype:
+        return out
+    both: list[tuple[DDP | FSDP, bool]] = []
+    for s, ck in out:
+        both += [(s, ck), (_bf16(s), ck)] if isinstance(s, FSDP) else [(s, ck)]
+    return both
+
+
+def _bf16(spec: FSDP) -> FSDP:
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return replace(spec, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+
+
+def _by_time(spec: DDP | FSDP, device: str) -> list[tuple[DDP | FSDP, bool]]:
     if isinstance(spec, DDP):
         return [(spec, False), (spec, True)]
     out: list[tuple[DDP | FSDP, bool]] = [(spec, False)]
@@ -97,12 +135,16 @@ def _offloaded(spec: FSDP) -> FSDP:
     return replace(spec, offload_policy=CPUOffloadPolicy())
 
 
-def shard_plan(report, budget, optimizer=None, shard="auto", *, margin: float = 0.02, **kw) -> ShardPlan:
+def shard_plan(
+    report, budget, optimizer=None, shard="auto", *, margin: float = 0.02, mixed_precision: bool = True, **kw
+) -> ShardPlan:
     """The smallest world size, then the cheapest setting, whose per-rank ceiling fits ``budget``.
 
     Args:
         shard: a :class:`gradscope.DDP` / :class:`gradscope.FSDP` (its world size kept), or ``"auto"``:
             FSDP2 over ``modules`` (``kw["modules"]``, default ``["blocks.*"]``) at growing world sizes.
+        mixed_precision: also try FSDP2 with bfloat16 parameters and a float32 reduce when the parameters
+            are float32 (it changes the numerics: False keeps the spec's precision; NOTE [sharded plans]).
     """
     limit = int(parse_budget(budget) * (1 - margin))
     modules = kw.pop("modules", ("blocks.*",))
@@ -116,17 +158,21 @@ def shard_plan(report, budget, optimizer=None, shard="auto", *, margin: float = 
     else:
         specs = [check_spec(shard)]
     device = context(report)["device"] if kw.get("target") is None else what_if(report, **kw).device
+    mixed = mixed_precision and params_dtype(report.graph) == "float32"
     best = None
     previous = None  # the best ceiling at the previous world size
     for spec in specs:
         here = None
-        for variant, ck in _variants(spec, device):
+        for variant, ck in _variants(spec, device, mixed):
             pats = list(variant.modules) if isinstance(variant, FSDP) else list(modules)
             step = sharded_what_if(report, variant, pats if ck else None, None, 1.0, optimizer, **kw)
             lo, hi = step.peak_range
             tried.append(f"{variant.label()}{' + checkpoint' if ck else ''}: {human_bytes(lo)} .. {human_bytes(hi)}")
             if hi <= limit:
-                return ShardPlan(parse_budget(budget), variant, step.checkpoint, True, (lo, hi), step, tried)
+                switched = isinstance(variant, FSDP) and variant.param_dtype != getattr(spec, "param_dtype", None)
+                fit = ShardPlan(parse_budget(budget), variant, step.checkpoint, True, (lo, hi), step, tried)
+                fit.mixed_precision = switched
+                return fit
             here = hi if here is None else min(here, hi)
             if best is None or hi < best[2].peak_range[1]:
                 best = (variant, ck, step)
@@ -135,9 +181,10 @@ def shard_plan(report, budget, optimizer=None, shard="auto", *, margin: float = 
         previous = here
     if best is None:
         raise InputValueError("plan(shard=...) had nothing to try.")
-    msg = "mixed precision is tried only as the spec gives it" + (
-        "; CPU offload moves nothing on the CPU, so it was not tried" if device == "cpu" else ""
-    )
+    notes = [] if mixed else ["mixed precision was tried only as the spec gives it"]
+    if device == "cpu":
+        notes.append("CPU offload moves nothing on the CPU, so it was not tried")
+    msg = "; ".join(notes)
     return ShardPlan(parse_budget(budget), best[0], best[2].checkpoint, False, best[2].peak_range, best[2], tried, msg)
 
 

@@ -11,11 +11,12 @@ the whole traced forward and backward on its own batch; around each group FSDP2 
   (FSDP2 keeps the last all-gather's result alive until the next one is copied out); after the group's
   forward its unsharded parameters are freed (``reshard_after_forward=True``), kept (False), or replaced by
   shards of a smaller mesh (an int). The root's are kept; the root's post-forward frees the last output.
-- **backward**, groups in reverse forward order: the root's pre-backward prefetches the first group's
-  all-gather; each group's pre-backward copies out its parameters, frees its own all-gather output and
-  prefetches the next group's. After the group's last node its post-backward frees the unsharded
-  parameters, frees the previous group's reduce-scatter input, allocates its own (world x padded shard),
-  frees the unsharded gradients, allocates the sharded gradient and, on gloo, a temporary the size of the
+- **backward**, groups in reverse forward order: the root's pre-backward (a hook on the model's outputs,
+  so after the backward of the loss computed outside the model) prefetches the first group's all-gather;
+  each group's pre-backward copies out its parameters, frees its own all-gather output and prefetches
+  the next group's. After the group's last node its post-backward frees the unsharded parameters, frees
+  the previous group's reduce-scatter input, allocates its own (world x padded shard), frees the unsharded
+  gradients, allocates the sharded gradient and, on gloo, a temporary the size of the
   input. The root's post-backward runs in the callback at the end of backward, followed by the group whose
   post-backward hook never fired (the first block, when the model's input needs no gradient).
 - **optimizer.step()** on the local shards (``optstep.py``).
@@ -39,6 +40,9 @@ from gradscope.memory.sharding.result import ShardedStep
 from gradscope.memory.sharding.specs import FSDP, dtype_bytes
 
 __all__ = ["fsdp_step"]
+
+#: Bytes per rank of the ``DeviceMesh``'s tensor of ranks (int32), which every FSDP2 rank keeps.
+MESH_RANK_BYTES = 4
 
 
 def _acts_before(graph, names: list[str], total: int) -> dict[str, int]:
@@ -256,7 +260,7 @@ def _backward(spec: FSDP, by: dict[str, _Bytes], order: list[str], bm, node_grou
     if final != ROOT:
         post(final)
     fs -= rs_prev
-    return base + level + fs
+    return base + bm.end + fs  # the level after backward: the loss's seed gradient freed
 
 
 def fsdp_step(
@@ -281,6 +285,8 @@ def fsdp_step(
     ceiling = sum(by[g.name].rs for g in gs if g.name) if device == "cpu" else 0
     apart = spec.offload and device != "cpu"  # NOTE [FSDP2 CPU offload] in offload.py
     held = parts.get("buffers", 0) + parts.get("leaf inputs", 0)
+    if device == "cpu":  # the rank's DeviceMesh: its ranks as one int32 tensor, kept (on the host)
+        held += MESH_RANK_BYTES * world
     ranks, all_parts, phase, host = [], [], [], []
     for rank in range(world):
         step = sharded_step(optimizer, graph, world, rank)
