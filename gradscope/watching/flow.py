@@ -2,10 +2,11 @@
 
 Per device and dtype family, ``torch._foreach_norm`` reduces every gradient to its L2 norm (NaN or Inf
 exactly when the gradient holds one, or when a finite gradient's norm overflows), read with one
-``.tolist()``; the squares are then summed per owning module in Python floats (double precision). One read
-of the gradients and one sync per group give both ``guard.history`` and the non-finite test, in three
-torch calls per group whatever the number of parameters (the fixed cost that shows on sub-millisecond
-steps). Culprits are counted (exact NaN/Inf counts) only when a norm is not finite.
+``stack`` + ``.tolist()`` (on the CPU, where there is no sync to save, one ``.item()`` each: cheaper than
+the stack); the squares are then summed per owning module in Python floats (double precision). One read
+of the gradients and one sync per group give both ``guard.history`` and the non-finite test; when every
+gradient has one device and one dtype (the usual case) there is one group and no grouping loop.
+Culprits are counted (exact NaN/Inf counts) only when a norm is not finite.
 
 NOTE [norms of any dtype]
 ``_foreach_norm(..., dtype=torch.float32)`` refuses a float64 gradient (it would narrow) and a complex one
