@@ -17,7 +17,7 @@ from typing import overload
 
 import torch
 
-__all__ = ["is_user_file", "user_frame", "user_caller", "frame_location"]
+__all__ = ["is_user_file", "user_frame", "user_caller", "frame_location", "location_text"]
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -70,4 +70,9 @@ def frame_location(frame: FrameType | None) -> str | None:
     """``"file.py:LINE"`` (the file's base name) of ``frame``'s current line; None for no frame."""
     if frame is None:
         return None
-    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+    return location_text(frame.f_code.co_filename, frame.f_lineno)
+
+
+def location_text(filename: str, line: int) -> str:
+    """``"file.py:LINE"``: the base name of ``filename`` and the line."""
+    return f"{os.path.basename(filename)}:{line}"

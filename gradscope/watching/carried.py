@@ -80,7 +80,7 @@ def state_tensors(modules: list[tuple[str, torch.nn.Module]]) -> list[tuple[str,
             if isinstance(v, torch.Tensor):
                 if v.grad_fn is not None:
                     out.append((_said("attribute", key, name, m), v))
-            elif isinstance(v, (list, tuple)) and all(type(x) in _PLAIN for x in v[:_ITEMS]):
+            elif isinstance(v, (list, tuple)) and _PLAIN.issuperset(map(type, v[:_ITEMS])):
                 continue  # a shape, a tuple of flags
             elif isinstance(v, (list, tuple, dict)):
                 out.extend(

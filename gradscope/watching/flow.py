@@ -2,10 +2,11 @@
 
 Per device and dtype family, ``torch._foreach_norm`` reduces every gradient to its L2 norm (NaN or Inf
 exactly when the gradient holds one, or when a finite gradient's norm overflows), read with one
-``.tolist()``; the squares are then summed per owning module in Python floats (double precision). One read
-of the gradients and one sync per group give both ``guard.history`` and the non-finite test, in three
-torch calls per group whatever the number of parameters (the fixed cost that shows on sub-millisecond
-steps). Culprits are counted (exact NaN/Inf counts) only when a norm is not finite.
+``stack`` + ``.tolist()`` (on the CPU, where there is no sync to save, one ``.item()`` each: cheaper than
+the stack); the squares are then summed per owning module in Python floats (double precision). One read
+of the gradients and one sync per group give both ``guard.history`` and the non-finite test; when every
+gradient has one device and one dtype (the usual case) there is one group and no grouping loop.
+Culprits are counted (exact NaN/Inf counts) only when a norm is not finite.
 
 NOTE [norms of any dtype]
 ``_foreach_norm(..., dtype=torch.float32)`` refuses a float64 gradient (it would narrow) and a complex one
@@ -40,21 +41,25 @@ _IN_FLOAT32 = (torch.float16, torch.bfloat16, torch.float32)
 def group_norms(tensors: list[torch.Tensor]) -> list[float]:
     """The L2 norm of each tensor as a Python float, one fused call and one sync per device and dtype
     family (NOTE [norms of any dtype])."""
+    keys = [(t.device, t.dtype) for t in tensors]
+    if not keys or keys.count(keys[0]) == len(keys):  # one device and one dtype: the common case, one call
+        return _norms(tensors, keys[0][1]) if keys else []
     groups: dict[tuple[torch.device, torch.dtype | None], list[int]] = {}
-    for i, t in enumerate(tensors):
-        key = (t.device, None if t.dtype in _IN_FLOAT32 else t.dtype)
-        group = groups.get(key)
-        if group is None:
-            groups[key] = [i]
-        else:
-            group.append(i)
+    for i, (device, dtype) in enumerate(keys):
+        groups.setdefault((device, None if dtype in _IN_FLOAT32 else dtype), []).append(i)
     out = [0.0] * len(tensors)
-    for (_device, dtype), idx in groups.items():
-        ts = [tensors[i] for i in idx]
-        norms = foreach_norm(ts, 2, dtype=torch.float32) if dtype is None else foreach_norm(ts, 2)
-        for i, n in zip(idx, torch.stack(norms).tolist()):
+    for (_device, family), idx in groups.items():
+        for i, n in zip(idx, _norms([tensors[i] for i in idx], family)):
             out[i] = n
     return out
+
+
+def _norms(ts: list[torch.Tensor], dtype: torch.dtype | None) -> list[float]:
+    """One ``_foreach_norm`` over tensors of one device (in float32 for the float32 family) and one read."""
+    norms = foreach_norm(ts, 2, dtype=torch.float32) if dtype is None or dtype in _IN_FLOAT32 else foreach_norm(ts, 2)
+    if ts[0].device.type == "cpu":
+        return [n.item() for n in norms]  # no sync to save on the CPU: cheaper than a stack
+    return torch.stack(norms).tolist()
 
 
 class Flow:

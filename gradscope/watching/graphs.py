@@ -26,10 +26,11 @@ import weakref
 import torch
 
 from gradscope._format import human_bytes
+from gradscope._frames import location_text
 from gradscope._torch import peek_sequence_nr, storage_key
 from gradscope.findings import Finding
 from gradscope.watching.carried import CarriedChecks
-from gradscope.watching.holders import find_holders, frame_location, holder_text, user_frame
+from gradscope.watching.holders import find_holders, holder_text, user_frame
 from gradscope.watching.walks import graph_stats
 
 __all__ = ["GraphWatch"]
@@ -40,14 +41,20 @@ _RECORDS_AT_MOST = 4096
 class ForwardRec:
     """One forward of the watched model that built a graph (plain data only)."""
 
-    __slots__ = ("step", "seq0", "seq1", "training", "location", "used", "alive", "bytes", "nodes")
+    __slots__ = ("step", "seq0", "seq1", "training", "where", "used", "alive", "bytes", "nodes")
 
-    def __init__(self, step, seq0, seq1, training, location):
-        self.step, self.seq0, self.seq1, self.training, self.location = step, seq0, seq1, training, location
+    def __init__(self, step, seq0, seq1, training, where):
+        self.step, self.seq0, self.seq1, self.training = step, seq0, seq1, training
+        self.where: tuple[str, int] | None = where  # (file, line) of the caller; worded only when reported
         self.used = False
         self.alive: weakref.ref | None = None  # to the backward prehook on its outputs' nodes
         self.bytes: int | None = None
         self.nodes: int | None = None
+
+    @property
+    def location(self) -> str | None:
+        """``"file.py:LINE"`` of the user's line that called the forward, when known."""
+        return None if self.where is None else location_text(*self.where)
 
     def graph_alive(self) -> bool:
         """Whether the graph of this forward is still alive (its outputs' nodes, which hold our prehook)."""
@@ -144,8 +151,9 @@ class GraphWatch(CarriedChecks):
         if not self._enabled:
             return None
         frame = user_frame()
-        rec = ForwardRec(self.step, self._seq0, peek_sequence_nr(), module.training, frame_location(frame))
+        where = None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
         del frame
+        rec = ForwardRec(self.step, self._seq0, peek_sequence_nr(), module.training, where)
 
         def used(_grad_outputs, rec=rec):
             rec.used = True
@@ -224,8 +232,8 @@ class GraphWatch(CarriedChecks):
         for run in runs:
             for r in run:
                 r.used = True  # reported once
-            if run[0].location not in self._wasted_at:  # and once per place in the user's code
-                self._wasted_at.add(run[0].location)
+            if run[0].where not in self._wasted_at:  # and once per place in the user's code
+                self._wasted_at.add(run[0].where)
                 out.append(self._wasted(run))
         return out
 

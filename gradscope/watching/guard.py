@@ -256,8 +256,11 @@ class Watch(ParamHooks):
             self._materialized(tid)
         self._forwards = 0
         params, stamps = self._params, self._stamp
-        got = [i for i, s in enumerate(stamps) if s >= start]  # received one in the window
-        missing = [wp for wp, s in zip(params, stamps) if s < start and wp.param.requires_grad]
+        if min(stamps) >= start:  # every one received a gradient in the window: one C-level pass
+            got, missing = list(range(len(stamps))), []
+        else:
+            got = [i for i, s in enumerate(stamps) if s >= start]  # received one in the window
+            missing = [wp for wp, s in zip(params, stamps) if s < start and wp.param.requires_grad]
         scale = None
         if self._scaler is not None and self._scaler.is_enabled():
             scale = float(self._scaler.get_scale())

@@ -139,7 +139,9 @@ class StepJudge:
         step, floor = seen.steps, seen.floor
         backwards, seen.backwards = guard.backwards - seen.backwards, guard.backwards
         stamps, params = guard._stamp, guard._params
-        missing = sorted(i for i in held if stamps[i] < floor and params[i].param.requires_grad)
+        missing: list[int] = []
+        if min(map(stamps.__getitem__, held)) < floor:  # one C-level pass when every held one received
+            missing = sorted(i for i in held if stamps[i] < floor and params[i].param.requires_grad)
         if step == 2 or missing or not step % _RESCAN_EVERY:
             replaced = guard._rescan()
             self._added.update(replaced)
@@ -149,7 +151,7 @@ class StepJudge:
                 missing = [i for i in missing if i in held and params[i].param.requires_grad]
         seen.held, seen.floor = held, max(stamps, default=-1) + 1
         unheld: list[int] = []
-        if step >= 2:
+        if step >= 2 and len(held) < len(stamps):  # an optimizer holding every watched one leaves none unheld
             unheld = [i for i, s in enumerate(stamps) if s >= floor and i not in held]
             if unheld:  # held by no optimizer seen stepping?
                 everyone = set().union(*(x.held for x in self._records))

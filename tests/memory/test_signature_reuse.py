@@ -37,6 +37,8 @@ def test_same_structure_shares_and_predicts_what_a_fresh_computation_does(name):
     second = gradscope.inspect(loss, model=model)
     reused = second.backward_memory(optimizer=opt)
     assert derived(program(second)) is derived(program(first))  # shared, not made again
+    assert program(second).edges is program(first).edges  # the program's structural part too
+    assert program(second).storages is not program(first).storages  # what each walk reads afresh
     assert _fields(reused) == _fields(fresh)
     reuse._LAST.clear()
     third = gradscope.inspect(loss, model=model)

@@ -5,22 +5,24 @@ NOTE [signature reuse]
 A node's in-node signature (``signature.py``) and the layout of the gradient it receives (``layout.py``) are
 read from the graph's metadata only: op names, output shapes and dtypes, saved slots (shapes, strides,
 dtypes), saved values, leaves, edges and roots. Working them out costs more than the rest of the replay (a
-dict per node, each gradient followed up to ``layout.DEPTH`` consumers, a JSON key per signature), and a
-training loop inspects graphs of one structure step after step, as what-if planning replays copies of one
-program. So they are kept in one dict per structure: on a program's first use, the columns of the compact
-records they are read from (shallow copies) and the program's edges, gradient shapes and roots are compared
-with the last structure's, and when all are equal (saved values of the same types and signs too) the
-program shares its dict, so its results are those a fresh computation in the same order gives. Only the
-last structure is kept; nothing in it refers to a tensor, a module or a report
-(``tests/memory/test_signature_reuse.py``). A program compiled from a DiGraph (no compact records) has a
-dict of its own.
+dict per node, each gradient followed up to ``layout.DEPTH`` consumers, a JSON key per signature), and so
+does much of compiling the program (edges, gradient sizes, recorded checkpoint regions). A training loop
+inspects graphs of one structure step after step, as what-if planning replays copies of one program, so
+these are kept in one dict per structure: the columns of the compact records they are read from (node
+types, outputs, saved slots and values, strides, leaves, edges, roots; kept as shallow copies) are compared
+with the last structure's (the saved values as marshal's bytes, which tell ``2`` from ``2.0``), and when all
+are equal the dict is shared, so a program's results are those a fresh computation in the same order gives.
+What a walk reads besides (sequence numbers, storage sizes, ``.grad``, the roots' shapes, the tensors held
+outside) is read afresh every time. Only the last structure is kept; nothing in it refers to a tensor, a
+module or a report (``tests/memory/test_signature_reuse.py``). A program compiled from a DiGraph (no compact
+records) has a dict of its own.
 """
 
 from __future__ import annotations
 
-import math
+import marshal
 
-__all__ = ["derived"]
+__all__ = ["derived", "shared"]
 
 _LAST: list = []  # [the last structure, its dict]
 
@@ -29,42 +31,34 @@ def derived(prog) -> dict:
     """The dict of values derived from ``prog``'s structure (shared with the last program of the same
     structure; see NOTE [signature reuse])."""
     got = prog.__dict__.get("_derived")
-    if got is not None:
-        return got
-    structure = getattr(prog.attrs, "structure", None)
-    shape = None
-    if structure is not None:
-        shape = (structure(), prog.edges, prog.needs, prog.grad_shapes, prog.roots)
-        try:
-            same = bool(_LAST) and _LAST[0] == shape and _same_values(_LAST[0][0], shape[0])
-        except Exception:  # noqa: BLE001 - a saved value that cannot be compared: not shared
-            same = False
-        if same:
-            got = _LAST[1]
     if got is None:
-        got = {}
-        _LAST[:] = [] if shape is None else [shape, got]
-    prog.__dict__["_derived"] = got
+        structure = getattr(prog.attrs, "structure", None)
+        got = {} if structure is None else shared(structure())
+        prog.__dict__["_derived"] = got
     return got
 
 
-def _same_values(old: tuple, new: tuple) -> bool:
-    """Whether the saved values (and the general reader's slot dicts) of two equal structures are also of
-    the same types and signs: ``==`` takes ``2`` for ``2.0``, ``True`` for ``1`` and ``-0.0`` for ``0.0``,
-    which the signatures' JSON keys tell apart."""
-    stack = [(a, b) for a, b in zip(old[3], new[3])]
-    stack += [(a, b) for a, b in zip(old[2], new[2]) if type(a) is list]
-    while stack:
-        a, b = stack.pop()
-        if a is b:
-            continue
-        if type(a) is not type(b):
-            return False
-        if type(a) is float:
-            if a == 0.0 and math.copysign(1.0, a) != math.copysign(1.0, b):
-                return False
-        elif type(a) is dict:
-            stack.extend((a[k], b[k]) for k in a)
-        elif type(a) in (list, tuple):
-            stack.extend(zip(a, b))
-    return True
+def shared(structure: tuple) -> dict:
+    """The dict of the compact records' ``structure`` (``NodeAttrs.structure()``): the last one's when it is
+    equal, else a new one, kept as the last."""
+    cols = list(structure)
+    cols[3] = _values_key(cols[3])
+    try:
+        same = bool(_LAST) and _LAST[0] == cols
+    except Exception:  # noqa: BLE001 - a saved slot that cannot be compared: not shared
+        same = False
+    if same:
+        return _LAST[1]
+    got: dict = {}
+    _LAST[:] = [[c.copy() if type(c) is dict else c[:] for c in cols], got]  # copies: the columns may grow
+    return got
+
+
+def _values_key(values: list):
+    """The saved values as bytes that tell apart what ``==`` does not and the signatures' JSON keys do
+    (``2`` and ``2.0``, ``True`` and ``1``, ``-0.0`` and ``0.0``): marshal's, or their ``repr`` for a value
+    marshal cannot write."""
+    try:
+        return marshal.dumps(values, 2)  # version 2: no back-references, so equal values give equal bytes
+    except ValueError:
+        return repr(values)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from gradscope.graph import ROOTS
+
 __all__ = ["Lazy", "NodeAttrs", "RegionView", "GraphAttrs"]
 
 _NEGATIVE = (0).__gt__
@@ -80,18 +82,12 @@ class NodeAttrs(Sequence):
         return key  # unhashable values raise TypeError where it is looked up
 
     def structure(self) -> tuple:
-        """What every node's dict is read from (types, outputs, saved slots, values, strides, leaves, roots),
-        as shallow copies: equal for two walks of graphs of one structure (NOTE [signature reuse])."""
+        """What every node's dict and the program's edges and roots are read from: ``(types, outs, saved,
+        values, strides, leaves, roots, kid_off, kids, kid_out, graph roots)``, the records' own columns
+        (read-only; NOTE [signature reuse])."""
         r = self._records
-        return (
-            list(r.types),
-            list(r.outs),
-            list(r.saved),
-            list(r.values),
-            dict(r.strides),
-            dict(r.leaves),
-            list(r.roots),
-        )
+        roots = list(r.graph.get(ROOTS) or ())
+        return r.types, r.outs, r.saved, r.values, r.strides, r.leaves, r.roots, r.kid_off, r.kids, r.kid_out, roots
 
     def built(self, i: int) -> dict | None:
         """The dict of node ``i`` when something already built it (a trace annotates every op), else None."""
@@ -123,6 +119,23 @@ class _ViewNodes:
 
     def __getitem__(self, nid) -> dict:
         return self._r.node_attrs(self._index[nid])
+
+    def brief(self, nid) -> dict:
+        """What the region reader reads of a node that holds no slot of it: ``kind``, ``name`` and ``shape``
+        or ``out_shapes`` as its dict has them (the dict itself when built; no dict is built for it)."""
+        r = self._r
+        i = self._index[nid]
+        d = r._dicts.get(i)
+        if d is not None:
+            return d
+        leaf = r.leaves.get(i)
+        if leaf is not None:
+            return {"kind": leaf[0], "name": leaf[1], "shape": None if leaf[3] is None else list(leaf[3])}
+        return {
+            "kind": "op",
+            "name": r.types[i].name,
+            "out_shapes": [None if s is None else list(s) for s in r.outs[i][1]],
+        }
 
     def items(self) -> list:
         return [(self._ids[i], self._r.node_attrs(i)) for i in sorted(self._r.special)]

@@ -21,6 +21,7 @@ from itertools import compress, islice
 
 from gradscope.graph import PARAMS, ROOT_SHAPES, ROOTS
 from gradscope.graph.attribution import node_modules
+from gradscope.memory.kernels import reuse
 from gradscope.memory.replay.columns import GraphAttrs, Lazy, NodeAttrs, RegionView
 from gradscope.memory.replay.dtypes import numel_bytes
 from gradscope.memory.replay.engine import Program, compile_graph, node_dtype, slot_keys
@@ -166,26 +167,17 @@ def _saved(records, rsaved, leaf: list, ids: list, sizes) -> tuple[list, dict, d
     return saved, storages, shapes
 
 
-def compile_records(records, ids: list, modules: Callable[[], dict]):
-    """The :class:`~gradscope.memory.engine.Program` of ``records``.
-
-    ``ids`` are the node ids (``list(compact_graph.nodes)``); ``modules()`` returns ``{node id: module}``
-    (``graph.node_modules``), called on first use only.
-    """
+def _structural(records, ids: list) -> tuple:
+    """What :func:`compile_records` reads from the records' structure alone (NOTE [signature reuse]: equal for
+    graphs of one structure): names, leaves, edges, gradient shapes and bytes, the ops' values, the saved
+    keys and shapes with the recorded checkpoint regions written in, and the storages those regions add."""
     n = len(records)
-    leaves, types, seqs = records.leaves, records.types, records.seqs
+    leaves, types = records.leaves, records.types
     off, kids, kid_out = records.kid_off.tolist(), records.kids.tolist(), records.kid_out.tolist()  # faster to index
-    sizes = records.sizes
-    rsaved = records.saved
-    gattrs = records.graph
-    params = gattrs.get(PARAMS, {})
     name = [t.name for t in types]  # a leaf's type is AccumulateGrad's
-    seq: list = seqs.tolist()
     leaf = [False] * n
     for i in leaves:
         leaf[i] = True
-        seq[i] = _UINT64_MAX
-    opaque = Lazy(lambda: [bool(t.opaque) and not leaf[i] for i, t in enumerate(types)])
     gshapes: list = [None] * n
     gbytes: list = [None] * n
     by_entry: dict = {}
@@ -198,27 +190,74 @@ def compile_records(records, ids: list, modules: Callable[[], dict]):
             else:
                 hit = by_entry[id(ent)] = _grads(o, dts)
         gshapes[i], gbytes[i] = hit
-    has_grad: dict = {}
     leaf_info: dict = {}
     for i, lf in leaves.items():
-        kind, lname, _mod, shape, dtype, _rg, _dev, grad = lf
-        sh = [] if shape is None else list(shape)
+        sh = [] if lf[3] is None else list(lf[3])
         gshapes[i] = [sh]
-        gbytes[i] = [numel_bytes(sh, dtype)]
-        if grad is None and kind == "param":
-            grad = params.get(lname, {}).get("grad")
-        has_grad[i] = bool(grad)
-        leaf_info[i] = (kind, lname)
+        gbytes[i] = [numel_bytes(sh, lf[4])]
+        leaf_info[i] = (lf[0], lf[1])
     extra: dict = {}  # what the replay reads of ``attrs`` (alpha, the reentrant checkpoint's region)
     edges, needs = _edges(n, off, kids, kid_out)
-    saved, storages, shapes = _saved(records, rsaved, leaf, ids, sizes)
+    saved, storages, shapes = _saved(records, records.saved, leaf, ids, records.sizes)
     per_node = _extras(records, leaf, extra)
     index = dict(zip(ids, range(n)))
-    regions, recompute = {}, {}
+    regions, recompute, added = {}, {}, {}
     if _has_regions(records):  # NOTE [recorded checkpoint regions]
         from gradscope.memory.replay.regions import recorded_regions
 
+        before = set(storages)
         regions, recompute = recorded_regions(RegionView(records, ids, index), index, saved, storages, shapes)
+        added = {k: b for k, b in storages.items() if k not in before}  # the regions' keys, in their order
+    return (
+        name,
+        leaf,
+        gshapes,
+        gbytes,
+        leaf_info,
+        edges,
+        needs,
+        extra,
+        per_node,
+        index,
+        saved,
+        shapes,
+        regions,
+        recompute,
+        added,
+        storages,
+    )
+
+
+def compile_records(records, ids: list, modules: Callable[[], dict], shared: dict | None = None):
+    """The :class:`~gradscope.memory.engine.Program` of ``records``.
+
+    ``ids`` are the node ids (``list(compact_graph.nodes)``); ``modules()`` returns ``{node id: module}``
+    (``graph.node_modules``), called on first use only. ``shared``: the dict of the records' structure
+    (``reuse.shared``), whose structural part of the program (:func:`_structural`) is made once.
+    """
+    leaves, types = records.leaves, records.types
+    gattrs = records.graph
+    params = gattrs.get(PARAMS, {})
+    parts = None if shared is None else shared.get("program")
+    if parts is None:
+        parts = _structural(records, ids)
+        storages = parts[-1]
+        if shared is not None:
+            shared["program"] = parts[:-1]
+    else:  # the storages' bytes are this walk's; the regions' own keys as the structure's
+        storages = _saved(records, records.saved, parts[1], ids, records.sizes)[1]
+        storages.update(parts[14])
+    name, leaf, gshapes, gbytes, leaf_info, edges, needs, extra, per_node, index, saved, shapes, regions = parts[:13]
+    recompute = parts[13]
+    seq: list = records.seqs.tolist()
+    has_grad: dict = {}
+    for i, lf in leaves.items():
+        seq[i] = _UINT64_MAX
+        grad = lf[7]
+        if grad is None and lf[0] == "param":
+            grad = params.get(lf[1], {}).get("grad")
+        has_grad[i] = bool(grad)
+    opaque = Lazy(lambda: [bool(t.opaque) and not leaf[i] for i, t in enumerate(types)])
     roots = [index[r] for r in gattrs.get(ROOTS, ()) if r in index]
     root_bytes = []
     for r, shape in zip(roots, gattrs.get(ROOT_SHAPES, ())):
@@ -268,7 +307,9 @@ def program(report) -> Program:
         return cached[1]  # the same graph, or the DiGraph built since from the records it was compiled from
     prog = None
     if records is not None:  # NOTE [compiling from the compact records]
-        prog = compile_records(records, view.nodes(), lambda: node_modules(report.graph))
+        shared = reuse.shared(NodeAttrs(records).structure())  # NOTE [signature reuse]
+        prog = compile_records(records, view.nodes(), lambda: node_modules(report.graph), shared)
+        prog.__dict__["_derived"] = shared
     if prog is None:
         records, prog = None, compile_graph(report.graph)
     if cache is not None:

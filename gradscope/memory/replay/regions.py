@@ -34,11 +34,25 @@ _VIEWS = (
 _POSITIONS = {"self": 0, "other": 1}
 
 
-def _from_param(graph, u, pred) -> bool:
-    d = graph.nodes[u]
+class _ReadOnce(dict):
+    """``pred[nid]`` read from the graph once per node (the compact records' view makes a dict per read)."""
+
+    __slots__ = ("_read",)
+
+    def __init__(self, read) -> None:
+        super().__init__()
+        self._read = read
+
+    def __missing__(self, nid):
+        got = self[nid] = self._read[nid]
+        return got
+
+
+def _from_param(node, u, pred) -> bool:
+    d = node(u)
     while d.get("kind") == "op" and d.get("name") in _VIEWS and len(pred[u]) == 1:
         u = next(iter(pred[u]))
-        d = graph.nodes[u]
+        d = node(u)
     return d.get("kind") == "param"
 
 
@@ -56,7 +70,8 @@ def recorded_regions(graph, index: dict, saved: list, storages: dict, shapes: di
     of a region lists the region's tensors: whichever runs first creates them).
     """
     nodes = graph.nodes
-    pred = getattr(graph, "_pred", None) or graph.pred
+    node = getattr(nodes, "brief", None) or nodes.__getitem__  # kind, name and shapes of any node
+    pred = _ReadOnce(getattr(graph, "_pred", None) or graph.pred)
     members: dict = {}
     slots: dict = {}
     for nid, d in nodes.items():
@@ -96,9 +111,9 @@ def recorded_regions(graph, index: dict, saved: list, storages: dict, shapes: di
                 cands = [
                     (u, ed.get("output", 0))
                     for u, ed in pred[nid].items()
-                    if _out_shape(nodes[u], ed.get("output", 0)) == shape
+                    if _out_shape(node(u), ed.get("output", 0)) == shape
                 ]
-                if any(_from_param(graph, u, pred) or u not in inside for u, _ in cands):
+                if any(_from_param(node, u, pred) or u not in inside for u, _ in cands):
                     continue  # a parameter (or a view of one), or the region's input: not re-created
                 if len(cands) > 1 and slot in _POSITIONS:  # several inputs of that shape: the slot's own
                     cands = [c for c in cands if pred[nid][c[0]].get("index") == _POSITIONS[slot]] or cands
