@@ -191,3 +191,5 @@ class GraphAttrs(TypedDict, total=False):
     external: list[int]
     buffers: list[list]
     input_storages: dict[str, int]  # input leaf node id -> the storage id an op saved it under
+    hf_checkpointing: dict[str, Any]  # traced, Hugging Face model=: {"layers": [...], "method": "..."}
+    dtype_flow: dict[str, Any]  # traced, lower-precision parameters: {"nodes": {...}, "casts": [...]}

@@ -168,7 +168,7 @@ def test_a_module_called_twice_gets_one_box_per_call():
     """torchvision's BasicBlock calls one ReLU module twice: one box per call, so no cycle."""
     import networkx as nx
 
-    from tests._render_models import BasicBlock
+    from tests._fold_models import BasicBlock
 
     block = BasicBlock(3, 3)
     with gradscope.trace() as tr:
