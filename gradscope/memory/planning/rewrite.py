@@ -13,8 +13,9 @@ region's last holder. So, per region ``R`` (one module call):
   (``Program.unheld``: in bfloat16, RMSNorm saves a float32 copy of its input, and only the frame keeps
   the input itself);
 - an input of ``R`` that no node saved is held by the frame too: a new storage of its size (its gradient's
-  bytes, so in the replayed dtype), held the same way; so is the CPU RNG state that ``preserve_rng_state=True`` (the default) saves per call
-  (``torch.get_rng_state()``, 5056 bytes; on the CPU only: it lives in host memory);
+  bytes, so in the replayed dtype), held the same way; so is the CPU RNG state that
+  ``preserve_rng_state=True`` (the default) saves per call (``torch.get_rng_state()``, 5056 bytes; on the
+  CPU only: it lives in host memory);
 - every other storage saved inside ``R`` gets a recomputed copy (key ``("r", region, key)``) that the
   nodes of ``R`` hold instead; the first node of ``R`` that backward runs creates all of them (it holds
   each once, so each is freed after its last saver). The original stays only where a node outside ``R``

@@ -129,8 +129,15 @@ def in_param_dtype(prog, graph, param_dtype: str, orig: str = "float32"):
     used |= {key for entries in recompute.values() for key, _ in entries}
     unheld = {key: n for key, n in storages.items() if key not in used and key[0] in ("s", "e")}
     storages = {key: n for key, n in storages.items() if key not in unheld}
-    out = replace(prog, saved=saved, storages=storages, shapes=shapes, recompute=recompute, grad_bytes=grad_bytes,
-                  unheld={**prog.unheld, **unheld})
+    out = replace(
+        prog,
+        saved=saved,
+        storages=storages,
+        shapes=shapes,
+        recompute=recompute,
+        grad_bytes=grad_bytes,
+        unheld={**prog.unheld, **unheld},
+    )
     return _with_casts(out, prog.grad_bytes, graph, k)
 
 
