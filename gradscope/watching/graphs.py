@@ -16,6 +16,17 @@ module do the rest, at a few microseconds per forward:
 At each boundary, forwards whose graph is still alive from steps before the previous one are graphs the
 user keeps (``total_loss += loss``, ``losses.append(loss)``); forwards that no backward used are graphs
 built for nothing (an eval loop without ``torch.no_grad()``), reported once per run of such forwards.
+
+NOTE [torch.compile]
+When ``torch.compile`` traces the watched module, dynamo inlines its hooks; ours read the autograd sequence
+number and the caller's frame, which dynamo cannot trace, so each would split the model's graph and make
+torch warn. Both are wrapped in ``torch.compiler.disable``: dynamo calls them eagerly, before and after the
+compiled forward, whose graph stays whole, and torch says nothing (``tests/watch/test_watch_loops.py``).
+The per-module no-grad hooks (:mod:`gradscope.watching.nograd`) do nothing while dynamo traces. dynamo
+does not guard on hooks: a module compiled before ``watch()`` (or another instance of its class compiled
+before) keeps running the compiled code without our forward hooks, so the forward-time checks (graphs
+across steps, a module run under ``no_grad``, NaN before a forward) are off there; the backward's checks
+(missing and non-finite gradients, judged at the optimizer step) run either way.
 """
 
 from __future__ import annotations
@@ -103,9 +114,9 @@ class GraphWatch(CarriedChecks):
             self._arg_names = list(_inspect.signature(root.forward).parameters)
         except (TypeError, ValueError):
             self._arg_names = []
-        self._handles = [
-            root.register_forward_pre_hook(self._pre_hook, with_kwargs=True),
-            root.register_forward_hook(self._post_hook),
+        self._handles = [  # NOTE [torch.compile]: both run eagerly, at the edges of a compiled forward
+            root.register_forward_pre_hook(torch.compiler.disable(self._pre_hook), with_kwargs=True),
+            root.register_forward_hook(torch.compiler.disable(self._post_hook)),
         ]
 
     def _pre_hook(self, module, args, kwargs):
