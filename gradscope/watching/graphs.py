@@ -20,8 +20,9 @@ built for nothing (an eval loop without ``torch.no_grad()``), reported once per 
 NOTE [torch.compile]
 When ``torch.compile`` traces the watched module, dynamo inlines its hooks; ours read the autograd sequence
 number and the caller's frame, which dynamo cannot trace, so each would split the model's graph and make
-torch warn. Both are wrapped in ``torch.compiler.disable``: dynamo calls them eagerly, before and after the
-compiled forward, whose graph stays whole, and torch says nothing (``tests/watch/test_watch_loops.py``).
+torch warn. While dynamo traces, both hand over to a ``torch.compiler.disable`` copy of their work: dynamo
+calls it eagerly, before and after the compiled forward, whose graph stays whole, and torch says nothing
+(outside dynamo, ``torch.compiler.is_compiling()`` is a cheap False and the work runs directly) (``tests/watch/test_watch_loops.py``).
 The per-module no-grad hooks (:mod:`gradscope.watching.nograd`) do nothing while dynamo traces. dynamo
 does not guard on hooks: a module compiled before ``watch()`` (or another instance of its class compiled
 before) keeps running the compiled code without our forward hooks, so the forward-time checks (graphs
@@ -114,16 +115,28 @@ class GraphWatch(CarriedChecks):
             self._arg_names = list(_inspect.signature(root.forward).parameters)
         except (TypeError, ValueError):
             self._arg_names = []
-        self._handles = [  # NOTE [torch.compile]: both run eagerly, at the edges of a compiled forward
-            root.register_forward_pre_hook(torch.compiler.disable(self._pre_hook), with_kwargs=True),
-            root.register_forward_hook(torch.compiler.disable(self._post_hook)),
+        self._handles = [
+            root.register_forward_pre_hook(self._pre_hook, with_kwargs=True),
+            root.register_forward_hook(self._post_hook),
         ]
+        self._eager_pre = torch.compiler.disable(self._pre_run)
+        self._eager_post = torch.compiler.disable(self._post_run)
 
     def _pre_hook(self, module, args, kwargs):
+        if torch.compiler.is_compiling():  # NOTE [torch.compile]
+            return self._eager_pre(module, args, kwargs)
+        return self._pre_run(module, args, kwargs)
+
+    def _pre_run(self, module, args, kwargs):
         self._safety.run("forward", self._before_forward)
         self._safety.run("graphs", self._pre, module, args, kwargs)
 
     def _post_hook(self, module, args, output):
+        if torch.compiler.is_compiling():  # NOTE [torch.compile]
+            return self._eager_post(module, args, output)
+        return self._post_run(module, args, output)
+
+    def _post_run(self, module, args, output):
         self._safety.run("graphs", self._post, module, args, output)
 
     def _pstores(self) -> set[int]:
