@@ -34,12 +34,10 @@ class NoGradCalls:
             self._handles.append(root.get_submodule(name).register_forward_pre_hook(hook))
 
     def _pre(self, name: str, module, args) -> None:
-        if torch.compiler.is_compiling():  # NOTE [torch.compile] in gradscope.watching.graphs
-            return
         if torch.is_grad_enabled():
             if name in self.where:
                 del self.where[name]
-        elif name not in self.where:
+        elif name not in self.where and not torch.compiler.is_compiling():  # NOTE [torch.compile] (graphs.py)
             self._safety.run("no-grad modules", self._record, name)
 
     def _record(self, name: str) -> None:

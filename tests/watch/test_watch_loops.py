@@ -249,14 +249,16 @@ def test_torch_compiled_module_keeps_one_graph_and_warns_nothing():
         opt.zero_grad()
         model.compiled[0](torch.randn(3, 4)).pow(2).mean().backward()
         opt.step()
+        with torch.no_grad():
+            model.compiled[0](torch.randn(3, 4))                      # validation: a second graph, no grad
         if i == 2:
             counts[len(counts)] = (counts["counters"]["stats"]["unique_graphs"],
                                    [k.split("\n")[0] for k in counts["counters"]["graph_break"]])
 
     guard = quiet_twin(build, step)
     unwatched, watched = counts[1], counts[2]
-    assert unwatched == (1, [])                                       # torch: one graph, no break
-    assert watched[0] == 1                                            # the model's graph stays whole
+    assert unwatched == (2, [])                                       # torch: two graphs, no break
+    assert watched[0] == 2                                            # the model's graphs stay whole
     assert all("torch.compiler.disable" in reason for reason in watched[1])   # only at our hooks, eagerly
     assert guard.checks == 3
 
