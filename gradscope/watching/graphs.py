@@ -22,12 +22,13 @@ When ``torch.compile`` traces the watched module, dynamo inlines its hooks; ours
 number and the caller's frame, which dynamo cannot trace, so each would split the model's graph and make
 torch warn. While dynamo traces, both hand over to a ``torch.compiler.disable`` copy of their work: dynamo
 calls it eagerly, before and after the compiled forward, whose graph stays whole, and torch says nothing
-(outside dynamo, ``torch.compiler.is_compiling()`` is a cheap False and the work runs directly) (``tests/watch/test_watch_loops.py``).
-The per-module no-grad hooks (:mod:`gradscope.watching.nograd`) do nothing while dynamo traces. dynamo
-does not guard on hooks: a module compiled before ``watch()`` (or another instance of its class compiled
-before) keeps running the compiled code without our forward hooks, so the forward-time checks (graphs
-across steps, a module run under ``no_grad``, NaN before a forward) are off there; the backward's checks
-(missing and non-finite gradients, judged at the optimizer step) run either way.
+(``tests/watch/test_watch_loops.py``); outside dynamo, ``torch.compiler.is_compiling()`` is a cheap False
+and the work runs directly. The per-module no-grad hooks (:mod:`gradscope.watching.nograd`) record
+nothing while dynamo traces. dynamo does not guard on hooks (observed on torch 2.13): a module compiled
+before ``watch()``, or another instance of its class compiled before, keeps running the compiled code
+without our forward hooks, so the forward-time checks (graphs across steps, a module run under
+``no_grad``, NaN before a forward) are off there; the backward's checks (missing and non-finite
+gradients, judged at the optimizer step) run either way.
 """
 
 from __future__ import annotations
