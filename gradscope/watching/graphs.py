@@ -24,10 +24,10 @@ torch warn. While dynamo traces, both hand over to a ``torch.compiler.disable`` 
 calls it eagerly, before and after the compiled forward, whose graph stays whole, and torch says nothing
 (``tests/watch/test_watch_loops.py``); outside dynamo, ``torch.compiler.is_compiling()`` is a cheap False
 and the work runs directly. The per-module no-grad hooks (:mod:`gradscope.watching.nograd`) record
-nothing while dynamo traces. dynamo does not guard on hooks (observed on torch 2.13): a module compiled
-before ``watch()``, or another instance of its class compiled before, keeps running the compiled code
-without our forward hooks, so the forward-time checks (graphs across steps, a module run under
-``no_grad``, NaN before a forward) are off there; the backward's checks (missing and non-finite
+nothing while dynamo traces. Code dynamo compiled before ``watch()`` (for this module or another
+instance of its class) may keep running without our forward hooks: dynamo does not always guard on hooks
+(torch 2.13), so the forward-time checks (graphs across steps, a module run under ``no_grad``, NaN
+before a forward) can be off there until it recompiles; the backward's checks (missing and non-finite
 gradients, judged at the optimizer step) run either way.
 """
 

@@ -278,3 +278,26 @@ def test_torch_compiled_module_forward_checks_run():
             assert all(o.grad_fn is not None for o in outs)           # torch: each holds a graph
             model.train()
     assert [f.kind for f in seen] == ["graph-without-backward"]
+
+
+def test_module_compiled_before_watch_keeps_the_backward_checks():
+    # NOTE [torch.compile]: code compiled before watch() may run without our forward hooks; the backward's
+    # checks run either way (truth: torch leaves the unused layer's .grad None).
+    class Unused(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.spare = _mlp(), nn.Linear(4, 1)          # spare: never called
+
+        def forward(self, x):
+            return self.body(x)
+
+    _dynamo_reset()
+    model = Unused()
+    compiled = torch.compile(model, backend="aot_eager")
+    compiled(torch.randn(3, 4)).sum().backward()                     # compiled before watch()
+    model.zero_grad()
+    seen = []
+    with gradscope.watch(model, on_error=seen.extend):
+        compiled(torch.randn(3, 4)).sum().backward()
+    assert model.spare.weight.grad is None and model.body[0].weight.grad is not None
+    assert [(f.kind, f.params) for f in seen] == [("none-grad", ("spare.bias",)), ("none-grad", ("spare.weight",))]
