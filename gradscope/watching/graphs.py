@@ -44,6 +44,7 @@ from gradscope._torch import peek_sequence_nr, storage_key
 from gradscope.findings import Finding
 from gradscope.watching.carried import CarriedChecks
 from gradscope.watching.holders import find_holders, holder_text, user_frame
+from gradscope.watching.safety import InertCopy
 from gradscope.watching.walks import graph_stats
 
 __all__ = ["GraphWatch"]
@@ -117,8 +118,8 @@ class GraphWatch(CarriedChecks):
         except (TypeError, ValueError):
             self._arg_names = []
         self._handles = [
-            root.register_forward_pre_hook(self._pre_hook, with_kwargs=True),
-            root.register_forward_hook(self._post_hook),
+            root.register_forward_pre_hook(InertCopy(self._pre_hook), with_kwargs=True),  # NOTE [copied modules]
+            root.register_forward_hook(InertCopy(self._post_hook)),
         ]
         self._eager_pre = torch.compiler.disable(self._pre_run)
         self._eager_post = torch.compiler.disable(self._post_run)

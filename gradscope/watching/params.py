@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 from torch.nn.parameter import is_lazy
-from torch.utils.hooks import RemovableHandle
+from torch.utils.hooks import RemovableHandle, unserializable_hook
 
 from gradscope._torch import current_autograd_node, current_graph_task_id, queue_engine_callback
 from gradscope.watching.options import ignored
@@ -110,6 +110,7 @@ class ParamHooks:
     def _hooks(self, i: int):
         stamp, pending, on_end = self._stamp, self._pending, self._on_end
 
+        @unserializable_hook  # NOTE [copied modules] in gradscope.watching.safety
         def arrived(grad) -> None:  # NOTE [end of backward]
             if grad is not None:
                 stamp[i] = current_graph_task_id()

@@ -301,3 +301,46 @@ def test_module_compiled_before_watch_keeps_the_backward_checks():
         compiled(torch.randn(3, 4)).sum().backward()
     assert model.spare.weight.grad is None and model.body[0].weight.grad is not None
     assert [(f.kind, f.params) for f in seen] == [("none-grad", ("spare.bias",)), ("none-grad", ("spare.weight",))]
+
+
+def test_whole_model_saved_and_copied_while_watched(tmp_path):
+    # torch.save(model) and copy.deepcopy(model) work as without gradscope (truth: the unwatched run saves
+    # and copies); the saved file loads without gradscope's hooks doing anything, and a copy is not watched.
+    import copy as copying
+    import subprocess
+    import sys
+
+    def build():
+        model = _mlp()
+        return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+    loaded = []
+
+    def step(model, opt, i):
+        _sgd_step(model, opt)
+        path = tmp_path / f"model{i}.pt"
+        torch.save(model, path)                                      # a whole-model checkpoint
+        target = copying.deepcopy(model)                                 # a target network
+        with torch.no_grad():
+            target(torch.randn(3, 4))
+        loaded.append(torch.load(path, weights_only=False))
+
+    guard = quiet_twin(build, step)
+    assert guard.checks == 3 and len(loaded) == 6
+    model, opt = build()
+    with gradscope.watch(model, optimizer=opt, ratio_every=1) as ratios:
+        _sgd_step(model, opt)
+        torch.save(opt, tmp_path / "opt.pt")                         # the optimizer holds our step hooks
+        copying.deepcopy(opt).step()
+        _sgd_step(model, opt)
+    assert len(ratios.update_ratios) == 2                             # the copy's step was not measured
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        copy = loaded[-1]                                             # saved while watched
+        kept = [copy(torch.randn(3, 4)) for _ in range(4)]            # a live guard would warn here
+        copy(torch.randn(3, 4)).sum().backward()
+    assert said == [] and all(k.grad_fn is not None for k in kept)   # the copy is not watched
+    code = (f"import sys, torch; sys.modules['gradscope'] = None; m = torch.load({str(tmp_path / 'model2.pt')!r}, "
+            "weights_only=False); m(torch.randn(2, 4)).sum().backward(); print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr[-1500:]              # loads where gradscope is absent
