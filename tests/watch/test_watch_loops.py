@@ -16,13 +16,13 @@ from tests._zoo import TwoTasks
 from tests.watch._twins import twin
 
 
-def quiet_twin(build, step, steps=3, **options):
-    """:func:`twin`, and no warning of any kind from either run."""
+def quiet_twin(build, step, steps=3, backwards=True, **options):
+    """:func:`twin`, and no warning of any kind from either run; with ``backwards``, the guard saw some."""
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         guard = twin(build, step, steps=steps, **options)
     assert [str(w.message)[:200] for w in said] == []
-    assert guard.counts == {} and guard.backwards >= 1
+    assert guard.counts == {} and (guard.backwards >= 1 or not backwards)
     return guard
 
 
@@ -344,3 +344,53 @@ def test_whole_model_saved_and_copied_while_watched(tmp_path):
             "weights_only=False); m(torch.randn(2, 4)).sum().backward(); print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "ok", out.stderr[-1500:]              # loads where gradscope is absent
+
+
+def _maml_step(model, opt, i, detach=()):
+    """One MAML step: fast weights from an inner gradient step, the outer loss through functional_call;
+    with ``detach``, first-order MAML with those fast weights cut from their parameter (a planted bug)."""
+    params = dict(model.named_parameters())
+    inner = torch.func.functional_call(model, params, (torch.randn(3, 4),)).pow(2).mean()
+    grads = torch.autograd.grad(inner, list(params.values()), create_graph=not detach)
+    fast = {n: p - 0.1 * g for (n, p), g in zip(params.items(), grads)}
+    fast.update({n: fast[n].detach() for n in detach})               # the planted bug: no path back
+    opt.zero_grad()
+    torch.func.functional_call(model, fast, (torch.randn(3, 4),)).pow(2).mean().backward()
+    opt.step()
+
+
+def test_maml_fast_weights_through_functional_call():
+    def build():
+        model = _mlp()
+        return model, torch.optim.Adam(model.parameters(), 1e-3)
+
+    quiet_twin(build, _maml_step, steps=3)
+    torch.manual_seed(0)
+    model, opt = build()
+    seen = []
+    with gradscope.watch(model, on_error=seen.extend):
+        for i in range(2):
+            _maml_step(model, opt, i)
+        _maml_step(model, opt, 2, detach=("2.weight",))
+    assert model[2].weight.grad is None and model[2].bias.grad is not None   # torch's truth
+    assert [(f.kind, f.params) for f in seen] == [("none-grad", ("2.weight",))]
+
+
+def test_per_sample_gradients_with_torch_func_assigned_to_grad():
+    def build():
+        model = _mlp()
+        return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(model, opt, i):
+        params = {n: p.detach() for n, p in model.named_parameters()}
+
+        def loss(p, x):
+            return torch.func.functional_call(model, p, (x[None],)).pow(2).mean()
+
+        per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, torch.randn(5, 4))
+        for n, p in model.named_parameters():
+            p.grad = per_sample[n].mean(0)                            # e.g. clipped per sample, then averaged
+        opt.step()
+
+    guard = quiet_twin(build, step, backwards=False)
+    assert guard.backwards == 0 and guard.truth_steps == 3            # no backward wrote .grad: none judged
