@@ -40,8 +40,8 @@ import gradscope
 from gradscope import _torch
 from gradscope.checks import run_checks
 from gradscope.walk.build import build, flatten_roots
-from gradscope.walk.named import names_and_buffers
 from gradscope.walk.compact import CompactGraph
+from gradscope.walk.named import names_and_buffers
 from gradscope.walk.records import node_id
 
 
