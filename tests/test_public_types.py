@@ -17,8 +17,7 @@ PUBLIC = [
     gradscope.trace,
     gradscope.load,
     gradscope.diff,
-    gradscope.watch,
-    Watch.__init__,
+    gradscope.watch,  # Watch's constructor: Watch(...) is built only by watch(), from its typed arguments
     Watch.remove,
     Watch.flow_svg,
     Watch.__exit__,

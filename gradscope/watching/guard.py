@@ -129,22 +129,22 @@ class Watch(ParamHooks):
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model,
         *,
-        on_error: OnError,
-        check_nonfinite: bool,
-        ignore: str | Iterable[str],
-        every: int,
-        accumulate: int,
-        scaler: Any,
-        graphs: bool = True,
-        history: int = 1000,
-        vanishing: float = 1e-7,
-        exploding: float = 1e3,
-        optimizer: torch.optim.Optimizer | None = None,
-        ratio_every: int = 100,
-        find_origin: bool = True,
-    ) -> None:
+        on_error,
+        check_nonfinite,
+        ignore,
+        every,
+        accumulate,
+        scaler,
+        graphs=True,
+        history=1000,
+        vanishing=1e-7,
+        exploding=1e3,
+        optimizer=None,
+        ratio_every=100,
+        find_origin=True,
+    ):
         validate(model, on_error, every, accumulate, history, ratio_every, vanishing, exploding, scaler, optimizer)
         inner, ddp, chosen, patterns = select(model, ignore)
         self._params = [WatchedParam(n, p, *self._owner(inner, n)) for n, p in chosen]
