@@ -1,5 +1,5 @@
-"""Everything a maintainer is pointed at is inside the repository: no reference to the torch-facts document
-that lived outside it, no absolute path of a development machine, every ``internals.md#section`` link
+"""Everything a maintainer is pointed at is inside the repository: no pointer to a facts document kept
+outside it, no absolute path of a development machine, every ``internals.md#section`` link
 names a section of docs/internals.md, and every entry there names tests that exist."""
 
 from __future__ import annotations
