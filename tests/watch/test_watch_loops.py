@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import gradscope
-from tests._zoo import TwoTasks
+from tests._zoo import Linears, TwoTasks
 from tests.watch._twins import twin
 
 
@@ -205,10 +205,8 @@ def test_weight_tying_and_a_shared_block_called_twice():
 def test_non_reentrant_checkpoint_and_functional_call():
     from torch.utils.checkpoint import checkpoint
 
-    class Ckpt(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 1)
+    class Ckpt(Linears):
+        LAYERS = {"a": (4, 8), "b": (8, 1)}
 
         def forward(self, x):
             return self.b(checkpoint(lambda t: self.a(t).relu(), x, use_reentrant=False))
