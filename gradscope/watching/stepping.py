@@ -20,6 +20,16 @@ tracks for an optimizer holding a watched parameter (a one-time scan, on that pa
 backward is judged on its own, as before. Consequence: with an optimizer, a ``none-grad`` error under
 ``on_error="raise"`` comes out of ``optimizer.step()``, before the update, instead of ``backward()``.
 
+NOTE [gradients set by hand]
+Not every ``.grad`` comes from a backward through the model: ``torch.func.grad``/``vmap`` per-sample
+gradients, federated averaging or evolution strategies assign ``p.grad = g`` and step. A held parameter
+that no watched backward reached but whose ``.grad`` was set by hand since the previous step received
+one: its ``.grad`` is another tensor object than at that step (a weak reference is kept, only on steps
+that found such parameters, so a healthy step pays nothing), or, the first time, it holds a ``.grad``
+although no watched backward ever reached it. A stale ``.grad`` (the same tensor, zeroed in place by
+``zero_grad(set_to_none=False)``) is still missing. Limit: a gradient written in place into the old
+``.grad`` (``p.grad.copy_(g)``) cannot be told from a stale one and is reported.
+
 ``not-optimized``: from an optimizer's second step on, a watched parameter that received a gradient since
 that optimizer's previous step but that no optimizer seen stepping holds (created or replaced after the
 optimizer was built) is never updated. The model's parameters are read again on that second step, every
@@ -142,6 +152,7 @@ class StepJudge:
         missing: list[int] = []
         if min(map(stamps.__getitem__, held)) < floor:  # one C-level pass when every held one received
             missing = sorted(i for i in held if stamps[i] < floor and params[i].param.requires_grad)
+            missing = _not_assigned(seen, missing, params, stamps) if missing else missing
         if step == 2 or missing or not step % _RESCAN_EVERY:
             replaced = guard._rescan()
             self._added.update(replaced)
@@ -169,7 +180,7 @@ class StepJudge:
 class _Seen:
     """What a guard remembers of one optimizer (NOTE [judged at the step])."""
 
-    __slots__ = ("opt", "steps", "floor", "backwards", "held", "mark", "key", "ours")
+    __slots__ = ("opt", "steps", "floor", "backwards", "held", "mark", "key", "ours", "grads")
 
     def __init__(self, opt) -> None:
         self.opt = weakref.ref(opt)
@@ -177,6 +188,26 @@ class _Seen:
         self.steps = self.floor = self.backwards = self.mark = 0
         self.held: set[int] = set()
         self.key: tuple = ()
+        self.grads: dict[int, weakref.ref] = {}  # NOTE [gradients set by hand]
+
+
+def _not_assigned(seen: _Seen, missing: list[int], params: list, stamps: list[int]) -> list[int]:
+    """``missing`` less the parameters whose ``.grad`` was set by hand since the previous step
+    (NOTE [gradients set by hand])."""
+    out, now = [], {}
+    for i in missing:
+        grad = params[i].param.grad
+        if grad is None:
+            out.append(i)
+            continue
+        before, now[i] = seen.grads.get(i), weakref.ref(grad)
+        if before is None and stamps[i] < 0:
+            continue  # never reached by a watched backward, yet it holds a .grad: set by hand
+        if before is not None and before() is not grad:
+            continue  # another tensor than at the previous step: set by hand
+        out.append(i)  # the .grad the previous step left (zero_grad(set_to_none=False)): stale
+    seen.grads = now
+    return out
 
 
 def _unheld_finding(wp, v: StepVerdict) -> Finding:
