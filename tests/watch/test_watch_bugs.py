@@ -38,6 +38,38 @@ def test_internal_failure_is_one_warning_and_training_goes_on(monkeypatch):
     assert guard.backwards == 1                                      # the check stopped after the failure
 
 
+@pytest.mark.parametrize("where, check", [
+    ("gradscope.watching.graphs.GraphWatch._pre", "graphs"),              # the forward pre-hook
+    ("gradscope.watching.graphs.GraphWatch._post", "graphs"),             # the forward post-hook
+    ("gradscope.watching.nanparams.NonfiniteParams.before_forward", "forward"),
+    ("gradscope.watching.stepping.StepJudge._judge", "optimizer step"),   # inside optimizer.step()
+    ("gradscope.watching.nograd.NoGradCalls._record", "no-grad modules"), # a forward under no_grad
+])
+def test_internal_failure_anywhere_is_one_warning(monkeypatch, where, check):
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("bookkeeping broke")
+
+    monkeypatch.setattr(where, broken)
+
+    def build():
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+        return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(model, opt, i):
+        opt.zero_grad()
+        with torch.no_grad():
+            model(torch.randn(2, 4))                                  # an evaluation
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        guard = twin(build, step, steps=3)                           # gradients identical, nothing raised
+    texts = [str(w.message) for w in said]
+    assert len(texts) == 1 and f"its {check} check failed" in texts[0] and "bookkeeping broke" in texts[0]
+    assert guard.checks == 3                                         # the gradient checks went on
+
+
 def test_user_callable_exception_goes_through():
     model = nn.Linear(3, 1)
     model.weight.requires_grad_(True)
