@@ -425,4 +425,4 @@ def test_amp_bfloat16_with_a_grad_scaler():
         scaler.update()
 
     guard = quiet_twin(build, step, steps=4)
-    assert guard.checks == 4 and guard.truth_steps == 4
+    assert guard.checks == 4 and guard.truth_steps == 4 and len(guard.history) == 4
