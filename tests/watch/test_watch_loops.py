@@ -392,3 +392,37 @@ def test_per_sample_gradients_with_torch_func_assigned_to_grad():
 
     guard = quiet_twin(build, step, backwards=False)
     assert guard.backwards == 0 and guard.truth_steps == 3            # no backward wrote .grad: none judged
+
+
+def test_tbptt_with_a_detached_lstm_state():
+    def build():
+        model = nn.LSTM(4, 8, batch_first=True)
+        model.state = None                                            # (h, c) carried between chunks
+        return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(model, opt, i):
+        opt.zero_grad()
+        out, (h, c) = model(torch.randn(2, 5, 4), model.state)
+        model.state = (h.detach(), c.detach())                        # truncated here: healthy
+        out.pow(2).mean().backward()
+        opt.step()
+
+    quiet_twin(build, step, steps=4)
+
+
+def test_amp_bfloat16_with_a_grad_scaler():
+    def build():
+        model = _mlp()
+        return model, (torch.optim.SGD(model.parameters(), lr=0.01), torch.amp.GradScaler("cpu", init_scale=2.0**8))
+
+    def step(model, opts, i):
+        opt, scaler = opts
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(torch.randn(4, 4)).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+
+    guard = quiet_twin(build, step, steps=4)
+    assert guard.checks == 4 and guard.truth_steps == 4 and len(guard.history) == 4
