@@ -45,6 +45,7 @@ def _mp():
 
 
 def gradscope_range(model_name: str, cfg: dict, world: int):
+    torch.set_num_threads(1)  # as each rank runs: a kernel's in-node memory depends on its thread count
     model = build(model_name)
     x = batch(model_name, 8)
     with gradscope.trace(model) as tr:

@@ -154,7 +154,8 @@ def test_bf16_backward_replayed_from_the_float32_trace_matches_the_real_one_node
 
 CHECKPOINTED = [("norm-blocks", NormBlocks, torch.randn(4, 6, 32), "blocks"),
                 ("unsaved-input", lambda: NormBlocks(first=Half), torch.randn(4, 6, 32), "blocks")]
-CHECKPOINTED += [(n, make, x, "lm.model.layers") for n, make, x in MODELS if n == "llama"]
+BLOCKS = {"gpt": "blocks", "llama": "lm.model.layers"}
+CHECKPOINTED += [(n, make, x, BLOCKS[n]) for n, make, x in MODELS if n in BLOCKS]
 
 
 @pytest.mark.parametrize("name, make, x, blocks", CHECKPOINTED, ids=[m[0] for m in CHECKPOINTED])
@@ -162,9 +163,10 @@ def test_bf16_checkpoint_per_block_holds_each_blocks_input_as_the_real_checkpoin
     """A checkpoint per block replayed in bfloat16 from the float32 trace, against the bfloat16 model with a
     real non-reentrant checkpoint per block (torch.profiler). In bfloat16 no op saves a block's input (the
     norm saves its float32 copy; ``x * 0.5`` saves nothing): the checkpoint alone holds it, in bfloat16,
-    until the block's backward is done. What is
-    alive when backward starts within 0.1%, and the level after every node no lower than the real one but
-    for the same 0.1% (Llama's frames also hold the int64 position ids, which no node shows)."""
+    until the block's backward is done. What is alive when backward starts, the level after every node and
+    the peak (inside a node: a bfloat16 matmul's own temporaries, measured in bfloat16, NOTE [in-node
+    memory]) no lower than the real ones but for 0.1% (Llama's frames also hold the int64 position ids,
+    which no node shows), the first and the peak within 1% above."""
     torch.manual_seed(0)
     model = make()
     report = _traced(model, x)
@@ -176,11 +178,13 @@ def test_bf16_checkpoint_per_block_holds_each_blocks_input_as_the_real_checkpoin
     truth = measure(lambda: (loss_of(bf(_bf16(None, x)[1])), bf))
     held = sum(v for k, v in mem.parts.items() if k not in ("parameters", "buffers", "gradients"))
     slack = 0.001 * truth.at_backward
-    assert abs(held - truth.at_backward) <= slack, (name, held, truth.at_backward)
+    assert truth.at_backward - slack <= held <= 1.01 * truth.at_backward, (name, held, truth.at_backward)
     assert len(mem.levels) == len(truth.levels)
     low = [(i, m + held, t + truth.at_backward) for i, (t, m) in enumerate(zip(truth.levels, mem.levels))
            if m + held < t + truth.at_backward - slack]
     assert not low, (name, low[:3])
+    real = truth.at_backward + truth.peak
+    assert real - slack <= held + mem.peak <= 1.01 * real, (name, held + mem.peak, real)
 
 
 def test_recording_the_casts_changes_nothing():

@@ -16,7 +16,10 @@ backward leaves behind is the node's in-node memory. Results are cached per sign
 tensor above ``measure.LIMIT`` (1 MiB) is measured at two smaller sizes and extrapolated (``measure.py``
 says how), so a 7B-parameter model's shapes cost seconds. What cannot be measured (a custom Function's
 backward unless ``run_custom=True``, an op the rebuild cannot match, custom Functions under a running
-torch.profiler) is returned as unmodelled with the reason: the peak is then a lower bound.
+torch.profiler) is returned as unmodelled with the reason: the peak is then a lower bound. A step replayed
+in another dtype (FSDP2's ``param_dtype``: ``sharding/precision.py``) gives its nodes that dtype, so a
+bfloat16 kernel is measured as one (on the CPU a bfloat16 matmul's backward allocates float32 temporaries
+that a float32 one does not).
 ``GRADSCOPE_WORKSPACE=0`` switches measuring off (cached values are still used; the rest is unmodelled).
 """
 

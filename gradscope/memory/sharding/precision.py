@@ -21,8 +21,9 @@ those in float32 and every other floating tensor of the parameters' dtype that t
 gradient in ``param_dtype``; a storage read both ways (RMSNorm's input: the residual stream in
 ``param_dtype``, its float32 copy saved by ``pow``) counts once per dtype; a storage that only float32
 copies are saved of is no longer held by the graph (``Program.unheld`` keeps its size for a checkpoint frame
-that takes it as input: NOTE [a requested checkpoint region]). Saved slots that an op keeps in
-float32 by itself count as float32 on every report (:data:`F32_SLOTS`, docs/internals.md#float32-saved-slots).
+that takes it as input: NOTE [a requested checkpoint region]). Each node's in-node memory is measured with
+the dtypes of that run (``_attrs_in``, NOTE [in-node memory]). Saved slots that an op keeps in float32 by
+itself count as float32 on every report (:data:`F32_SLOTS`, docs/internals.md#float32-saved-slots).
 An untraced report has no casts to follow: every such tensor is taken as ``param_dtype``, and where the
 model computes in float32 on purpose (RMSNorm, a loss on ``logits.float()``) the peak is a lower bound; the
 prediction says so in its notes.
@@ -137,8 +138,32 @@ def in_param_dtype(prog, graph, param_dtype: str, orig: str = "float32"):
         recompute=recompute,
         grad_bytes=grad_bytes,
         unheld={**prog.unheld, **unheld},
+        attrs=_attrs_in(prog, f32, param_dtype, orig),
     )
     return _with_casts(out, prog.grad_bytes, graph, k)
+
+
+def _attrs_in(prog, f32: dict, param_dtype: str, orig: str) -> list:
+    """Each node's attributes with the dtypes of the lower-precision run, for the signature its in-node
+    memory is measured by (NOTE [in-node memory]): the kernels of ``param_dtype`` allocate their own
+    temporaries (a bfloat16 matmul on the CPU is not a float32 one). A slot or output of dtype ``orig`` is in
+    ``param_dtype`` unless the node keeps it in float32 (NOTE [dtype flow]); parameters are the unsharded
+    ones, in ``param_dtype`` too."""
+    out = []
+    for v, d in enumerate(prog.attrs):
+        if prog.leaf[v]:
+            out.append({**d, "dtype": param_dtype} if (d.get("dtype") or orig) == orig else d)
+            continue
+        up_saved, up_out = f32.get(prog.ids[v], ((), ()))
+        saved = [
+            {**e, "dtype": param_dtype}
+            if e.get("dtype") == orig and e.get("storage") not in up_saved and e.get("slot") not in F32_SLOTS
+            else e
+            for e in d.get("saved") or ()
+        ]
+        dts = [param_dtype if dt == orig and j not in up_out else dt for j, dt in enumerate(d.get("out_dtypes") or ())]
+        out.append({**d, "saved": saved, "out_dtypes": dts} if d.get("saved") or dts else d)
+    return out
 
 
 def _with_casts(prog, full: list, graph, k: float):
