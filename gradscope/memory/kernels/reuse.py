@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import marshal
 
-__all__ = ["derived", "shared"]
+__all__ = ["derived", "forget", "shared", "signatures"]
 
 _LAST: list = []  # [the last structure, its dict]
+_SIGNATURES: dict = {}  # (a node's raw key, its inputs and gradient layouts, threads) -> (JSON key, signature)
+_MAX_SIGNATURES = 1 << 16
 
 
 def derived(prog) -> dict:
@@ -52,6 +54,22 @@ def shared(structure: tuple) -> dict:
     got: dict = {}
     _LAST[:] = [[c.copy() if type(c) is dict else c[:] for c in cols], got]  # copies: the columns may grow
     return got
+
+
+def signatures() -> dict:
+    """The signatures built so far by their parts (``signature.keyed_signature``), for every program: a
+    structure seen for the first time writes the JSON key of each distinct signature once, not per node.
+    Nothing in it refers to a tensor, a module or a report; emptied when it grows past 65536 entries."""
+    if len(_SIGNATURES) >= _MAX_SIGNATURES:
+        _SIGNATURES.clear()
+    return _SIGNATURES
+
+
+def forget() -> None:
+    """Forget the structure kept and the signatures built (the next program works everything out afresh,
+    as for a structure seen for the first time: what ``bench/memory_bench.py --backward --cold`` times)."""
+    _LAST.clear()
+    _SIGNATURES.clear()
 
 
 def _values_key(values: list):
