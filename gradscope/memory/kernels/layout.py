@@ -38,6 +38,7 @@ DEPTH = 16
 
 _SUMS = ("SumBackward0",)
 _TRANSPOSES = ("TransposeBackward0", "TransposeBackward1")
+_VIEW_OPS = frozenset({*_TRANSPOSES, "PermuteBackward0", "TBackward0"})  # what layout_of_view_op reads
 #: Formulas that send ``grad.reshape(input sizes)``: a view when the strides allow it, else a copy.
 RESHAPES = frozenset({"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0"})
 _VIEWS = RESHAPES | {"SqueezeBackward0", "UnsqueezeBackward0"}
@@ -117,7 +118,7 @@ def layout_of_view_op(prog, u: int, shape: list, up: list | None = None) -> list
     """Strides of the gradient that node ``u``, a transpose or permute, sends for an input of ``shape``,
     given the strides ``up`` of the gradient it received (None: contiguous); None when ``u`` is not one."""
     name = prog.name[u]
-    if not shape or prog.leaf[u]:
+    if name not in _VIEW_OPS or not shape or prog.leaf[u]:
         return None
     n = len(shape)
     a = facts(prog).values(u) if name in _TRANSPOSES or name == "PermuteBackward0" else {}
@@ -141,7 +142,9 @@ def grad_stride(prog, consumers: dict, v: int, k: int, shape: list) -> list | No
 def _layout(prog, consumers: dict, v: int, k: int, shape: list, depth: int) -> tuple:
     """:func:`_sent` memoized on the program (which nothing changes); several gradients for one output are
     summed (in place into the first, or ``old + new``): known when they all have one known layout."""
-    memo = derived(prog).setdefault("grad layouts", {})
+    memo = prog.__dict__.get("_layouts")
+    if memo is None:
+        memo = prog.__dict__["_layouts"] = derived(prog).setdefault("grad layouts", {})
     got = memo.get((v, k))
     if got is not None:
         return got

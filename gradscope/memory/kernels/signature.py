@@ -88,13 +88,15 @@ def keyed_signature(prog, v: int, consumers: dict, threads: int) -> tuple | None
     it receives, as tuples, look up the JSON key of a signature built from the same parts before
     (``reuse.signatures``), so the JSON text is written once per distinct signature."""
     f = facts(prog)
-    saved = _saved(f, v)
-    if saved is None:
-        return None
+    raw = f.raw_key(v)
+    saved = None
+    if raw is None:  # a node read from its dict: a saved shape may be unknown (the columns' never are)
+        saved = _saved(f, v)
+        if saved is None:
+            return None
     ctx = _context(prog, f, v, consumers)
     if ctx is None:
         return None
-    raw = f.raw_key(v)
     memo = None
     if raw is not None:
         memo = signatures()
@@ -107,7 +109,7 @@ def keyed_signature(prog, v: int, consumers: dict, threads: int) -> tuple | None
     outs, dts = f.outputs(v)
     sig = {
         "op": prog.name[v],
-        "saved": saved,
+        "saved": _saved(f, v) if saved is None else saved,
         "attrs": f.values(v) or {},
         "inputs": [[pos, list(shape), dt, None if lay is None else list(lay)] for pos, shape, dt, lay in ctx[0]],
         "grads": [
