@@ -3,7 +3,8 @@
 NOTE [node facts]
 A node's signature (``signature.py``) and the layout of the gradient it receives (``layout.py``) read a
 few things of each node: its saved slots (slot, shape, strides, dtype, wrapped scalar, status), its saved
-values, its output shapes and dtypes, its custom Function and, for a leaf, its dtype. A program compiled
+values, its output shapes and dtypes, its custom Function, and the dtype of output ``k`` (a leaf's own;
+float32 when not recorded). A program compiled
 from the walk's compact records answers them from the columns (``memory/replay/columns.py``,
 ``NodeAttrs``), without building the node's contract dict; a program compiled from a DiGraph from its
 dicts (:class:`DictFacts`). Both give the same values: a node whose dict was already built (a trace
@@ -54,8 +55,12 @@ class DictFacts:
     def function(self, i: int):
         return self._attrs[i].get("function")
 
-    def leaf_dtype(self, i: int):
-        return self._attrs[i].get("dtype")
+    def dtype(self, i: int, k: int) -> str:
+        d = self._attrs[i]
+        if d.get("kind") in ("param", "input"):
+            return d.get("dtype") or "float32"
+        dts = d.get("out_dtypes") or ()
+        return dts[k] if k < len(dts) and dts[k] else "float32"
 
 
 def facts(prog):

@@ -174,9 +174,10 @@ def _sent(prog, consumers: dict, v: int, c: int, shape: list, depth: int) -> tup
     name = prog.name[c]
     out = (prog.grad_shapes[c] or [None])[0]
     up, known = (None, False) if out is None else _layout(prog, consumers, c, 0, list(out), depth + 1)
-    via = layout_of_view_op(prog, c, shape, up)
-    if via is not None:
-        return via, known
+    if name in _VIEW_OPS:
+        via = layout_of_view_op(prog, c, shape, up)
+        if via is not None:
+            return via, known
     if name in _SUMS and not facts(prog).values(c).get("dim"):
         return [0] * len(shape), True
     if name in CONTIGUOUS_OUT:
@@ -197,7 +198,7 @@ def _sent(prog, consumers: dict, v: int, c: int, shape: list, depth: int) -> tup
         if len(whole) != len(shape):
             return None, False
         return _dense_or_none(shape, whole), known
-    if list(out) != list(shape) or not _pointwise(prog, c, shape):
+    if list(out) != list(shape) or not _pointwise(prog, c, shape):  # ``shape`` is ``c``'s own here
         return None, False
     if up is None or any(up):
         return up, known
@@ -229,8 +230,17 @@ def _matmul(prog, c: int, v: int, shape: list) -> tuple:
 
 def _pointwise(prog, c: int, shape: list) -> bool:
     """Whether node ``c`` looks like a pointwise formula at ``shape``: every tensor it saved broadcasts to
-    it (an RNN's weights or a convolution's do not), so TensorIterator lays its gradient out as its inputs."""
-    for _, sh, *_ in facts(prog).slots(c):
+    it (an RNN's weights or a convolution's do not), so TensorIterator lays its gradient out as its inputs.
+    Kept per node: it is asked at ``c``'s own output shape."""
+    memo = prog.__dict__.setdefault("_pointwise", {})
+    got = memo.get(c)
+    if got is None or got[0] != shape:
+        got = memo[c] = (shape, _broadcasts(facts(prog).slots(c), shape))
+    return got[1]
+
+
+def _broadcasts(slots: list, shape: list) -> bool:
+    for _, sh, *_ in slots:
         if sh is None or len(sh) > len(shape):
             return False
         if any(int(a) not in (1, int(b)) for a, b in zip(reversed(sh), reversed(shape))):

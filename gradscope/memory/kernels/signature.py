@@ -23,13 +23,6 @@ def signature_key(sig: dict) -> str:
     return json.dumps(sig, sort_keys=True, separators=(",", ":"))
 
 
-def _dtype_of(f, prog, u: int, k: int) -> str:
-    if prog.leaf[u]:
-        return f.leaf_dtype(u) or "float32"
-    dts = f.outputs(u)[1]
-    return dts[k] if k < len(dts) and dts[k] else "float32"
-
-
 def _saved(f, v: int) -> list | None:
     """The signature's saved part of node ``v`` (None when a shape it needs is unknown)."""
     saved = []
@@ -56,7 +49,7 @@ def _context(prog, f, v: int, consumers: dict) -> tuple | None:
         if k >= len(shapes) or shapes[k] is None:
             return None
         shape = shapes[k]
-        inputs.append((int(pos), tuple(shape), _dtype_of(f, prog, u, k), _tuple(layout_of_view_op(prog, u, shape))))
+        inputs.append((int(pos), tuple(shape), f.dtype(u, k), _tuple(layout_of_view_op(prog, u, shape))))
     grads = []
     outs = f.outputs(v)[0]
     for k, shape in enumerate(outs):

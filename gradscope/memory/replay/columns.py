@@ -142,14 +142,15 @@ class NodeAttrs(Sequence):
             return d.get("function")
         return None if i in r.leaves else r.types[i].function
 
-    def leaf_dtype(self, i: int):
-        """The dtype of leaf ``i`` (its dict's ``dtype``)."""
+    def dtype(self, i: int, k: int) -> str:
+        """The dtype of node ``i``'s output ``k`` (a leaf's own dtype; float32 when not recorded)."""
         r = self._records
         d = r._dicts.get(i)
-        if d is not None:
-            return d.get("dtype")
         leaf = r.leaves.get(i)
-        return None if leaf is None else leaf[4]
+        if leaf is not None:
+            return (leaf[4] if d is None else d.get("dtype")) or "float32"
+        dts = r.outs[i][2] if d is None else d.get("out_dtypes") or ()
+        return dts[k] if k < len(dts) and dts[k] else "float32"
 
     def structure(self) -> tuple:
         """What every node's dict and the program's edges and roots are read from: ``(types, outs, saved,
