@@ -18,9 +18,12 @@ from gradscope.memory.kernels.reuse import signatures
 __all__ = ["keyed_signature", "node_signature", "signature_key", "tensors_of"]
 
 
+_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
 def signature_key(sig: dict) -> str:
     """The cache key of a signature: its JSON text, keys sorted."""
-    return json.dumps(sig, sort_keys=True, separators=(",", ":"))
+    return _JSON.encode(sig)
 
 
 def _saved(f, v: int) -> list | None:
