@@ -40,8 +40,9 @@ import gradscope
 from gradscope import _torch
 from gradscope.checks import run_checks
 from gradscope.walk.build import build, flatten_roots
+from gradscope.walk.compact import CompactGraph
 from gradscope.walk.named import names_and_buffers
-from gradscope.walk.records import CompactGraph, node_id
+from gradscope.walk.records import node_id
 
 
 def _min_time(fns: dict, rounds: int, number: int) -> dict:
@@ -170,7 +171,7 @@ def watch_costs(rounds: int, steps: int = 20) -> None:
             t0 = time.thread_time()
             for _ in range(steps):
                 opt.zero_grad()
-                loss_fn().backward()
+                loss_fn(model).backward()
                 opt.step()
             return (time.thread_time() - t0) / steps
         finally:

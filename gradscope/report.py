@@ -43,7 +43,7 @@ class Report:
         saved_bytes: bytes held by saved tensors, each storage counted once.
     """
 
-    def __init__(self, graph: nx.DiGraph, findings: list[Finding], saved_bytes: int | None = None):
+    def __init__(self, graph: nx.DiGraph, findings: list[Finding], saved_bytes: int | None = None) -> None:
         # inspect() passes a CompactGraph (NOTE [compact records] in walk/records.py): the DiGraph is
         # built from it the first time ``graph`` is read, and the compact form is dropped then.
         self._compact = graph if hasattr(graph, "compact") else None

@@ -1,5 +1,5 @@
-"""Everything a maintainer is pointed at is inside the repository: no reference to the torch-facts document
-that lived outside it, no absolute path of a development machine, every ``internals.md#section`` link
+"""Everything a maintainer is pointed at is inside the repository: no pointer to a facts document kept
+outside it, no absolute path of a development machine, every ``internals.md#section`` link
 names a section of docs/internals.md, and every entry there names tests that exist."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCANNED = ("gradscope", "tests", "docs", "bench")
+SCANNED = ("gradscope", "tests", "docs", "bench", "notebooks")
 #: Built from pieces, so that this file does not match itself.
 OUTSIDE_DOC = "TORCH" + "-FACTS"
 MACHINE_PATH = re.compile(r"(?<![\w.~])/(?:" + "|".join(("work", "root", "home")) + r")/")
@@ -19,9 +19,9 @@ LINK = re.compile(r"internals\.md#([\w-]+)((?:,? (?:and )?#[\w-]+)*)")
 def _files():
     for top in SCANNED:
         for path in sorted((ROOT / top).rglob("*")):
-            if path.suffix in (".py", ".md", ".txt", ".cfg", ".toml", ".html", ".js") and path.is_file():
+            if path.suffix in (".py", ".md", ".txt", ".cfg", ".toml", ".html", ".js", ".ipynb") and path.is_file():
                 yield path
-    yield ROOT / "README.md"
+    yield from (ROOT / name for name in ("README.md", "setup.py", "setup.cfg", "Makefile", "ruff.toml"))
 
 
 def _slug(heading: str) -> str:
@@ -59,6 +59,8 @@ def test_every_internals_link_names_a_section():
 
 
 def test_the_scans_see_what_they_look_for():
+    scanned = set(_files())
+    assert ROOT / "notebooks" / "quickstart.ipynb" in scanned and ROOT / "setup.cfg" in scanned
     assert MACHINE_PATH.search("see " + "/ho" + "me/me/x.py") and not MACHINE_PATH.search("a/home/b")
     assert _slug("Measuring memory with torch.profiler") == "measuring-memory-with-torchprofiler"
     named = _named_tests("Checked by `test_a`; `tests/x.py::test_b` and `tests/y.py`.")
@@ -100,3 +102,40 @@ def test_every_internals_entry_names_tests_that_exist():
             if not path.is_file() or (name is not None and name not in _test_names(path)):
                 bad.append(f"{title}: {path.relative_to(ROOT)}{'::' + name if name else ''} does not exist")
     assert seen > 40 and not bad, "docs/internals.md names tests that do not exist:\n" + "\n".join(bad)
+
+
+# -- docs/architecture.md is the map of the tree as it is -----------------------------------------------
+def _named_in_architecture() -> tuple[set[str], set[str]]:
+    """The file paths (``x.py``, ``a/x.py``) and folders (``a/``, ``a/b/``) docs/architecture.md names in backticks."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    tokens = set(re.findall(r"`([\w./]+)`", text))
+    return {t for t in tokens if t.endswith(".py")}, {t for t in tokens if t.endswith("/") and "." not in t}
+
+
+def _tree() -> tuple[list[str], list[str]]:
+    tops = ("gradscope", "tests", "bench", "docs")
+    files = [p.relative_to(ROOT).as_posix() for top in tops for p in (ROOT / top).rglob("*.py")]
+    dirs = [p.relative_to(ROOT).as_posix() + "/" for top in tops for p in (ROOT / top).rglob("*")
+            if p.is_dir() and p.name != "__pycache__"]  # fmt: skip
+    return files, [*dirs, *(t + "/" for t in tops)]
+
+
+def test_the_architecture_map_names_only_what_exists():
+    files, dirs = _tree()
+    py, folders = _named_in_architecture()
+    assert {"walk/", "replay/"} <= folders and {"build.py", "table.py", "memory/replay/steps.py"} <= py  # it reads
+    missing = sorted(t for t in py if not any(f == t or f.endswith("/" + t) for f in files))
+    missing += sorted(t for t in folders if not any(d == t or d.endswith("/" + t) for d in dirs))
+    assert not missing, f"docs/architecture.md names what the tree does not have: {missing}"
+
+
+def test_the_architecture_map_names_every_module_and_folder_of_the_package():
+    py, folders = _named_in_architecture()
+    bare = {t.rpartition("/")[2] for t in py}
+    package = ROOT / "gradscope"
+    unnamed = [p.relative_to(package).as_posix() for p in sorted(package.rglob("*.py"))
+               if p.name != "__init__.py" and p.name not in bare]  # fmt: skip
+    drawn = {f.rstrip("/").rpartition("/")[2] for f in folders}
+    unnamed += [f"{p.parent.relative_to(package).as_posix()}/" for p in sorted(package.rglob("__init__.py"))
+                if p.parent != package and p.parent.name not in drawn]  # fmt: skip
+    assert not unnamed, f"docs/architecture.md does not place these (say what each holds): {unnamed}"

@@ -5,12 +5,17 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gradscope._format import one_line
 from gradscope.errors import InputTypeError, InputValueError
+from gradscope.findings import Finding
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = [
+    "ReportLike",
     "RenderOptions",
     "RANKDIRS",
     "AUTO_LIMIT",
@@ -27,6 +32,19 @@ RANKDIRS = ("TB", "LR")
 AUTO_LIMIT = 1000
 #: Raster images (.png) larger than this many pixels on a side are scaled down, with a warning.
 MAX_PIXELS = 8000
+
+
+class ReportLike(Protocol):
+    """What a view reads of a :class:`~gradscope.Report`: views take the report as an argument and never
+    import its class (docs/architecture.md, the layers)."""
+
+    findings: list[Finding]
+    saved_bytes: int
+
+    @property
+    def graph(self) -> nx.DiGraph: ...
+
+    def to_json(self) -> dict: ...
 
 
 class RenderWarning(UserWarning):

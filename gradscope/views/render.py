@@ -50,7 +50,7 @@ from gradscope.errors import InputTypeError, InputValueError, RenderError
 from gradscope.views.drawing import drawing, pipe
 from gradscope.views.fit import MAX_LAYOUT, TooBigToLayOut
 from gradscope.views.formats import NAMES, find, graphml_ready, too_big, unknown
-from gradscope.views.options import AUTO_LIMIT, MAX_PIXELS, RANKDIRS, RenderOptions, RenderWarning
+from gradscope.views.options import AUTO_LIMIT, MAX_PIXELS, RANKDIRS, RenderOptions, RenderWarning, ReportLike
 
 __all__ = [
     "render",
@@ -70,7 +70,7 @@ __all__ = [
 FORMATS = NAMES
 
 
-def to_dot(report, *, options: RenderOptions | None = None, **kwargs: Any) -> graphviz.Digraph:
+def to_dot(report: ReportLike, *, options: RenderOptions | None = None, **kwargs: Any) -> graphviz.Digraph:
     """The report's graph as a ``graphviz.Digraph`` (deterministic: same model, same source; no layout runs).
 
     Args:
@@ -114,7 +114,14 @@ def to_dot(report, *, options: RenderOptions | None = None, **kwargs: Any) -> gr
     return drawing(report, options=RenderOptions.of(options, **kwargs), layout=False).dot
 
 
-def render(report, path, *, format: str | None = None, options: RenderOptions | None = None, **kwargs: Any) -> str:
+def render(
+    report: ReportLike,
+    path: str | os.PathLike[str],
+    *,
+    format: str | None = None,
+    options: RenderOptions | None = None,
+    **kwargs: Any,
+) -> str:
     """Write the report's graph to ``path``; the format comes from the suffix (or ``format=``).
 
     Args:

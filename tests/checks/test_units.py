@@ -6,9 +6,15 @@ walk records, one situation per test, so a change in a check's rule shows up her
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import networkx as nx
 import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
 
+from gradscope import findings
 from gradscope.checks import freed, inplace, roots, run_checks, unused
 from gradscope.findings import (
     DETACHED_BRANCH,
@@ -159,6 +165,113 @@ def test_unused_untraced_a_reentrant_checkpoint_lowers_it_to_a_warning():
     assert (f.kind, f.severity) == (UNUSED_PARAMETER, WARNING) and "checkpoint" in f.message
     g.graph[CHECKPOINT_PARAMS] = {"b.weight": [1]}  # traced: b was used inside that region, so it is fine
     assert list(unused.check(g)) == []
+
+
+def test_unused_traced_a_module_that_ran_but_whose_result_was_dropped():
+    g = _graph([("n0", "SumBackward0", 1, ())], params={"a.weight": "p0", "b.weight": None},
+               **{CALLED_MODULES: ["a", "b"], EVENTS: []})  # fmt: skip
+    (f,) = unused.check(g)
+    assert (f.kind, f.severity, f.params) == (UNUSED_PARAMETER, ERROR, ("b.weight",))
+    assert "module b ran in the forward pass" in f.message and "never called" not in f.message
+    a, b, x = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1), torch.randn(3, 2)
+    b(x)  # torch: the dropped result sends b nothing
+    a(x).sum().backward()
+    assert b.weight.grad is None and a.weight.grad is not None
+
+
+def test_unused_traced_a_checkpoint_region_whose_inputs_need_no_grad_is_an_error():
+    # the region's node is not in the graph (its output was cut), so checkpointed() maps the parameter to None
+    g = _graph([("n0", "SumBackward0", 13, ())], params={"lin.weight": None},
+               **{CALLED_MODULES: ["lin"], EVENTS: [], CHECKPOINT_PARAMS: {"lin.weight": [12]}})  # fmt: skip
+    (f,) = unused.check(g)
+    assert (f.kind, f.severity, f.params) == (UNUSED_PARAMETER, ERROR, ("lin.weight",))
+    assert "only inside a reentrant checkpoint region" in f.message
+    lin = torch.nn.Linear(4, 4)
+    with pytest.warns(UserWarning, match="None of the inputs have requires_grad=True. Gradients will be None"):
+        out = checkpoint(lin, torch.randn(2, 4), use_reentrant=True)  # torch warns what the finding quotes
+    assert not out.requires_grad  # and cuts the output: nothing reaches lin.weight
+
+
+def test_unused_traced_beside_a_reentrant_checkpoint_a_module_that_ran_is_a_warning():
+    g = _graph([("n0", "SumBackward0", 2, ()), ("n1", "CheckpointFunctionBackward", 1, ())], params={"b.weight": None},
+               **{CALLED_MODULES: ["b"], EVENTS: [], CHECKPOINT_PARAMS: {}})  # fmt: skip
+    g.nodes["n1"]["function"] = "torch.utils.checkpoint.CheckpointFunction"
+    (f,) = unused.check(g)  # b may have run inside the region under enable_grad(): the trace cannot tell
+    assert (f.kind, f.severity) == (UNUSED_PARAMETER, WARNING) and "reentrant checkpoint" in f.message
+    g.graph[CALLED_MODULES] = []  # never called: the region cannot have used it
+    (f,) = unused.check(g)
+    assert (f.kind, f.severity) == (UNUSED_PARAMETER, ERROR) and "module b was never called" in f.message
+
+
+def test_detached_one_cut_is_one_finding_for_every_parameter_it_drops_and_the_strongest_cut_wins():
+    cut = {"kind": "detach", "op": "detach", "location": "model.py:7", "params": ["b.weight", "b.bias"],
+           "module": "b", "seq": 0, "shape": [4]}  # fmt: skip
+    item = {**cut, "kind": "to-python", "op": "item", "location": "model.py:9", "params": ["b.weight"]}
+    g = _graph([("n0", "SumBackward0", 1, ())], params={"b.weight": None, "b.bias": None},
+               **{CALLED_MODULES: ["b"], EVENTS: [item, cut]})  # fmt: skip
+    (f,) = unused.check(g)  # .item() next to a real .detach() is a logged value: the detach is the cause
+    assert (f.kind, f.severity, f.params, f.location) == (DETACHED_BRANCH, ERROR, ("b.weight", "b.bias"), "model.py:7")
+    assert f.message.startswith("b.weight, b.bias get no gradient: the branch was cut by .detach() at model.py:7")
+    b = torch.nn.Linear(4, 1)
+    (b(torch.randn(2, 4)).detach() * torch.ones(2, 1, requires_grad=True)).sum().backward()
+    assert b.weight.grad is None and b.bias.grad is None  # torch: a detached branch sends nothing back
+
+
+# -- inplace: the two traced stories --------------------------------------------------------------
+def test_inplace_a_write_inside_a_reentrant_checkpoint_is_an_error_at_the_region():
+    write = {"kind": "inplace", "op": "mul_", "location": "model.py:19", "params": [], "module": "blk", "seq": 11,
+             "shape": [2, 4], "version": 1, "producer": "sigmoid", "region": 10}  # fmt: skip
+    g = _graph([("n0", "SumBackward0", 11, ()), ("n1", "CheckpointFunctionBackward", 10, ())], **{EVENTS: [write]})
+    g.nodes["n1"]["function"] = "torch.utils.checkpoint.CheckpointFunction"
+    (f,) = inplace.check(g)
+    assert (f.kind, f.severity, f.node, f.location) == (INPLACE_HAZARD, ERROR, "n1", "model.py:19")
+    assert "output of sigmoid() inside a reentrant checkpoint region (in blk)" in f.message
+    g.graph[EVENTS] = [{**write, "region": 3}]  # a region this graph does not hold (its inputs need no grad)
+    assert list(inplace.check(g)) == []
+    lin = torch.nn.Linear(4, 4)
+
+    def body(x):
+        h = torch.sigmoid(lin(x))
+        h.mul_(2)
+        return h
+
+    out = checkpoint(body, torch.randn(2, 4, requires_grad=True), use_reentrant=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):  # torch: the recompute raises
+        out.sum().backward()
+
+
+def test_inplace_a_slice_written_in_place_then_written_again_is_one_error_at_its_copyslices():
+    first = {"kind": "inplace", "op": "sigmoid_", "location": "model.py:7", "params": [], "module": None, "seq": 8,
+             "shape": [3, 2], "version": 1, "storage": 5, "view": True}  # fmt: skip
+    later = {**first, "op": "mul_", "location": "model.py:8", "seq": 9, "shape": [3, 4], "version": 2, "view": False}
+    stale = _slot(STALE, 5, shape=(3, 2), version=2, saved_version=1)
+    ops = [("n0", "SumBackward0", 9, ()), ("n1", "MulBackward0", 8, ()), ("n2", "CopySlices", 6, [stale])]
+    (f,) = inplace.check(_graph(ops, **{EVENTS: [first, later]}))  # the stale slot is this story, told once
+    assert (f.kind, f.severity, f.node, f.location) == (INPLACE_HAZARD, ERROR, "n2", "model.py:8")
+    assert "sigmoid_ at model.py:7 wrote a slice in place" in f.message and "then mul_ at model.py:8" in f.message
+    (f,) = inplace.check(_graph(ops, **{EVENTS: [first]}))  # no later write recorded: the plain stale-slot story
+    assert f.node == "n2" and "wrote a slice" not in f.message
+    b = torch.randn(3, 4, requires_grad=True) * 1
+    b[:, :2].sigmoid_()
+    b.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):  # torch: backward() raises
+        b.sum().backward()
+
+
+def _kind_names(tree: ast.AST, kinds: set[str]) -> set[str]:
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in kinds}
+
+
+def test_every_kind_the_checks_make_has_a_unit_test_here():
+    kinds = {k for k in findings.__all__ if getattr(findings, k) in findings.KINDS}
+    made = set().union(*(_kind_names(ast.parse(p.read_text(encoding="utf-8")), kinds)
+                         for p in Path(unused.__file__).parent.glob("*.py")))  # fmt: skip
+    assert {"UNUSED_PARAMETER", "DETACHED_BRANCH", "INPLACE_HAZARD", "FREED_GRAPH"} <= made  # the scan sees them
+    me = test_every_kind_the_checks_make_has_a_unit_test_here.__name__
+    tests = [n for n in ast.parse(Path(__file__).read_text(encoding="utf-8")).body
+             if isinstance(n, ast.FunctionDef) and n.name.startswith("test_") and n.name != me]  # fmt: skip
+    tested = set().union(*(_kind_names(t, kinds) for t in tests))
+    assert made <= tested, f"finding kinds the checks make with no unit test here: {sorted(made - tested)}"
 
 
 def test_run_checks_orders_errors_first():
