@@ -77,6 +77,7 @@ class NodeAttrs(Sequence):
         if type(rec) is list or i in r._dicts or i in r.leaves:
             return None
         vals = r.values[i]
+        vkey: bytes | str
         try:
             vkey = marshal.dumps(vals, 2)  # version 2: no back-references, so equal values give equal bytes
         except ValueError:
