@@ -81,7 +81,7 @@ class NodeAttrs(Sequence):
         try:
             vkey = marshal.dumps(vals, 2)  # version 2: no back-references, so equal values give equal bytes
         except ValueError:
-            vkey = json.dumps(r._values(i), sort_keys=True)
+            vkey = json.dumps(r.saved_values(i), sort_keys=True)
         strided = r.strides.get(i)
         t = r.types[i]
         return (
@@ -122,7 +122,7 @@ class NodeAttrs(Sequence):
         d = r._dicts.get(i)
         if d is not None:
             return d.get("attrs") or {}
-        return {} if i in r.leaves else r._values(i)
+        return {} if i in r.leaves else r.saved_values(i)
 
     def outputs(self, i: int) -> tuple:
         """``(output shapes, output dtypes)`` of node ``i`` (empty for a leaf)."""
