@@ -15,7 +15,10 @@ are equal the dict is shared, so a program's results are those a fresh computati
 What a walk reads besides (sequence numbers, storage sizes, ``.grad``, the roots' shapes, the tensors held
 outside) is read afresh every time. Only the last structure is kept; nothing in it refers to a tensor, a
 module or a report (``tests/memory/test_signature_reuse.py``). A program compiled from a DiGraph (no compact
-records) has a dict of its own.
+records) has a dict of its own. A structure seen for the first time still works its signatures out, from
+the columns (NOTE [node facts]); a signature whose parts (the node's own digest, its inputs, the layouts
+of the gradients it receives) were seen before, in this graph or an earlier one, takes the JSON key made
+then (:func:`signatures`; ``tests/memory/test_node_facts.py``).
 """
 
 from __future__ import annotations
