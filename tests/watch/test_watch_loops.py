@@ -278,17 +278,18 @@ def test_torch_compiled_module_forward_checks_run():
     assert [f.kind for f in seen] == ["graph-without-backward"]
 
 
+class Unused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.spare = _mlp(), nn.Linear(4, 1)              # spare: never called
+
+    def forward(self, x):
+        return self.body(x)
+
+
 def test_module_compiled_before_watch_keeps_the_backward_checks():
     # NOTE [torch.compile]: code compiled before watch() may run without our forward hooks; the backward's
     # checks run either way (truth: torch leaves the unused layer's .grad None).
-    class Unused(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.body, self.spare = _mlp(), nn.Linear(4, 1)          # spare: never called
-
-        def forward(self, x):
-            return self.body(x)
-
     _dynamo_reset()
     model = Unused()
     compiled = torch.compile(model, backend="aot_eager")
@@ -426,3 +427,28 @@ def test_amp_bfloat16_with_a_grad_scaler():
 
     guard = quiet_twin(build, step, steps=4)
     assert guard.checks == 4 and guard.truth_steps == 4 and len(guard.history) == 4
+
+
+def test_watching_the_compiled_wrapper_names_the_users_parameters():
+    class Sometimes(Unused):
+        def forward(self, x, spare=True):
+            return self.body(x) + (self.spare(x) if spare else 0)
+
+    _dynamo_reset()
+    model = Sometimes()
+    compiled = torch.compile(model, backend="aot_eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with gradscope.watch(compiled, ignore="body.0.*") as guard:   # the names of model, not _orig_mod.*
+            for _ in range(2):
+                opt.zero_grad()
+                compiled(torch.randn(3, 4)).sum().backward()
+                opt.step()
+            opt.zero_grad()
+            compiled(torch.randn(3, 4), spare=False).sum().backward()    # spare left out this step
+            with pytest.raises(gradscope.GradientError) as exc:
+                opt.step()
+    assert said == [] and "OptimizedModule" not in repr(guard) and "Sometimes" in repr(guard)
+    assert model.spare.weight.grad is None                           # torch's truth
+    assert {p for f in exc.value.findings for p in f.params} == {"spare.weight", "spare.bias"}
