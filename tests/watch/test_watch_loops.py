@@ -452,3 +452,22 @@ def test_watching_the_compiled_wrapper_names_the_users_parameters():
     assert said == [] and "OptimizedModule" not in repr(guard) and "Sometimes" in repr(guard)
     assert model.spare.weight.grad is None                           # torch's truth
     assert {p for f in exc.value.findings for p in f.params} == {"spare.weight", "spare.bias"}
+
+
+def test_a_layer_unfrozen_later_is_judged_at_that_step():
+    model = Unused()
+    model.spare.requires_grad_(False)                                 # frozen at watch(): not hooked
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    raised = []
+    with gradscope.watch(model):
+        for step in range(4):
+            if step == 2:
+                model.spare.requires_grad_(True)                      # the schedule unfreezes it, unused
+            opt.zero_grad()
+            model(torch.randn(3, 4)).sum().backward()
+            try:
+                opt.step()
+            except gradscope.GradientError as exc:
+                raised.append((step, sorted(p for f in exc.findings for p in f.params)))
+                assert model.spare.weight.grad is None                # torch's truth at that step
+    assert raised[0] == (2, ["spare.bias", "spare.weight"])
