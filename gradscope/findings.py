@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-from gradscope._format import plural
+from gradscope._format import one_line, plural
 from gradscope.errors import InputValueError
 
 __all__ = [
@@ -75,9 +75,11 @@ class Finding:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise InputValueError(f"unknown finding kind {self.kind!r}; the kinds are: {', '.join(KINDS)}.")
+            raise InputValueError(f"unknown finding kind {one_line(self.kind)}; the kinds are: {', '.join(KINDS)}.")
         if self.severity not in SEVERITIES:
-            raise InputValueError(f"unknown severity {self.severity!r}; the severities are: {', '.join(SEVERITIES)}.")
+            raise InputValueError(
+                f"unknown severity {one_line(self.severity)}; the severities are: {', '.join(SEVERITIES)}."
+            )
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -170,7 +170,9 @@ def measure(forward, *, inspect=None, optimizer=None, retain_graph=False, before
             truth.step_end = run - b0
             truth.step_peak = high_after_fwd - b0
         elif val.startswith(_EVAL):
-            if depth == 1:
+            if b0 is None:  # a backward inside the forward (autograd.grad for a double backward)
+                pass
+            elif depth == 1:
                 truth.order.append(op_name(val))
                 truth.levels.append(run - b0)
                 truth.inner.append(inner - b0)

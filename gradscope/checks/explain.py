@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 
+from gradscope._format import one_line
 from gradscope.checks.unused import checkpointed, cuts_by_param, describe_cut, opaque_nodes
 from gradscope.errors import UnknownParameterError
 from gradscope.findings import INPLACE_HAZARD
@@ -29,12 +30,12 @@ def explain(report, param: str) -> str:
     if info is None:
         if not params:
             raise UnknownParameterError(
-                f"{param!r} is not a known parameter: inspect() was called without model= or params=, "
+                f"{one_line(param)} is not a known parameter: inspect() was called without model= or params=, "
                 "so parameters have no names. Pass model=your_model."
             )
         close = difflib.get_close_matches(param, list(params), n=3)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise UnknownParameterError(f"{param!r} is not a parameter of the inspected model.{hint}")
+        raise UnknownParameterError(f"{one_line(param)} is not a parameter of the inspected model.{hint}")
     if not info["requires_grad"]:
         return f"{param} is frozen (requires_grad=False): it gets no gradient on purpose, and gradscope never flags it."
     if info.get("node") is not None:

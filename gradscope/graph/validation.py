@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import get_type_hints
 
+from gradscope._format import one_line
 from gradscope.errors import InputValueError
 from gradscope.findings import KINDS, SEVERITIES
 from gradscope.graph.jsonvalues import (
@@ -148,7 +149,7 @@ def _node(where, d, ids: set) -> None:
     nid = d.get("id")
     expect_str(f"{where}.id", nid)
     if nid in ids:
-        raise Bad(f"{where}.id: node id {nid!r} appears twice")
+        raise Bad(f"{where}.id: node id {one_line(nid)} appears twice")
     ids.add(nid)
     expect_str(f"{where}.kind", d.get("kind"), choices=NODE_KINDS)
     expect_str(f"{where}.name", d.get("name"))
@@ -171,7 +172,7 @@ def _edge(where, e, ids: set) -> None:
     expect_obj(where, e)
     for k in ("source", "target"):
         if e.get(k) not in ids:
-            raise Bad(f"{where}.{k}: {e.get(k)!r} is not the id of a node in the file")
+            raise Bad(f"{where}.{k}: {one_line(e.get(k))} is not the id of a node in the file")
     for k in ("index", "output", "count"):
         expect_int(f"{where}.{k}", e.get(k), low=0)
     _rest(where, e, _EDGE_BY_HAND, _EDGE_FIELDS, get_type_hints(EdgeAttrs))
@@ -181,7 +182,7 @@ def _graph(g, ids: set) -> None:
     g = expect_obj("graph", g)
     for i, r in enumerate(expect_list("graph.roots", g.get("roots", []))):
         if r not in ids:
-            raise Bad(f"graph.roots[{i}]: {r!r} is not the id of a node in the file")
+            raise Bad(f"graph.roots[{i}]: {one_line(r)} is not the id of a node in the file")
     for i, s in enumerate(expect_list("graph.root_shapes", g.get("root_shapes", []))):
         expect_shape(f"graph.root_shapes[{i}]", s)
     for i, v in enumerate(expect_list("graph.no_grad_roots", g.get("no_grad_roots", []))):
@@ -195,7 +196,7 @@ def _graph(g, ids: set) -> None:
         expect_shape(f"{w}.shape", p.get("shape"))
         expect_str(f"{w}.dtype", p.get("dtype"))
         if p.get("node") is not None and p["node"] not in ids:
-            raise Bad(f"{w}.node: {p['node']!r} is not the id of a node in the file")
+            raise Bad(f"{w}.node: {one_line(p['node'])} is not the id of a node in the file")
         expect_int(f"{w}.storage", p.get("storage"), low=0, null=True)
     for i, ev in enumerate(expect_list("graph.events", g.get("events", []))):
         w = f"graph.events[{i}]"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from gradscope._format import one_line
 from gradscope.errors import InputValueError
 from gradscope.graph import CALLED_MODULES, held_bytes
 
@@ -30,7 +31,7 @@ def box_part(report, box, within, collapse, fold):
         kind, reps = "module", 1
     elif grp is None:
         raise InputValueError(
-            f"no box {box!r} in the drawing; its boxes are "
+            f"no box {one_line(box)} in the drawing; its boxes are "
             f"{', '.join(view.groups) if view and view.groups else '(none)'}."
         )
     else:

@@ -84,13 +84,13 @@ class RenderOptions:
         c = self.collapse
         if c is not None and c is not False and (isinstance(c, bool) or not isinstance(c, int) or c < 0):
             raise InputValueError(
-                f"collapse must be None (automatic), False (expand all) or a module depth >= 0, got {c!r}."
+                f"collapse must be None (automatic), False (expand all) or a module depth >= 0, got {one_line(c)}."
             )
         if self.rankdir is not None:
             if not isinstance(self.rankdir, str) or self.rankdir.upper() not in RANKDIRS:
                 raise InputValueError(
                     f"rankdir must be one of {', '.join(RANKDIRS)} (TB: top to bottom, LR: left to right), "
-                    f"got {self.rankdir!r}."
+                    f"got {one_line(self.rankdir)}."
                 )
             object.__setattr__(self, "rankdir", self.rankdir.upper())
         if self.size is not None:
@@ -98,7 +98,7 @@ class RenderOptions:
         for name in ("dpi", "max_pixels"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
-                raise InputValueError(f"{name} must be a positive number or None, got {v!r}.")
+                raise InputValueError(f"{name} must be a positive number or None, got {one_line(v)}.")
         lim = self.limit
         if isinstance(lim, bool) or not isinstance(lim, int) or lim < 1:
             raise InputValueError(f"limit must be a positive int (a node count), got {one_line(lim)}.")
@@ -116,7 +116,7 @@ class RenderOptions:
         unknown = sorted(set(kwargs) - names)
         if unknown:
             raise InputTypeError(
-                f"unknown render option {unknown[0]!r}; the options are {', '.join(sorted(names))} "
+                f"unknown render option {one_line(unknown[0])}; the options are {', '.join(sorted(names))} "
                 "(and format= for render())."
             )
         base = options if options is not None else cls()
@@ -140,7 +140,8 @@ def size_attr(size) -> str:
             raise ValueError
     except (TypeError, ValueError):
         raise InputValueError(
-            f"size must be (width, height) in inches, 'W,H' or one number, got {size!r}; for example size=(8, 10)."
+            f"size must be (width, height) in inches, 'W,H' or one number, got {one_line(size)}; "
+            f"for example size=(8, 10)."
         ) from None
     return f"{parts[0]:g},{parts[1]:g}"
 

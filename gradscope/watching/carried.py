@@ -123,9 +123,9 @@ def _carried_finding(what, fix, held, freed, reached, location) -> Finding:
         )
     else:
         msg = (
-            f"{what} and keeps {human_bytes(held)} of saved tensors alive. The graph was kept with "
-            f"retain_graph=True, so every backward runs through all earlier steps again and memory "
-            f"grows every step.{fix}"
+            f"{what} and keeps {human_bytes(held)} of saved tensors alive. That graph was not freed (kept "
+            f"with retain_graph=True, or built by a forward no backward has run), so this step's backward "
+            f"runs through the earlier step again and memory grows every step.{fix}"
         )
     return Finding(CARRIED_GRAPH, ERROR, msg, params=tuple(sorted(reached)), location=location)
 

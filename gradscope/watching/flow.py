@@ -25,6 +25,7 @@ from collections import deque
 import torch
 
 from gradscope._torch import foreach_mul, foreach_norm, foreach_sub_, sparse_values
+from gradscope.watching.safety import InertCopy
 from gradscope.watching.step import BadGrad, WatchedParam
 
 __all__ = ["Flow", "UpdateRatios", "group_norms"]
@@ -133,9 +134,9 @@ class UpdateRatios:
         self._flow, self._every, self._params = flow, every, params
         self._calls = 0
         self._before: tuple[list[torch.Tensor], list[torch.Tensor], list[float]] | None = None
-        self._handles = [  # NOTE [never break training]
-            optimizer.register_step_pre_hook(lambda *a: safety.run("update ratio", self._pre, *a)),
-            optimizer.register_step_post_hook(lambda *a: safety.run("update ratio", self._post, *a)),
+        self._handles = [  # NOTE [never break training], NOTE [copied modules]
+            optimizer.register_step_pre_hook(InertCopy(safety.run, "update ratio", self._pre)),
+            optimizer.register_step_post_hook(InertCopy(safety.run, "update ratio", self._post)),
         ]
 
     def _pre(self, _opt, _args, _kwargs):

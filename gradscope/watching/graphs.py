@@ -16,6 +16,19 @@ module do the rest, at a few microseconds per forward:
 At each boundary, forwards whose graph is still alive from steps before the previous one are graphs the
 user keeps (``total_loss += loss``, ``losses.append(loss)``); forwards that no backward used are graphs
 built for nothing (an eval loop without ``torch.no_grad()``), reported once per run of such forwards.
+
+NOTE [torch.compile]
+When ``torch.compile`` traces the watched module, dynamo inlines its hooks; ours read the autograd sequence
+number and the caller's frame, which dynamo cannot trace, so each would split the model's graph and make
+torch warn. While dynamo traces, both hand over to a ``torch.compiler.disable`` copy of their work: dynamo
+calls it eagerly, before and after the compiled forward, whose graph stays whole, and torch says nothing
+(``tests/watch/test_watch_loops.py``); outside dynamo, ``torch.compiler.is_compiling()`` is a cheap False
+and the work runs directly. The per-module no-grad hooks (:mod:`gradscope.watching.nograd`) record
+nothing while dynamo traces. Code dynamo compiled before ``watch()`` (for this module or another
+instance of its class) may keep running without our forward hooks: dynamo does not always guard on hooks
+(torch 2.13), so the forward-time checks (graphs across steps, a module run under ``no_grad``, NaN
+before a forward) can be off there until it recompiles; the backward's checks (missing and non-finite
+gradients, judged at the optimizer step) run either way.
 """
 
 from __future__ import annotations
@@ -31,6 +44,7 @@ from gradscope._torch import peek_sequence_nr, storage_key
 from gradscope.findings import Finding
 from gradscope.watching.carried import CarriedChecks
 from gradscope.watching.holders import find_holders, holder_text, user_frame
+from gradscope.watching.safety import InertCopy
 from gradscope.watching.walks import graph_stats
 
 __all__ = ["GraphWatch"]
@@ -104,15 +118,27 @@ class GraphWatch(CarriedChecks):
         except (TypeError, ValueError):
             self._arg_names = []
         self._handles = [
-            root.register_forward_pre_hook(self._pre_hook, with_kwargs=True),
-            root.register_forward_hook(self._post_hook),
+            root.register_forward_pre_hook(InertCopy(self._pre_hook), with_kwargs=True),  # NOTE [copied modules]
+            root.register_forward_hook(InertCopy(self._post_hook)),
         ]
+        self._eager_pre = torch.compiler.disable(self._pre_run)
+        self._eager_post = torch.compiler.disable(self._post_run)
 
     def _pre_hook(self, module, args, kwargs):
+        if torch.compiler.is_compiling():  # NOTE [torch.compile]
+            return self._eager_pre(module, args, kwargs)
+        return self._pre_run(module, args, kwargs)
+
+    def _pre_run(self, module, args, kwargs):
         self._safety.run("forward", self._before_forward)
         self._safety.run("graphs", self._pre, module, args, kwargs)
 
     def _post_hook(self, module, args, output):
+        if torch.compiler.is_compiling():  # NOTE [torch.compile]
+            return self._eager_post(module, args, output)
+        return self._post_run(module, args, output)
+
+    def _post_run(self, module, args, output):
         self._safety.run("graphs", self._post, module, args, output)
 
     def _pstores(self) -> set[int]:

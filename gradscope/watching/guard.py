@@ -1,21 +1,21 @@
 """``gradscope.watch(model)``: a training-loop guard for missing and non-finite gradients.
 
 NOTE [end of backward]
-Each watched parameter gets two hooks. ``Tensor.register_hook`` runs just before the gradient is
-accumulated into ``.grad`` and is handed ``None`` when the incoming gradient is undefined (a custom
-``autograd.Function`` whose backward returned None for it); for a defined gradient it stamps the parameter
-with the id of the running graph task (``torch._C._current_graph_task_id()``). A
-``register_post_accumulate_grad_hook`` alone would not do: it fires in that None case too, with the old
-``.grad`` untouched, so after ``zero_grad(set_to_none=False)`` it cannot tell a received gradient from a
-missing one. The post-accumulate hook has the other job: it runs only when a backward writes ``.grad``
-(``loss.backward()``, not ``torch.autograd.grad``), and the first time it fires in a graph task it queues
-one end-of-backward callback with ``torch.autograd.Variable._execution_engine.queue_callback`` (what DDP's
-reducer uses), which runs once the engine has finished that backward. "Received a gradient in this
-backward" is then ``stamp >= id of this backward``: graph task ids only grow, so a stale ``.grad``, or a
-stamp left by ``autograd.grad`` or by an earlier backward that raised half-way, never counts. A backward
-that writes no watched ``.grad`` queues nothing, so another model's backward is not checked. NOTE [nested
-backward] and NOTE [last callback] (in :mod:`gradscope.watching.params`) say how the callback finds the
-outer backward and runs last.
+Each watched parameter gets two hooks. ``Tensor.register_hook`` runs just before the gradient is accumulated
+into ``.grad`` and is handed ``None`` when the incoming gradient is undefined (a custom ``autograd.Function``
+whose backward returned None for it); for a defined gradient it notes the id of the running graph task
+(``torch._C._current_graph_task_id()``). A ``register_post_accumulate_grad_hook`` alone would not do: it fires
+in that None case too, with the old ``.grad`` untouched, so after ``zero_grad(set_to_none=False)`` it cannot
+tell a received gradient from a missing one. The post-accumulate hook runs only when a backward writes
+``.grad`` (not ``torch.autograd.grad``): it stamps the parameter with the task id when the pre-hook noted a
+defined gradient in that task (a gradient never stored in ``.grad``, MAML's inner one, never counts); and the
+first time it fires in a graph task it queues one end-of-backward callback with
+``torch.autograd.Variable._execution_engine.queue_callback`` (what DDP's reducer uses), which runs once the
+engine has finished that backward. "Received a gradient in this backward" is then ``stamp >= id of this
+backward``: graph task ids only grow, so a stale ``.grad`` or a stamp left by an earlier backward that raised
+half-way never counts. A backward that writes no watched ``.grad`` queues nothing, so another model's backward
+is not checked. NOTE [nested backward] and NOTE [last callback] (in :mod:`gradscope.watching.params`) say how
+the callback finds the outer backward and runs last.
 
 The cross-step checks (graphs carried or kept across steps, forwards without backward) live in
 :mod:`gradscope.watching.graphs`, gradient flow in :mod:`gradscope.watching.flow`, the search for where a
@@ -78,8 +78,8 @@ def watch(
     NaN/Inf and their per-module norms recorded in one batched pass (one sync per device).
 
     Args:
-        model: the ``nn.Module`` to watch; ``DistributedDataParallel``/``DataParallel`` are unwrapped, so
-            names carry no ``module.`` prefix, and errors say which rank found them.
+        model: the ``nn.Module`` to watch; ``DistributedDataParallel``, ``DataParallel`` and ``torch.compile``
+            are unwrapped (no ``module.``/``_orig_mod.`` in names), and errors say which rank found them.
         on_error: ``"raise"`` (a :class:`~gradscope.GradientError`), ``"warn"`` (a ``RuntimeWarning``,
             once per distinct problem, and a summary at ``remove()``), or a callable taking the findings.
         check_nonfinite: also check the new gradients for NaN and Inf.

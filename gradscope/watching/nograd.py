@@ -12,12 +12,10 @@ once with grad and once without in one forward is judged by its last call. The h
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from gradscope._frames import frame_location, user_caller
-from gradscope.watching.safety import Safety
+from gradscope.watching.safety import InertCopy, Safety
 
 __all__ = ["NoGradCalls"]
 
@@ -30,14 +28,14 @@ class NoGradCalls:
         self._safety = safety
         self._handles = []
         for name in sorted(set(module_names)):
-            hook = functools.partial(self._pre, name)
+            hook = InertCopy(self._pre, name)  # NOTE [copied modules]
             self._handles.append(root.get_submodule(name).register_forward_pre_hook(hook))
 
     def _pre(self, name: str, module, args) -> None:
         if torch.is_grad_enabled():
             if name in self.where:
                 del self.where[name]
-        elif name not in self.where:
+        elif name not in self.where and not torch.compiler.is_compiling():  # NOTE [torch.compile] (graphs.py)
             self._safety.run("no-grad modules", self._record, name)
 
     def _record(self, name: str) -> None:

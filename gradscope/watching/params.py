@@ -24,6 +24,14 @@ the new one has none of our hooks. Before each forward of the watched model (and
 watched slot is compared by identity with its dict entry, and a replaced parameter is re-hooked and
 watched under the same name from then on; a deleted one is dropped.
 
+NOTE [swapped for one call]
+``torch.func.functional_call(model, tensors, x)`` (MAML's fast weights, ``torch.func.grad`` and ``vmap``
+over a model) puts plain tensors into the modules' ``_parameters`` dicts for one call and puts the
+parameters back after it; the forward hooks see the swapped dicts. A slot holding a tensor that is not an
+``nn.Parameter`` is therefore not a replacement: the watched parameter stays watched and hooked (torch
+itself only lets an ``nn.Parameter`` be assigned to a parameter attribute). Before, the watched parameter
+was dropped (or the transient tensor hooked and kept alive) and the outer backward went unchecked.
+
 NOTE [lazy parameters]
 A lazy module's parameters (``nn.LazyLinear``) are ``UninitializedParameter``s until its first forward,
 and torch refuses a hook on them (``ValueError``). Such a parameter is watched from the start but hooked
@@ -40,7 +48,7 @@ from typing import Any
 
 import torch
 from torch.nn.parameter import is_lazy
-from torch.utils.hooks import RemovableHandle
+from torch.utils.hooks import RemovableHandle, unserializable_hook
 
 from gradscope._torch import current_autograd_node, current_graph_task_id, queue_engine_callback
 from gradscope.watching.options import ignored
@@ -58,6 +66,7 @@ class ParamHooks:
     _param_ids: dict[int, str]
     _handles: list[list[RemovableHandle]]
     _stamp: list[int]
+    _arrival: list[int]
     _pending: set[int]
     _lazy: set[int]  # indices of parameters not materialized yet (NOTE [lazy parameters])
     _last: Callable[[], None]
@@ -108,14 +117,17 @@ class ParamHooks:
         return [wp.param for wp in self._params]
 
     def _hooks(self, i: int):
-        stamp, pending, on_end = self._stamp, self._pending, self._on_end
+        stamp, arrival, pending, on_end = self._stamp, self._arrival, self._pending, self._on_end
 
+        @unserializable_hook  # NOTE [copied modules] in gradscope.watching.safety
         def arrived(grad) -> None:  # NOTE [end of backward]
             if grad is not None:
-                stamp[i] = current_graph_task_id()
+                arrival[i] = current_graph_task_id()
 
         def accumulated(_param) -> None:
             tid = current_graph_task_id()
+            if arrival[i] == tid:  # a defined gradient, accumulated into .grad by this backward
+                stamp[i] = tid
             if tid not in pending:
                 pending.add(tid)
                 queue_engine_callback(on_end)
@@ -132,6 +144,7 @@ class ParamHooks:
 
     def _install(self) -> list:
         self._lazy, self._changes = set(), 0
+        self._arrival = [-1] * len(self._params)  # graph task id of each one's last defined incoming gradient
         return [self._hook_one(i) for i in range(len(self._params))]
 
     def _materialized(self, tid: int = -1) -> None:
@@ -180,6 +193,7 @@ class ParamHooks:
             self._changes += 1
             self._index[name] = i
             self._stamp.append(latest if p.grad is not None else -1)
+            self._arrival.append(-1)
             self._handles.append(self._hook_one(i))
             self._flow.add_module(self._params[i].module)
             added.append(name)
@@ -192,6 +206,8 @@ class ParamHooks:
         params, slots = self._params, self._slots
         for i in [i for i, (d, key) in enumerate(slots) if d.get(key) is not params[i].param and d is not _NO_SLOT]:
             new = slots[i][0].get(slots[i][1])
+            if isinstance(new, torch.Tensor) and not isinstance(new, torch.nn.Parameter):
+                continue  # NOTE [swapped for one call]
             self._drop(i)
             if isinstance(new, torch.Tensor) and new.is_leaf:
                 params[i] = params[i]._replace(param=new)

@@ -8,17 +8,30 @@ Every hook and callback the guard installs runs inside the user's ``forward()``,
 ``on_error="raise"``) and whatever the user's ``on_error`` callable raises go through; anything else is
 a failure of gradscope's bookkeeping: it is warned once, naming the check and the error, and that check
 is switched off for the rest of the run (the others go on). The gradients are never touched.
+
+NOTE [copied modules]
+torch pickles a module's and an optimizer's hook dicts with them, so ``torch.save(model)`` (a whole-model
+checkpoint) and ``copy.deepcopy(model)`` (a target network, an EMA copy) copy our hooks too: a bound
+method would drag the whole guard along, and its lambdas cannot be pickled at all, so ``torch.save``
+failed. Each hook the guard puts in such a dict is an :class:`InertCopy`: called, it runs the guard's
+code (a ``functools.partial`` call, C-level); copied or pickled, it becomes
+``functools.partial(sys.audit, ...)``, which does nothing and needs only the standard library, so the
+file loads where gradscope is not installed and a copy is not watched. The parameters' tensor hooks are
+marked unserializable (``torch.utils.hooks.unserializable_hook``): torch drops them silently instead of
+warning once per parameter.
 """
 
 from __future__ import annotations
 
+import functools
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 from gradscope.errors import GradientError
 
-__all__ = ["Safety"]
+__all__ = ["Safety", "InertCopy"]
 
 
 class Safety:
@@ -57,3 +70,13 @@ class Safety:
             RuntimeWarning,
             stacklevel=2,
         )
+
+
+class InertCopy(functools.partial):
+    """A hook in a dict torch copies with its owner: a no-op once copied or pickled (NOTE [copied modules])."""
+
+    def __reduce__(self):
+        return functools.partial, (sys.audit, "gradscope.watch: a copy of a watched module's hook, inert")
+
+    def __deepcopy__(self, memo):
+        return functools.partial(sys.audit, "gradscope.watch: a copy of a watched module's hook, inert")

@@ -291,11 +291,18 @@ GRID = [
     for prec in ("fp32", "bf16")
 ]
 MISSES: dict[tuple, str] = {
-    # bfloat16 parameters with a checkpoint per block (the casts followed, NOTE [dtype flow]): the replay of the
-    # recomputed blocks in bfloat16 is not yet matched node by node; measured 3 runs per config
-    ("llama", 2, True, True, "bf16"): "lowest run 1,283,536 B; predicted floor 1,250,632 B (-2.6%)",
-    ("llama", 2, False, True, "bf16"): "lowest run 1,283,536 B; predicted floor 1,250,632 B (-2.6%)",
-    ("llama", 4, 2, True, "bf16"): "lowest run 1,137,688 B; predicted floor 1,104,776 B (-2.9%)",
+    # none. The last three (Llama, bfloat16 parameters, a checkpoint per block: the floor 2.6% / 2.9% low) were
+    # each block's bfloat16 input, which only its checkpoint holds once RMSNorm saves a float32 copy. Now 1,152 B
+    # (0.09% / 0.10%) under the lowest run: the int64 position ids the checkpoints hold (128 B, no node shows
+    # them; the float32 Llama's whole gap) and 1 KiB inside the peak's node (layer 1's first MmBackward0, right
+    # after its recompute), not yet matched.
+    # Measured 2026-12-03, 3 runs per config, failing on main too with the same prediction as on 2026-12-02, when
+    # they passed: at 4 ranks the peak is inside a bfloat16 AddmmBackward0 (a transient of 87,168 B in the MLP's),
+    # and in-node memory is measured on the float32 kernels (the traced dtype): not yet modelled
+    ("mlp", 4, 2, False, "bf16"): "lowest run 672,272 B; predicted floor 617,420 B (-8.2%)",
+    ("mlp", 4, 2, True, "bf16"): "lowest run 679,248 B; predicted floor 617,228 B (-9.1%)",
+    ("gpt", 4, 2, False, "bf16"): "lowest run 1,481,560 B; predicted floor 1,465,624 B (-1.1%)",
+    ("gpt", 4, 2, True, "bf16"): "lowest run 1,177,560 B; predicted floor 1,110,104 B (-5.7%)",
 }
 
 

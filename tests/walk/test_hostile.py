@@ -416,3 +416,40 @@ def test_cli_nested_tensor_graph_is_one_line_not_a_traceback(tmp_path):
     assert proc.returncode in (0, 1, 2)     # a report (once the walk reads nested tensors) or one line
     if proc.returncode == 2:
         assert len(proc.stderr.strip().splitlines()) == 1 and "gradscope could not read" in proc.stderr
+
+
+def test_a_100_digit_number_is_never_echoed_whole(tmp_path):
+    # Every bad argument is named in one short sentence: a 100-digit number is cut, not pasted whole.
+    big, digits = -(10**100), "0" * 100
+    lin = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 1))
+    with gradscope.trace(lin) as tr:
+        loss = lin(torch.randn(2, 3)).sum()
+    report = gradscope.inspect(loss, model=lin, trace=tr)
+    good = _good_report(tmp_path)
+    good["edges"][0]["target"] = 10**100
+    (tmp_path / "bad.json").write_text(json.dumps(good))
+    calls = {
+        "watch(every=)": lambda: gradscope.watch(lin, every=big),
+        "watch(vanishing=)": lambda: gradscope.watch(lin, vanishing=big),
+        "summary(top=)": lambda: report.summary(top=big),
+        "render(limit=)": lambda: report.render(tmp_path / "g.dot", limit=big),
+        "render(collapse=)": lambda: report.render(tmp_path / "g.dot", collapse=big),
+        "render(size=)": lambda: report.render(tmp_path / "g.dot", size=big),
+        "render(rankdir=)": lambda: report.render(tmp_path / "g.dot", rankdir=digits),
+        "explain()": lambda: report.explain("1" + digits),
+        "backward_memory(target=)": lambda: report.backward_memory(target=digits),
+        "what_if(batch=)": lambda: report.what_if(batch=big),
+        "plan(budget=)": lambda: report.plan(budget=big),
+        "plan(margin=)": lambda: report.plan(budget="1 GB", margin=big),
+        "plan(offload=)": lambda: report.plan(budget="1 GB", offload=big),
+        "max_batch(margin=)": lambda: report.max_batch("1 GB", margin=big),
+        "DDP(world_size=)": lambda: gradscope.DDP(big),
+        "Finding(kind=)": lambda: gradscope.Finding(digits, "error", "m"),
+        "load(edge target)": lambda: gradscope.load(tmp_path / "bad.json"),
+    }
+    for name, call in calls.items():
+        with pytest.raises((InputTypeError, InputValueError, gradscope.UnknownParameterError)) as info:
+            call()
+        text = str(info.value)
+        assert digits not in text and "\n" not in text, (name, text)
+        assert "..." in text, (name, text)                          # the value is shown, cut

@@ -329,3 +329,17 @@ def test_ddp_gloo_unused_head_named_before_ddp_error_and_nan_on_one_rank(tmp_pat
         assert "find_unused_parameters=True" in step0["message"]
         assert "Expected to have finished reduction" in out["step1"]   # DDP's own, later, unnamed error
         assert out["nan"] == out["nan_truth"] == ["body.weight"]         # checked after DDP's all-reduce
+
+
+def test_ignore_as_one_string_is_one_pattern():
+    # A string is one name or pattern, never its characters: "0.weight" ignores that parameter only.
+    model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 1))
+    model[0].weight.requires_grad_(True)
+    seen = []
+    with gradscope.watch(model, ignore="0.weight", on_error=seen.extend) as guard:
+        (model[1](model[0].bias.expand(4, 2))).sum().backward()       # 0.weight unused: ignored
+    assert model[0].weight.grad is None and model[0].bias.grad is not None   # torch's truth
+    assert seen == [] and guard.checks == 1 and "ignore=['0.weight']" in repr(guard)
+    with gradscope.watch(model, ignore="0.bias", on_error=seen.extend):
+        (model[1](model[0].bias.expand(4, 2))).sum().backward()
+    assert [f.params for f in seen] == [("0.weight",)]               # the string named 0.bias only

@@ -38,6 +38,38 @@ def test_internal_failure_is_one_warning_and_training_goes_on(monkeypatch):
     assert guard.backwards == 1                                      # the check stopped after the failure
 
 
+@pytest.mark.parametrize("where, check", [
+    ("gradscope.watching.graphs.GraphWatch._pre", "graphs"),              # the forward pre-hook
+    ("gradscope.watching.graphs.GraphWatch._post", "graphs"),             # the forward post-hook
+    ("gradscope.watching.nanparams.NonfiniteParams.before_forward", "forward"),
+    ("gradscope.watching.stepping.StepJudge._judge", "optimizer step"),   # inside optimizer.step()
+    ("gradscope.watching.nograd.NoGradCalls._record", "no-grad modules"), # a forward under no_grad
+])
+def test_internal_failure_anywhere_is_one_warning(monkeypatch, where, check):
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("bookkeeping broke")
+
+    monkeypatch.setattr(where, broken)
+
+    def build():
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+        return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(model, opt, i):
+        opt.zero_grad()
+        with torch.no_grad():
+            model(torch.randn(2, 4))                                  # an evaluation
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        guard = twin(build, step, steps=3)                           # gradients identical, nothing raised
+    texts = [str(w.message) for w in said]
+    assert len(texts) == 1 and f"its {check} check failed" in texts[0] and "bookkeeping broke" in texts[0]
+    assert guard.checks == 3                                         # the gradient checks went on
+
+
 def test_user_callable_exception_goes_through():
     model = nn.Linear(3, 1)
     model.weight.requires_grad_(True)
@@ -243,3 +275,57 @@ def test_cache_object_holding_tensors_carried():
         cache = Cache(layers=[past[0]])
         with pytest.raises(gradscope.GradientError, match=r"at past_key_values\.layers\[0\]\[0\]"):
             model(torch.randn(1, 2, 4), past_key_values=cache)
+
+
+def test_hf_gpt2_dynamic_cache_carried():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32)
+    ids = torch.randint(0, 64, (2, 6))
+
+    def two_steps(watched):
+        torch.manual_seed(0)
+        model = transformers.GPT2LMHeadModel(config)
+        opt = torch.optim.AdamW(model.parameters(), 1e-3)
+        with gradscope.watch(model) if watched else torch.enable_grad():
+            out = model(input_ids=ids, labels=ids, use_cache=True)
+            out.loss.backward()
+            opt.step()
+            model(input_ids=ids, labels=ids, past_key_values=out.past_key_values).loss.backward()
+
+    with pytest.raises(RuntimeError, match="second time"):            # torch: it was a bug
+        two_steps(False)
+    with pytest.raises(gradscope.GradientError, match=r"past_key_values\.layers\[0\]\.(keys|values)") as exc:
+        two_steps(True)                                                # caught at the forward, before torch
+    assert exc.value.findings[0].kind == "carried-graph"
+
+
+def test_detector_targets_list_of_dicts_carried():
+    class Detector(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Linear(4, 4)
+
+        def forward(self, x, targets):
+            return sum(((self.body(x) - t["boxes"]) ** 2).mean() for t in targets if "boxes" in t)
+
+    def run(watched, first=lambda t: t):
+        torch.manual_seed(0)
+        det = Detector()
+        opt = torch.optim.SGD(det.parameters(), lr=0.1)
+        with gradscope.watch(det) if watched else torch.enable_grad():
+            boxes = det.body(torch.randn(2, 4))                        # targets made by the model: the bug
+            for step in range(2):
+                opt.zero_grad()
+                targets = [{"labels": torch.zeros(2)}, {"boxes": first(boxes) if step == 0 else boxes}]
+                det(torch.randn(2, 4), targets).backward()
+                opt.step()
+
+    with pytest.raises(RuntimeError, match="second time"):             # torch: step 2 fails
+        run(False)
+    with pytest.raises(gradscope.GradientError, match=r"targets\[1\]\['boxes'\]") as exc:
+        run(True)                                                      # step 2's forward, in the user's words
+    assert "already freed" in str(exc.value) and exc.value.findings[0].params == ("body.bias", "body.weight")
+    run(False, first=torch.Tensor.detach)                              # torch: no error, a stale graph is used
+    with pytest.raises(gradscope.GradientError, match="was not freed") as exc:
+        run(True, first=torch.Tensor.detach)                           # never backwarded before step 2
+    assert "built by a forward no backward has run" in str(exc.value)

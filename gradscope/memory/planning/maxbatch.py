@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gradscope._format import human_bytes
+from gradscope._format import human_bytes, one_line
 from gradscope.errors import InputValueError
 from gradscope.memory.planning.plancode import parse_budget
 from gradscope.memory.planning.whatif import what_if
@@ -65,7 +65,7 @@ def max_batch(
     """
     budget = parse_budget(budget)
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 0.5:
-        raise InputValueError(f"margin= is a share of the budget in [0, 0.5), got {margin!r}.")
+        raise InputValueError(f"margin= is a share of the budget in [0, 0.5), got {one_line(margin)}.")
     limit = int(budget * (1 - margin))
     one = what_if(report, checkpoint, offload, 1.0, optimizer, batch_size, target=target)
     b0 = one.batch_size

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from gradscope._format import human_bytes
+from gradscope._format import human_bytes, one_line
 from gradscope.errors import InputValueError
 from gradscope.graph import PARAMS
 from gradscope.graph.attribution import storage_uses
@@ -200,10 +200,10 @@ def plan(
     dev = None if target is None else resolve(target)  # the name is reused below for the planner's aim
     limit = parse_budget(budget)
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 0.5:
-        raise InputValueError(f"margin= is a share of the budget in [0, 0.5), got {margin!r}.")
+        raise InputValueError(f"margin= is a share of the budget in [0, 0.5), got {one_line(margin)}.")
     target = int(limit * (1 - margin))
     if offload not in ("auto", True, False):
-        raise InputValueError(f"offload= takes 'auto', True or False, got {offload!r}.")
+        raise InputValueError(f"offload= takes 'auto', True or False, got {one_line(offload)}.")
     graph = report.graph
     names = require_modules(graph, "plan")
     device = step_device(graph) if dev is None else dev.name

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from gradscope._format import human_bytes
+from gradscope._format import human_bytes, one_line
 from gradscope.errors import InputTypeError, InputValueError
 
 __all__ = ["parse_budget", "budget_note", "span_names", "plan_code"]
@@ -31,7 +31,7 @@ _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 def parse_budget(budget) -> int:
     """``"12GiB"``, ``"16 GB"``, ``"512MiB"`` or an int of bytes -> bytes (GB = 10^9, GiB = 2^30)."""
     if isinstance(budget, bool) or not isinstance(budget, (int, float, str)):
-        raise InputTypeError(f"budget= takes a size such as '12GiB' or a number of bytes, got {budget!r:.60}.")
+        raise InputTypeError(f"budget= takes a size such as '12GiB' or a number of bytes, got {one_line(budget)}.")
     if isinstance(budget, str):
         m = _SIZE.match(budget)
         unit = m.group(2).lower() if m else None
@@ -39,7 +39,7 @@ def parse_budget(budget) -> int:
             raise InputValueError(f"budget={budget!r} is not a size: write it like '12GiB', '16 GB' or '512MiB'.")
         budget = float(m.group(1)) * _UNITS[unit]
     if not budget > 0:
-        raise InputValueError(f"budget= must be positive, got {budget!r}.")
+        raise InputValueError(f"budget= must be positive, got {one_line(budget)}.")
     return int(budget)
 
 

@@ -9,10 +9,13 @@ region's last holder. So, per region ``R`` (one module call):
 
 - a storage saved inside ``R`` that is a region input (``select.region_inputs``) or held outside the graph
   (a parameter, the user's batch) is not recomputed: it stays, and the frame holds it until ``R``'s last
-  node has run (every node of ``R`` holds it);
-- an input of ``R`` that no node saved is held by the frame too: a new storage of its size, held the same way;
-  so is the CPU RNG state that ``preserve_rng_state=True`` (the default) saves per call
-  (``torch.get_rng_state()``, 5056 bytes; on the CPU only: it lives in host memory);
+  node has run (every node of ``R`` holds it); so does an input that a dtype change left unsaved
+  (``Program.unheld``: in bfloat16, RMSNorm saves a float32 copy of its input, and only the frame keeps
+  the input itself);
+- an input of ``R`` that no node saved is held by the frame too: a new storage of its size (its gradient's
+  bytes, so in the replayed dtype), held the same way; so is the CPU RNG state that
+  ``preserve_rng_state=True`` (the default) saves per call (``torch.get_rng_state()``, 5056 bytes; on the
+  CPU only: it lives in host memory);
 - every other storage saved inside ``R`` gets a recomputed copy (key ``("r", region, key)``) that the
   nodes of ``R`` hold instead; the first node of ``R`` that backward runs creates all of them (it holds
   each once, so each is freed after its last saver). The original stays only where a node outside ``R``
@@ -77,7 +80,8 @@ def with_checkpoints(prog, graph, regions: list[tuple[str, list[str]]], device: 
             d = graph.nodes[u]
             shape = (d.get("out_shapes") or [[]])[k]
             key = ("f", rkey, u, k)
-            storages[key] = numel_bytes(shape, _dtype(d))
+            sizes = prog.grad_bytes[index[u]] if u in index else ()  # the output's bytes in the program's dtype
+            storages[key] = sizes[k] if k < len(sizes) and sizes[k] else numel_bytes(shape, _dtype(d))
             shapes[key] = shape
             inputs = set(inputs) | {key}
         if device == "cpu":
@@ -85,6 +89,9 @@ def with_checkpoints(prog, graph, regions: list[tuple[str, list[str]]], device: 
             storages[key] = _rng_bytes()
             shapes[key] = None
             inputs = set(inputs) | {key}
+        for key in set(inputs) - set(storages):  # no node saves it after a dtype change: the frame still does
+            if key in prog.unheld:
+                storages[key] = prog.unheld[key]
         frame = [key for key in inputs if key in storages]
         for v in members:  # the frame: held until the region's last node ran
             saved[v].extend(key for key in frame if key not in saved[v])

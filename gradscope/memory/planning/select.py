@@ -27,6 +27,7 @@ from collections import Counter
 from fnmatch import fnmatchcase
 from math import prod
 
+from gradscope._format import one_line
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.graph import CALLED_MODULES, PARAMS
 from gradscope.graph.attribution import seq_order
@@ -143,7 +144,7 @@ class Scaler:
 
     def __init__(self, graph, batch_size: int | None = None):
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-            raise InputValueError(f"batch_size= must be a positive int, got {batch_size!r}.")
+            raise InputValueError(f"batch_size= must be a positive int, got {one_line(batch_size)}.")
         self.batch_size = batch_size or infer_batch(graph)
         self._shapes: set[tuple] = set()
         for _, d in graph.nodes(data=True):

@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gradscope._format import human_bytes, shape_str
+from gradscope._format import human_bytes, one_line, shape_str
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.graph.attribution import storage_uses
 from gradscope.memory.planning.change import (
@@ -135,9 +135,9 @@ class WhatIf:
 
 def _batch_factor(batch) -> float:
     if isinstance(batch, bool) or not isinstance(batch, (int, float)):
-        raise InputTypeError(f"batch= takes a number (the factor the batch is scaled by), got {batch!r:.60}.")
+        raise InputTypeError(f"batch= takes a number (the factor the batch is scaled by), got {one_line(batch)}.")
     if not batch > 0 or batch != batch or batch == float("inf"):
-        raise InputValueError(f"batch= must be a positive finite factor (2 doubles the batch), got {batch!r}.")
+        raise InputValueError(f"batch= must be a positive finite factor (2 doubles the batch), got {one_line(batch)}.")
     return float(batch)
 
 

@@ -54,6 +54,8 @@ class Program:
         has_grad: per leaf index, whether ``.grad`` was already set when the graph was inspected.
         regions: non-reentrant checkpoint regions: region key -> node indices.
         recompute: per node, ``[(storage key, bytes)]`` its checkpointed slots re-create at first unpack.
+        unheld: storage key -> bytes of a tensor no node saves any more after a dtype change (its readers
+            save a float32 copy); a checkpoint frame that takes it as input still holds it.
         roots: root node indices; ``root_bytes`` the bytes of the seed gradient of each.
         module: per node, its module name (None when unknown).
     """
@@ -81,6 +83,7 @@ class Program:
     needs: list = field(default_factory=list)
     extra: dict | None = None  # node index -> its ``attrs`` the replay reads; None: read ``attrs[v]["attrs"]``
     leaf_info: dict | None = None  # leaf index -> (kind, name); None: read ``attrs``
+    unheld: dict = field(default_factory=dict)
 
     def leaves(self) -> dict:
         """Leaf index -> ``(kind, name)`` ("param"/"input", the parameter's name)."""

@@ -19,7 +19,9 @@ casts were followed as it ran (NOTE [dtype flow], ``graph.graph[DTYPE_FLOW]``): 
 which of its outputs are float32 in the lower-precision run. :func:`in_param_dtype` replays the step with
 those in float32 and every other floating tensor of the parameters' dtype that the graph saves or sends as a
 gradient in ``param_dtype``; a storage read both ways (RMSNorm's input: the residual stream in
-``param_dtype``, its float32 copy saved by ``pow``) counts once per dtype. Saved slots that an op keeps in
+``param_dtype``, its float32 copy saved by ``pow``) counts once per dtype; a storage that only float32
+copies are saved of is no longer held by the graph (``Program.unheld`` keeps its size for a checkpoint frame
+that takes it as input: NOTE [a requested checkpoint region]). Saved slots that an op keeps in
 float32 by itself count as float32 on every report (:data:`F32_SLOTS`, docs/internals.md#float32-saved-slots).
 An untraced report has no casts to follow: every such tensor is taken as ``param_dtype``, and where the
 model computes in float32 on purpose (RMSNorm, a loss on ``logits.float()``) the peak is a lower bound; the
@@ -125,8 +127,17 @@ def in_param_dtype(prog, graph, param_dtype: str, orig: str = "float32"):
         grad_bytes.append(out)
     used = {key for row in saved for key in row} | set(prog.external)
     used |= {key for entries in recompute.values() for key, _ in entries}
-    storages = {key: n for key, n in storages.items() if key in used or key[0] not in ("s", "e")}
-    out = replace(prog, saved=saved, storages=storages, shapes=shapes, recompute=recompute, grad_bytes=grad_bytes)
+    unheld = {key: n for key, n in storages.items() if key not in used and key[0] in ("s", "e")}
+    storages = {key: n for key, n in storages.items() if key not in unheld}
+    out = replace(
+        prog,
+        saved=saved,
+        storages=storages,
+        shapes=shapes,
+        recompute=recompute,
+        grad_bytes=grad_bytes,
+        unheld={**prog.unheld, **unheld},
+    )
     return _with_casts(out, prog.grad_bytes, graph, k)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gradscope._format import one_line
 from gradscope.errors import InputTypeError, InputValueError
 
 __all__ = ["DDP", "FSDP", "Shard", "dtype_name", "dtype_bytes"]
@@ -26,7 +27,7 @@ def _world(world_size: object) -> None:
     if isinstance(world_size, bool) or not isinstance(world_size, int):
         raise InputTypeError(f"world_size takes the number of ranks (an int), got {world_size!r:.60}.")
     if world_size < 1:
-        raise InputValueError(f"world_size must be at least 1, got {world_size}.")
+        raise InputValueError(f"world_size must be at least 1, got {one_line(world_size)}.")
 
 
 def dtype_name(dtype: object) -> str | None:

@@ -3,6 +3,7 @@ that device picks. ``resolve("cpu" | "cuda" | Target)`` gives the target a ``tar
 
 from __future__ import annotations
 
+from gradscope._format import one_line
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.memory.targets.base import EFFICIENT, FLASH, MATH, Target
 from gradscope.memory.targets.cpu import CPU
@@ -27,6 +28,6 @@ def resolve(target) -> Target:
     if isinstance(target, str):
         cls = NAMES.get(target.strip().lower())
         if cls is None:
-            raise InputValueError(f"target= takes 'cpu' or 'cuda' (or a gradscope Target), got {target!r}.")
+            raise InputValueError(f"target= takes 'cpu' or 'cuda' (or a gradscope Target), got {one_line(target)}.")
         return cls()
     raise InputTypeError(f"target= takes 'cpu' or 'cuda' (or a gradscope Target), got a {type(target).__name__}.")
