@@ -31,6 +31,7 @@ __all__ = [
     "RESHAPES",
     "CONTIGUOUS_OUT",
     "DEPTH",
+    "VIEW_OPS",
 ]
 
 #: How many consumers back a gradient's layout is followed (further: unknown, read as contiguous).
@@ -38,7 +39,8 @@ DEPTH = 16
 
 _SUMS = ("SumBackward0",)
 _TRANSPOSES = ("TransposeBackward0", "TransposeBackward1")
-_VIEW_OPS = frozenset({*_TRANSPOSES, "PermuteBackward0", "TBackward0"})  # what layout_of_view_op reads
+#: The formulas :func:`layout_of_view_op` answers for (a transpose or permute of the gradient).
+VIEW_OPS = frozenset({*_TRANSPOSES, "PermuteBackward0", "TBackward0"})
 #: Formulas that send ``grad.reshape(input sizes)``: a view when the strides allow it, else a copy.
 RESHAPES = frozenset({"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0"})
 _VIEWS = RESHAPES | {"SqueezeBackward0", "UnsqueezeBackward0"}
@@ -118,7 +120,7 @@ def layout_of_view_op(prog, u: int, shape: list, up: list | None = None) -> list
     """Strides of the gradient that node ``u``, a transpose or permute, sends for an input of ``shape``,
     given the strides ``up`` of the gradient it received (None: contiguous); None when ``u`` is not one."""
     name = prog.name[u]
-    if name not in _VIEW_OPS or not shape or prog.leaf[u]:
+    if name not in VIEW_OPS or not shape or prog.leaf[u]:
         return None
     n = len(shape)
     a = facts(prog).values(u) if name in _TRANSPOSES or name == "PermuteBackward0" else {}
@@ -136,15 +138,24 @@ def layout_of_view_op(prog, u: int, shape: list, up: list | None = None) -> list
 def grad_stride(prog, consumers: dict, v: int, k: int, shape: list) -> list | None:
     """Strides of the gradient node ``v`` receives for output ``k`` (None: contiguous or not known), see
     NOTE [gradient layout]."""
-    return _layout(prog, consumers, v, k, shape, 0)[0]
+    got = _memo(prog).get((v, k))
+    return (got if got is not None else _layout(prog, consumers, v, k, shape, 0))[0]
 
 
-def _layout(prog, consumers: dict, v: int, k: int, shape: list, depth: int) -> tuple:
-    """:func:`_sent` memoized on the program (which nothing changes); several gradients for one output are
-    summed (in place into the first, or ``old + new``): known when they all have one known layout."""
+def _memo(prog) -> dict:
+    """The layouts worked out so far, ``(node, output) -> (strides, known)`` (the structure's, kept on
+    ``prog``)."""
     memo = prog.__dict__.get("_layouts")
     if memo is None:
         memo = prog.__dict__["_layouts"] = derived(prog).setdefault("grad layouts", {})
+    return memo
+
+
+def _layout(prog, consumers: dict, v: int, k: int, shape: list, depth: int) -> tuple:
+    """:func:`_sent` memoized on the program (which nothing changes, in ``prog._layouts``, which
+    :func:`grad_stride` sets and looks up first); several gradients for one output are summed (in place
+    into the first, or ``old + new``): known when they all have one known layout."""
+    memo = _memo(prog)
     got = memo.get((v, k))
     if got is not None:
         return got
@@ -173,8 +184,12 @@ def _sent(prog, consumers: dict, v: int, c: int, shape: list, depth: int) -> tup
     with that shape."""
     name = prog.name[c]
     out = (prog.grad_shapes[c] or [None])[0]
-    up, known = (None, False) if out is None else _layout(prog, consumers, c, 0, list(out), depth + 1)
-    if name in _VIEW_OPS:
+    if out is None:
+        up, known = None, False
+    else:
+        hit = _memo(prog).get((c, 0))
+        up, known = hit if hit is not None else _layout(prog, consumers, c, 0, list(out), depth + 1)
+    if name in VIEW_OPS:
         via = layout_of_view_op(prog, c, shape, up)
         if via is not None:
             return via, known

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 from gradscope.memory.kernels.facts import facts
-from gradscope.memory.kernels.layout import consumers_of, grad_stride, layout_of_view_op
+from gradscope.memory.kernels.layout import VIEW_OPS, consumers_of, grad_stride, layout_of_view_op
 from gradscope.memory.kernels.reuse import signatures
 
 __all__ = ["keyed_signature", "node_signature", "signature_key", "tensors_of"]
@@ -38,34 +38,33 @@ def _saved(f, v: int) -> list | None:
     return saved
 
 
-def _tuple(x):
-    return x if x is None else tuple(x)
-
-
 def _context(prog, f, v: int, consumers: dict) -> tuple | None:
     """``(inputs, gradients)`` of op node ``v``'s signature as tuples: per input that needs a gradient
     ``(position, shape, dtype, layout)``, per gradient received ``(output, strides)`` (None when a shape it
     needs is unknown)."""
     inputs = []
+    names, grad_shapes = prog.name, prog.grad_shapes
     for (u, k), pos in zip(prog.edges[v], prog.needs[v]):
-        shapes = prog.grad_shapes[u]
+        shapes = grad_shapes[u]
         if k >= len(shapes) or shapes[k] is None:
             return None
         shape = shapes[k]
-        inputs.append((int(pos), tuple(shape), f.dtype(u, k), _tuple(layout_of_view_op(prog, u, shape))))
+        lay = layout_of_view_op(prog, u, shape) if names[u] in VIEW_OPS else None
+        inputs.append((int(pos), tuple(shape), f.dtype(u, k), None if lay is None else tuple(lay)))
     grads = []
-    outs = f.outputs(v)[0]
-    for k, shape in enumerate(outs):
-        users = consumers.get((v, k))
-        if not users and not (k == 0 and v in prog.roots):
+    for k, shape in enumerate(f.outputs(v)[0]):
+        if not consumers.get((v, k)) and not (k == 0 and v in prog.roots):
             continue
         if shape is None:
             return None
         stride = grad_stride(prog, consumers, v, k, list(shape))
-        if stride is not None and not any(stride) and not f.function(v):  # an expanded gradient: the
-            stride = None  # replay counts a built-in formula's copy of it (memory/replay/gradients.py) and
-            # measures the formula on a dense one; user code is measured on the expanded one itself
-        grads.append((k, _tuple(stride)))
+        if stride is None:
+            grads.append((k, None))
+        elif not any(stride) and not f.function(v):  # an expanded gradient: the replay counts a built-in
+            grads.append((k, None))  # formula's copy of it (memory/replay/gradients.py) and measures the
+            # formula on a dense one; user code is measured on the expanded one itself
+        else:
+            grads.append((k, tuple(stride)))
     return tuple(inputs), tuple(grads)
 
 
