@@ -51,7 +51,7 @@ def _context(prog, f, v: int, consumers: dict) -> tuple | None:
         shape = shapes[k]
         lay = layout_of_view_op(prog, u, shape) if names[u] in VIEW_OPS else None
         inputs.append((int(pos), tuple(shape), f.dtype(u, k), None if lay is None else tuple(lay)))
-    grads = []
+    grads: list = []
     for k, shape in enumerate(f.outputs(v)[0]):
         if not consumers.get((v, k)) and not (k == 0 and v in prog.roots):
             continue
