@@ -380,7 +380,7 @@ def test_per_sample_gradients_with_torch_func_assigned_to_grad():
         model = _mlp()
         return model, torch.optim.SGD(model.parameters(), lr=0.1)
 
-    def step(model, opt, i):
+    def step(model, opt, i, skip=()):
         params = {n: p.detach() for n, p in model.named_parameters()}
 
         def loss(p, x):
@@ -388,11 +388,22 @@ def test_per_sample_gradients_with_torch_func_assigned_to_grad():
 
         per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, torch.randn(5, 4))
         for n, p in model.named_parameters():
-            p.grad = per_sample[n].mean(0)                            # e.g. clipped per sample, then averaged
+            if n not in skip:
+                p.grad = per_sample[n].mean(0)                        # e.g. clipped per sample, then averaged
         opt.step()
 
     guard = quiet_twin(build, step, backwards=False)
     assert guard.backwards == 0 and guard.truth_steps == 3            # no backward wrote .grad: none judged
+    torch.manual_seed(0)
+    model, opt = build()
+    with gradscope.watch(model):
+        for i in range(2):
+            step(model, opt, i)
+        stale = model[2].bias.grad
+        with pytest.raises(gradscope.GradientError) as exc:
+            step(model, opt, 2, skip=("2.bias",))                     # the bug: one left at last step's value
+    assert model[2].bias.grad is stale                                # torch would apply it again
+    assert {p for f in exc.value.findings for p in f.params} == {"2.bias"}
 
 
 def test_tbptt_with_a_detached_lstm_state():
