@@ -16,6 +16,7 @@ tensor's storage (``untyped_storage()._cdata`` -> ``nbytes()``), the ground trut
 
     python bench/memory_bench.py                 # both parts
     python bench/memory_bench.py --backward      # part 1 only
+    python bench/memory_bench.py --backward --cold  # part 1, the replay timed on a structure not seen before
     python bench/memory_bench.py --saved mlp     # part 2 only, some models
 """
 

@@ -156,7 +156,7 @@ class Records:
             "root": root,
             "opaque": t.opaque,
             "seq": self.seqs[i],
-            "attrs": self._values(i),
+            "attrs": self.saved_values(i),
             "out_shapes": [None if s is None else list(s) for s in shapes],
             "out_dtypes": list(dtypes),
         }
@@ -196,7 +196,8 @@ class Records:
             out.append(e)
         return out
 
-    def _values(self, i: int) -> dict:
+    def saved_values(self, i: int) -> dict:
+        """Node ``i``'s saved values as its dict's ``attrs`` (plain values; made afresh for a fast-path op)."""
         vals = self.values[i]
         if type(vals) is dict:
             return vals

@@ -78,8 +78,8 @@ def watch(
     NaN/Inf and their per-module norms recorded in one batched pass (one sync per device).
 
     Args:
-        model: the ``nn.Module`` to watch; ``DistributedDataParallel``/``DataParallel`` are unwrapped, so
-            names carry no ``module.`` prefix, and errors say which rank found them.
+        model: the ``nn.Module`` to watch; ``DistributedDataParallel``, ``DataParallel`` and ``torch.compile``
+            are unwrapped (no ``module.``/``_orig_mod.`` in names), and errors say which rank found them.
         on_error: ``"raise"`` (a :class:`~gradscope.GradientError`), ``"warn"`` (a ``RuntimeWarning``,
             once per distinct problem, and a summary at ``remove()``), or a callable taking the findings.
         check_nonfinite: also check the new gradients for NaN and Inf.

@@ -7,7 +7,7 @@ import fnmatch
 import torch
 
 from gradscope._format import one_line
-from gradscope._wrappers import unwrap_parallel
+from gradscope._wrappers import unwrap_compiled, unwrap_parallel
 from gradscope.errors import InputTypeError, InputValueError
 
 __all__ = ["validate", "select", "ignored"]
@@ -49,8 +49,9 @@ def select(model, ignore):
     if not isinstance(ignore, (str, list, tuple, set, frozenset)):
         raise InputTypeError(f"ignore must be a name, a pattern or a list of them, got {type(ignore).__name__}.")
     patterns = (ignore,) if isinstance(ignore, str) else tuple(ignore)
+    model = unwrap_compiled(model)  # NOTE [torch.compile] in gradscope.watching.graphs
     ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
-    inner = unwrap_parallel(model)
+    inner = unwrap_compiled(unwrap_parallel(model))
     named = list(inner.named_parameters())
     for pat in patterns:
         if not isinstance(pat, str):

@@ -16,9 +16,9 @@ method would drag the whole guard along, and its lambdas cannot be pickled at al
 failed. Each hook the guard puts in such a dict is an :class:`InertCopy`: called, it runs the guard's
 code (a ``functools.partial`` call, C-level); copied or pickled, it becomes
 ``functools.partial(sys.audit, ...)``, which does nothing and needs only the standard library, so the
-file loads where gradscope is not installed and a copy is not watched. The parameters' tensor hooks are
-marked unserializable (``torch.utils.hooks.unserializable_hook``): torch drops them silently instead of
-warning once per parameter.
+file loads where gradscope is not installed and a copy is not watched. torch drops tensor hooks when it
+pickles a tensor (silently for an ``nn.Parameter``, with a warning for a plain tensor); ours are marked
+``torch.utils.hooks.unserializable_hook`` so that none warns (docs/internals.md#hooks-and-copies).
 """
 
 from __future__ import annotations

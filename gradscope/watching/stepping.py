@@ -30,6 +30,14 @@ although no watched backward ever reached it. A stale ``.grad`` (the same tensor
 ``zero_grad(set_to_none=False)``) is still missing. Limit: a gradient written in place into the old
 ``.grad`` (``p.grad.copy_(g)``) cannot be told from a stale one and is reported.
 
+NOTE [unfrozen later]
+torch refuses a hook on a tensor that does not require grad, so a parameter frozen when ``watch()``
+starts is not watched. Each optimizer's record lists the tensors it holds that are frozen (read again
+when its parameters change); at its step, one C-level pass over that list (nothing when none is frozen)
+sees a parameter unfrozen since (``requires_grad_(True)``, an unfreezing schedule), and the model's
+parameters are read again at once: it is judged at that step (no gradient since it was unfrozen:
+``none-grad``) and watched from then on.
+
 ``not-optimized``: from an optimizer's second step on, a watched parameter that received a gradient since
 that optimizer's previous step but that no optimizer seen stepping holds (created or replaced after the
 optimizer was built) is never updated. The model's parameters are read again on that second step, every
@@ -39,6 +47,7 @@ optimizer was built) is never updated. The model's parameters are read again on 
 from __future__ import annotations
 
 import gc
+import operator
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -53,6 +62,7 @@ from gradscope.watching.step import error_message, none_grad_findings, rank_text
 __all__ = ["StepJudge", "StepVerdict", "step_report"]
 
 _RESCAN_EVERY = 100
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 
 class StepVerdict:
@@ -94,7 +104,8 @@ class StepJudge:
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
-        self._handles = []
+        self._handles, self._records = [], []
+        self._seen = weakref.WeakKeyDictionary()  # their frozen tensors: a removed guard keeps none alive
 
     # -- which parameters an optimizer holds ---------------------------------------------------------
     def _indices(self, opt: torch.optim.Optimizer, seen: _Seen | None = None) -> set[int]:
@@ -104,14 +115,16 @@ class StepJudge:
         if seen is not None and seen.key == key:
             return seen.held
         ids, index = guard._param_ids, guard._index
-        out = set()
+        out, frozen = set(), []
         for group in opt.param_groups:
             for p in group["params"]:
                 name = ids.get(id(p))
                 if name is not None:
                     out.add(index[name])
+                elif not p.requires_grad:
+                    frozen.append(p)
         if seen is not None:
-            seen.key = key
+            seen.key, seen.frozen = key, frozen
         return out
 
     def discover(self) -> bool:
@@ -153,13 +166,17 @@ class StepJudge:
         if min(map(stamps.__getitem__, held)) < floor:  # one C-level pass when every held one received
             missing = sorted(i for i in held if stamps[i] < floor and params[i].param.requires_grad)
             missing = _not_assigned(seen, missing, params, stamps) if missing else missing
-        if step == 2 or missing or not step % _RESCAN_EVERY:
+        unfrozen = seen.frozen and any(map(_REQUIRES_GRAD, seen.frozen))  # NOTE [unfrozen later]
+        if step == 2 or missing or unfrozen or not step % _RESCAN_EVERY:
+            if unfrozen:
+                seen.key = ()  # read which of its parameters are frozen again on the next step
             replaced = guard._rescan()
             self._added.update(replaced)
-            if replaced:
+            if replaced:  # held again: dropped ones leave, unfrozen ones come in (judged at this step)
                 held = self._indices(opt, seen)
                 stamps, params = guard._stamp, guard._params
-                missing = [i for i in missing if i in held and params[i].param.requires_grad]
+                missing = sorted(i for i in held if stamps[i] < floor and params[i].param.requires_grad)
+                missing = _not_assigned(seen, missing, params, stamps) if missing else missing
         seen.held, seen.floor = held, max(stamps, default=-1) + 1
         unheld: list[int] = []
         if step >= 2 and len(held) < len(stamps):  # an optimizer holding every watched one leaves none unheld
@@ -180,7 +197,7 @@ class StepJudge:
 class _Seen:
     """What a guard remembers of one optimizer (NOTE [judged at the step])."""
 
-    __slots__ = ("opt", "steps", "floor", "backwards", "held", "mark", "key", "ours", "grads")
+    __slots__ = ("opt", "steps", "floor", "backwards", "held", "mark", "key", "ours", "grads", "frozen")
 
     def __init__(self, opt) -> None:
         self.opt = weakref.ref(opt)
@@ -189,6 +206,7 @@ class _Seen:
         self.held: set[int] = set()
         self.key: tuple = ()
         self.grads: dict[int, weakref.ref] = {}  # NOTE [gradients set by hand]
+        self.frozen: list = []  # the tensors it holds that no guard hook is on: requires_grad=False
 
 
 def _not_assigned(seen: _Seen, missing: list[int], params: list, stamps: list[int]) -> list[int]:

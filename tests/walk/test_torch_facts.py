@@ -445,3 +445,66 @@ def test_gradient_layouts_that_the_replay_follows():
     assert gw.is_contiguous(memory_format=torch.channels_last) and not gw.is_contiguous()
     conv(x).sum().backward()
     assert conv.weight.grad.is_contiguous()  # AccumulateGrad cloned it into the weight's layout
+
+
+def test_post_accumulate_hook_fires_only_when_grad_is_written():
+    p = torch.nn.Parameter(torch.randn(3))
+    pre, post = [], []
+    p.register_hook(lambda g: pre.append(g is not None))
+    p.register_post_accumulate_grad_hook(lambda t: post.append(1))
+    torch.autograd.grad((p * 2).sum(), p)                        # computes a gradient, stores none
+    assert pre == [True] and post == [] and p.grad is None
+    (p * 2).sum().backward()
+    assert pre == [True, True] and post == [1]
+    with torch.no_grad():
+        t = torch.zeros(3)
+    try:
+        t.register_hook(lambda g: g)
+    except RuntimeError as exc:                                  # no hook on a tensor without grad
+        assert "doesn't require gradient" in str(exc)
+    else:
+        raise AssertionError("torch took a hook on a tensor that does not require grad")
+
+
+def test_functional_call_swaps_plain_tensors_in_for_one_call():
+    lin = torch.nn.Linear(2, 1)
+    weight, seen = lin.weight, []
+    lin.register_forward_pre_hook(lambda m, a: seen.append(type(m._parameters["weight"])))
+    fast = {"weight": lin.weight * 2, "bias": lin.bias.detach()}
+    torch.func.functional_call(lin, fast, (torch.randn(1, 2),))
+    assert seen == [torch.Tensor] and lin._parameters["weight"] is weight
+
+
+def test_whole_module_pickles_its_hook_dicts():
+    import io
+    import pickle
+    import warnings
+
+    lin = torch.nn.Linear(2, 1)
+    lin.register_forward_hook(lambda m, a, o: None)
+    try:
+        torch.save(lin, io.BytesIO())
+    except (pickle.PicklingError, AttributeError, TypeError):
+        pass                                                     # a lambda in the hook dict: refused
+    else:
+        raise AssertionError("torch.save pickled a lambda hook")
+    lin = torch.nn.Linear(2, 1)
+    lin.weight.register_hook(lambda g: g)
+    buf = io.BytesIO()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        torch.save(lin, buf)                                     # a Parameter's hooks: dropped, silently
+    buf.seek(0)
+    assert not said and not torch.load(buf, weights_only=False).weight._backward_hooks
+    plain = torch.randn(2, requires_grad=True)
+    plain.register_hook(lambda g: g)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        torch.save(plain, io.BytesIO())                          # a plain tensor's: dropped, with a warning
+    assert any("will not be serialized" in str(w.message) for w in said)
+    plain = torch.randn(2, requires_grad=True)
+    plain.register_hook(torch.utils.hooks.unserializable_hook(lambda g: g))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        torch.save(plain, io.BytesIO())
+    assert not said

@@ -278,17 +278,18 @@ def test_torch_compiled_module_forward_checks_run():
     assert [f.kind for f in seen] == ["graph-without-backward"]
 
 
+class Unused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.spare = _mlp(), nn.Linear(4, 1)              # spare: never called
+
+    def forward(self, x):
+        return self.body(x)
+
+
 def test_module_compiled_before_watch_keeps_the_backward_checks():
     # NOTE [torch.compile]: code compiled before watch() may run without our forward hooks; the backward's
     # checks run either way (truth: torch leaves the unused layer's .grad None).
-    class Unused(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.body, self.spare = _mlp(), nn.Linear(4, 1)          # spare: never called
-
-        def forward(self, x):
-            return self.body(x)
-
     _dynamo_reset()
     model = Unused()
     compiled = torch.compile(model, backend="aot_eager")
@@ -379,7 +380,7 @@ def test_per_sample_gradients_with_torch_func_assigned_to_grad():
         model = _mlp()
         return model, torch.optim.SGD(model.parameters(), lr=0.1)
 
-    def step(model, opt, i):
+    def step(model, opt, i, skip=()):
         params = {n: p.detach() for n, p in model.named_parameters()}
 
         def loss(p, x):
@@ -387,11 +388,22 @@ def test_per_sample_gradients_with_torch_func_assigned_to_grad():
 
         per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, torch.randn(5, 4))
         for n, p in model.named_parameters():
-            p.grad = per_sample[n].mean(0)                            # e.g. clipped per sample, then averaged
+            if n not in skip:
+                p.grad = per_sample[n].mean(0)                        # e.g. clipped per sample, then averaged
         opt.step()
 
     guard = quiet_twin(build, step, backwards=False)
     assert guard.backwards == 0 and guard.truth_steps == 3            # no backward wrote .grad: none judged
+    torch.manual_seed(0)
+    model, opt = build()
+    with gradscope.watch(model):
+        for i in range(2):
+            step(model, opt, i)
+        stale = model[2].bias.grad
+        with pytest.raises(gradscope.GradientError) as exc:
+            step(model, opt, 2, skip=("2.bias",))                     # the bug: one left at last step's value
+    assert model[2].bias.grad is stale                                # torch would apply it again
+    assert {p for f in exc.value.findings for p in f.params} == {"2.bias"}
 
 
 def test_tbptt_with_a_detached_lstm_state():
@@ -426,3 +438,47 @@ def test_amp_bfloat16_with_a_grad_scaler():
 
     guard = quiet_twin(build, step, steps=4)
     assert guard.checks == 4 and guard.truth_steps == 4 and len(guard.history) == 4
+
+
+def test_watching_the_compiled_wrapper_names_the_users_parameters():
+    class Sometimes(Unused):
+        def forward(self, x, spare=True):
+            return self.body(x) + (self.spare(x) if spare else 0)
+
+    _dynamo_reset()
+    model = Sometimes()
+    compiled = torch.compile(model, backend="aot_eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with gradscope.watch(compiled, ignore="body.0.*") as guard:   # the names of model, not _orig_mod.*
+            for _ in range(2):
+                opt.zero_grad()
+                compiled(torch.randn(3, 4)).sum().backward()
+                opt.step()
+            opt.zero_grad()
+            compiled(torch.randn(3, 4), spare=False).sum().backward()    # spare left out this step
+            with pytest.raises(gradscope.GradientError) as exc:
+                opt.step()
+    assert said == [] and "OptimizedModule" not in repr(guard) and "Sometimes" in repr(guard)
+    assert model.spare.weight.grad is None                           # torch's truth
+    assert {p for f in exc.value.findings for p in f.params} == {"spare.weight", "spare.bias"}
+
+
+def test_a_layer_unfrozen_later_is_judged_at_that_step():
+    model = Unused()
+    model.spare.requires_grad_(False)                                 # frozen at watch(): not hooked
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    raised = []
+    with gradscope.watch(model):
+        for step in range(4):
+            if step == 2:
+                model.spare.requires_grad_(True)                      # the schedule unfreezes it, unused
+            opt.zero_grad()
+            model(torch.randn(3, 4)).sum().backward()
+            try:
+                opt.step()
+            except gradscope.GradientError as exc:
+                raised.append((step, sorted(p for f in exc.findings for p in f.params)))
+                assert model.spare.weight.grad is None                # torch's truth at that step
+    assert raised[0] == (2, ["spare.bias", "spare.weight"])

@@ -17,6 +17,7 @@ each gradient from the consumer that sends it, up to :data:`DEPTH` consumers bac
 
 from __future__ import annotations
 
+from gradscope.memory.kernels.facts import facts
 from gradscope.memory.kernels.reuse import derived
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "RESHAPES",
     "CONTIGUOUS_OUT",
     "DEPTH",
+    "VIEW_OPS",
 ]
 
 #: How many consumers back a gradient's layout is followed (further: unknown, read as contiguous).
@@ -37,6 +39,8 @@ DEPTH = 16
 
 _SUMS = ("SumBackward0",)
 _TRANSPOSES = ("TransposeBackward0", "TransposeBackward1")
+#: The formulas :func:`layout_of_view_op` answers for (a transpose or permute of the gradient).
+VIEW_OPS = frozenset({*_TRANSPOSES, "PermuteBackward0", "TBackward0"})
 #: Formulas that send ``grad.reshape(input sizes)``: a view when the strides allow it, else a copy.
 RESHAPES = frozenset({"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0"})
 _VIEWS = RESHAPES | {"SqueezeBackward0", "UnsqueezeBackward0"}
@@ -116,10 +120,10 @@ def layout_of_view_op(prog, u: int, shape: list, up: list | None = None) -> list
     """Strides of the gradient that node ``u``, a transpose or permute, sends for an input of ``shape``,
     given the strides ``up`` of the gradient it received (None: contiguous); None when ``u`` is not one."""
     name = prog.name[u]
-    if not shape or prog.leaf[u]:
+    if name not in VIEW_OPS or not shape or prog.leaf[u]:
         return None
     n = len(shape)
-    a = prog.attrs[u].get("attrs") or {} if name in _TRANSPOSES or name == "PermuteBackward0" else {}
+    a = facts(prog).values(u) if name in _TRANSPOSES or name == "PermuteBackward0" else {}
     if name == "PermuteBackward0" and isinstance(a.get("dims"), list) and len(a["dims"]) == n:
         dims = [int(d) % n for d in a["dims"]]
         return _permuted(dims, up if up is not None else contiguous([shape[d] for d in dims]))
@@ -134,13 +138,24 @@ def layout_of_view_op(prog, u: int, shape: list, up: list | None = None) -> list
 def grad_stride(prog, consumers: dict, v: int, k: int, shape: list) -> list | None:
     """Strides of the gradient node ``v`` receives for output ``k`` (None: contiguous or not known), see
     NOTE [gradient layout]."""
-    return _layout(prog, consumers, v, k, shape, 0)[0]
+    got = _memo(prog).get((v, k))
+    return (got if got is not None else _layout(prog, consumers, v, k, shape, 0))[0]
+
+
+def _memo(prog) -> dict:
+    """The layouts worked out so far, ``(node, output) -> (strides, known)`` (the structure's, kept on
+    ``prog``)."""
+    memo = prog.__dict__.get("_layouts")
+    if memo is None:
+        memo = prog.__dict__["_layouts"] = derived(prog).setdefault("grad layouts", {})
+    return memo
 
 
 def _layout(prog, consumers: dict, v: int, k: int, shape: list, depth: int) -> tuple:
-    """:func:`_sent` memoized on the program (which nothing changes); several gradients for one output are
-    summed (in place into the first, or ``old + new``): known when they all have one known layout."""
-    memo = derived(prog).setdefault("grad layouts", {})
+    """:func:`_sent` memoized on the program (which nothing changes, in ``prog._layouts``, which
+    :func:`grad_stride` sets and looks up first); several gradients for one output are summed (in place
+    into the first, or ``old + new``): known when they all have one known layout."""
+    memo = _memo(prog)
     got = memo.get((v, k))
     if got is not None:
         return got
@@ -169,11 +184,16 @@ def _sent(prog, consumers: dict, v: int, c: int, shape: list, depth: int) -> tup
     with that shape."""
     name = prog.name[c]
     out = (prog.grad_shapes[c] or [None])[0]
-    up, known = (None, False) if out is None else _layout(prog, consumers, c, 0, list(out), depth + 1)
-    via = layout_of_view_op(prog, c, shape, up)
-    if via is not None:
-        return via, known
-    if name in _SUMS and not (prog.attrs[c].get("attrs") or {}).get("dim"):
+    if out is None:
+        up, known = None, False
+    else:
+        hit = _memo(prog).get((c, 0))
+        up, known = hit if hit is not None else _layout(prog, consumers, c, 0, list(out), depth + 1)
+    if name in VIEW_OPS:
+        via = layout_of_view_op(prog, c, shape, up)
+        if via is not None:
+            return via, known
+    if name in _SUMS and not facts(prog).values(c).get("dim"):
         return [0] * len(shape), True
     if name in CONTIGUOUS_OUT:
         return None, True
@@ -188,25 +208,25 @@ def _sent(prog, consumers: dict, v: int, c: int, shape: list, depth: int) -> tup
     if name in _PIECES:  # a slice keeps the whole gradient's strides (stack: but for its dim)
         whole = up if up is not None else contiguous(list(out))
         if name == "StackBackward0":
-            dim = int((prog.attrs[c].get("attrs") or {}).get("dim", 0)) % max(len(out), 1)
+            dim = int(facts(prog).values(c).get("dim", 0)) % max(len(out), 1)
             whole = whole[:dim] + whole[dim + 1 :]
         if len(whole) != len(shape):
             return None, False
         return _dense_or_none(shape, whole), known
-    if list(out) != list(shape) or not _pointwise(prog, c, shape):
+    if list(out) != list(shape) or not _pointwise(prog, c, shape):  # ``shape`` is ``c``'s own here
         return None, False
     if up is None or any(up):
         return up, known
-    for e in prog.attrs[c].get("saved") or ():
-        if e.get("shape") == list(shape):
-            return (list(e["stride"]) if e.get("stride") else None), False
+    for _, sh, st, *_ in facts(prog).slots(c):
+        if sh is not None and list(sh) == list(shape):
+            return (list(st) if st else None), False
     return up, False
 
 
 def _matmul(prog, c: int, v: int, shape: list) -> tuple:
     """``(strides or None, known)`` of the gradient matrix product ``c`` sends ``v`` (an addmm's ``self``,
     the bias, is not known: summed to its shape, or the gradient itself)."""
-    a = prog.attrs[c].get("attrs") or {}
+    a = facts(prog).values(c)
     args = _MATMULS[prog.name[c]]
     found = set()
     for (u, _), pos in zip(prog.edges[c], prog.needs[c]):
@@ -225,9 +245,17 @@ def _matmul(prog, c: int, v: int, shape: list) -> tuple:
 
 def _pointwise(prog, c: int, shape: list) -> bool:
     """Whether node ``c`` looks like a pointwise formula at ``shape``: every tensor it saved broadcasts to
-    it (an RNN's weights or a convolution's do not), so TensorIterator lays its gradient out as its inputs."""
-    for e in prog.attrs[c].get("saved") or ():
-        sh = e.get("shape")
+    it (an RNN's weights or a convolution's do not), so TensorIterator lays its gradient out as its inputs.
+    Kept per node: it is asked at ``c``'s own output shape."""
+    memo = prog.__dict__.setdefault("_pointwise", {})
+    got = memo.get(c)
+    if got is None or got[0] != shape:
+        got = memo[c] = (shape, _broadcasts(facts(prog).slots(c), shape))
+    return got[1]
+
+
+def _broadcasts(slots: list, shape: list) -> bool:
+    for _, sh, *_ in slots:
         if sh is None or len(sh) > len(shape):
             return False
         if any(int(a) not in (1, int(b)) for a, b in zip(reversed(sh), reversed(shape))):
@@ -237,9 +265,9 @@ def _pointwise(prog, c: int, shape: list) -> bool:
 
 def _own_output_stride(prog, v: int, shape: list) -> list | None:
     """The strides of node ``v``'s output when it saved it (``result``, ``output``) and it is not contiguous."""
-    for e in prog.attrs[v].get("saved") or ():
-        if e.get("slot") in ("result", "result0", "output", "out") and e.get("shape") == shape and e.get("stride"):
-            return list(e["stride"])
+    for slot, sh, st, *_ in facts(prog).slots(v):
+        if slot in ("result", "result0", "output", "out") and sh is not None and list(sh) == shape and st:
+            return list(st)
     return None
 
 
@@ -282,11 +310,11 @@ def reshape_views(prog) -> dict:
     return found
 
 
-def _channels_last(entry: dict) -> bool:
-    """Whether a saved 4-d tensor's recorded strides make torch's ``suggest_memory_format`` say
-    channels-last (strides ordered N, H, W, C, and not also contiguous)."""
-    shape = entry.get("shape") or []
-    stride = _dense_or_none(shape, entry.get("stride")) if len(shape) == 4 else None
+def _channels_last(slot: tuple) -> bool:
+    """Whether a saved 4-d tensor's recorded strides (a ``facts`` slot) make torch's
+    ``suggest_memory_format`` say channels-last (strides ordered N, H, W, C, and not also contiguous)."""
+    shape = slot[1] or []
+    stride = _dense_or_none(shape, slot[2]) if len(shape) == 4 else None
     if stride is None:
         return False
     order = sorted(range(4), key=lambda d: (-stride[d], d))
@@ -306,9 +334,9 @@ def layout_clones(prog) -> frozenset:
     for c, name in enumerate(prog.name):
         if name != "ConvolutionBackward0":
             continue
-        saved = {e.get("slot"): e for e in prog.attrs[c].get("saved") or ()}
+        saved = {e[0]: e for e in facts(prog).slots(c)}
         inp, w = saved.get("input"), saved.get("weight")
-        if not inp or not w or len(w.get("shape") or ()) != 4 or w.get("stride") or not _channels_last(inp):
+        if not inp or not w or len(w[1] or ()) != 4 or w[2] or not _channels_last(inp):
             continue
         cons = consumers_of(prog) if cons is None else cons
         for (u, k), pos in zip(prog.edges[c], prog.needs[c]):

@@ -15,16 +15,21 @@ are equal the dict is shared, so a program's results are those a fresh computati
 What a walk reads besides (sequence numbers, storage sizes, ``.grad``, the roots' shapes, the tensors held
 outside) is read afresh every time. Only the last structure is kept; nothing in it refers to a tensor, a
 module or a report (``tests/memory/test_signature_reuse.py``). A program compiled from a DiGraph (no compact
-records) has a dict of its own.
+records) has a dict of its own. A structure seen for the first time still works its signatures out, from
+the columns (NOTE [node facts]); a signature whose parts (the node's own digest, its inputs, the layouts
+of the gradients it receives) were seen before, in this graph or an earlier one, takes the JSON key made
+then (:func:`signatures`; ``tests/memory/test_node_facts.py``).
 """
 
 from __future__ import annotations
 
 import marshal
 
-__all__ = ["derived", "shared"]
+__all__ = ["derived", "forget", "shared", "signatures"]
 
 _LAST: list = []  # [the last structure, its dict]
+_SIGNATURES: dict = {}  # (a node's raw key, its inputs and gradient layouts, threads) -> (JSON key, signature)
+_MAX_SIGNATURES = 1 << 16
 
 
 def derived(prog) -> dict:
@@ -52,6 +57,22 @@ def shared(structure: tuple) -> dict:
     got: dict = {}
     _LAST[:] = [[c.copy() if type(c) is dict else c[:] for c in cols], got]  # copies: the columns may grow
     return got
+
+
+def signatures() -> dict:
+    """The signatures built so far by their parts (``signature.keyed_signature``), for every program: a
+    structure seen for the first time writes the JSON key of each distinct signature once, not per node.
+    Nothing in it refers to a tensor, a module or a report; emptied when it grows past 65536 entries."""
+    if len(_SIGNATURES) >= _MAX_SIGNATURES:
+        _SIGNATURES.clear()
+    return _SIGNATURES
+
+
+def forget() -> None:
+    """Forget the structure kept and the signatures built (the next program works everything out afresh,
+    as for a structure seen for the first time: what ``bench/memory_bench.py --backward --cold`` times)."""
+    _LAST.clear()
+    _SIGNATURES.clear()
 
 
 def _values_key(values: list):

@@ -11,22 +11,61 @@ from __future__ import annotations
 
 import json
 
-from gradscope.memory.kernels.layout import consumers_of, grad_stride, layout_of_view_op
+from gradscope.memory.kernels.facts import facts
+from gradscope.memory.kernels.layout import VIEW_OPS, consumers_of, grad_stride, layout_of_view_op
+from gradscope.memory.kernels.reuse import signatures
 
-__all__ = ["node_signature", "signature_key", "tensors_of"]
+__all__ = ["keyed_signature", "node_signature", "signature_key", "tensors_of"]
+
+
+_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
 
 
 def signature_key(sig: dict) -> str:
     """The cache key of a signature: its JSON text, keys sorted."""
-    return json.dumps(sig, sort_keys=True, separators=(",", ":"))
+    return _JSON.encode(sig)
 
 
-def _dtype_of(prog, u: int, k: int) -> str:
-    d = prog.attrs[u]
-    if prog.leaf[u]:
-        return d.get("dtype") or "float32"
-    dts = d.get("out_dtypes") or []
-    return dts[k] if k < len(dts) and dts[k] else "float32"
+def _saved(f, v: int) -> list | None:
+    """The signature's saved part of node ``v`` (None when a shape it needs is unknown)."""
+    saved = []
+    for slot, shape, stride, dtype, scalar, status in f.slots(v):
+        if shape is None:
+            if status in ("live", "stale", "hooked", "offloaded", "recomputed"):
+                return None
+            continue
+        saved.append([slot, list(shape), stride, dtype or "float32", scalar])
+    return saved
+
+
+def _context(prog, f, v: int, consumers: dict) -> tuple | None:
+    """``(inputs, gradients)`` of op node ``v``'s signature as tuples: per input that needs a gradient
+    ``(position, shape, dtype, layout)``, per gradient received ``(output, strides)`` (None when a shape it
+    needs is unknown)."""
+    inputs = []
+    names, grad_shapes = prog.name, prog.grad_shapes
+    for (u, k), pos in zip(prog.edges[v], prog.needs[v]):
+        shapes = grad_shapes[u]
+        if k >= len(shapes) or shapes[k] is None:
+            return None
+        shape = shapes[k]
+        lay = layout_of_view_op(prog, u, shape) if names[u] in VIEW_OPS else None
+        inputs.append((int(pos), tuple(shape), f.dtype(u, k), None if lay is None else tuple(lay)))
+    grads: list = []
+    for k, shape in enumerate(f.outputs(v)[0]):
+        if not consumers.get((v, k)) and not (k == 0 and v in prog.roots):
+            continue
+        if shape is None:
+            return None
+        stride = grad_stride(prog, consumers, v, k, list(shape))
+        if stride is None:
+            grads.append((k, None))
+        elif not any(stride) and not f.function(v):  # an expanded gradient: the replay counts a built-in
+            grads.append((k, None))  # formula's copy of it (memory/replay/gradients.py) and measures the
+            # formula on a dense one; user code is measured on the expanded one itself
+        else:
+            grads.append((k, tuple(stride)))
+    return tuple(inputs), tuple(grads)
 
 
 def node_signature(prog, v: int, consumers: dict, threads: int) -> dict | None:
@@ -34,46 +73,54 @@ def node_signature(prog, v: int, consumers: dict, threads: int) -> dict | None:
 
     ``consumers`` maps ``(node, output)`` to the nodes that consume that output (``consumers_of``).
     """
-    d = prog.attrs[v]
-    saved = []
-    for e in d.get("saved") or ():
-        if e.get("shape") is None:
-            if e.get("status") in ("live", "stale", "hooked", "offloaded", "recomputed"):
-                return None
-            continue
-        saved.append([e["slot"], list(e["shape"]), e.get("stride"), e.get("dtype") or "float32", bool(e.get("scalar"))])
-    inputs = []
-    for (u, k), pos in zip(prog.edges[v], prog.needs[v]):
-        shapes = prog.grad_shapes[u]
-        if k >= len(shapes) or shapes[k] is None:
+    got = keyed_signature(prog, v, consumers, threads)
+    return None if got is None else got[1]
+
+
+def keyed_signature(prog, v: int, consumers: dict, threads: int) -> tuple | None:
+    """``(signature_key(sig), sig)`` of op node ``v`` (:func:`node_signature`), or None. Built from parts
+    (NOTE [node facts]): the node's own digest (``raw_key``), its inputs and the layouts of the gradients
+    it receives, as tuples, look up the JSON key of a signature built from the same parts before
+    (``reuse.signatures``), so the JSON text is written once per distinct signature."""
+    f = facts(prog)
+    raw = f.raw_key(v)
+    saved = None
+    if raw is None:  # a node read from its dict: a saved shape may be unknown (the columns' never are)
+        saved = _saved(f, v)
+        if saved is None:
             return None
-        inputs.append([int(pos), list(shapes[k]), _dtype_of(prog, u, k), layout_of_view_op(prog, u, list(shapes[k]))])
-    grads = []
-    outs = d.get("out_shapes") or []
-    dts = d.get("out_dtypes") or []
-    for k, shape in enumerate(outs):
-        users = consumers.get((v, k))
-        if not users and not (k == 0 and v in prog.roots):
-            continue
-        if shape is None:
-            return None
-        stride = grad_stride(prog, consumers, v, k, list(shape))
-        if stride is not None and not any(stride) and not d.get("function"):  # an expanded gradient: the
-            stride = None  # replay counts a built-in formula's copy of it (memory/replay/gradients.py) and
-            # measures the formula on a dense one; user code is measured on the expanded one itself
-        grads.append([k, list(shape), stride, dts[k] if k < len(dts) else "float32"])
+    ctx = _context(prog, f, v, consumers)
+    if ctx is None:
+        return None
+    memo = None
+    if raw is not None:
+        memo = signatures()
+        try:
+            got = memo.get((raw, ctx, threads))
+        except TypeError:  # an unhashable value: built each time
+            got = memo = None
+        if got is not None:
+            return got
+    outs, dts = f.outputs(v)
     sig = {
         "op": prog.name[v],
-        "saved": saved,
-        "attrs": d.get("attrs") or {},
-        "inputs": inputs,
-        "grads": grads,
+        "saved": _saved(f, v) if saved is None else saved,
+        "attrs": f.values(v) or {},
+        "inputs": [[pos, list(shape), dt, None if lay is None else list(lay)] for pos, shape, dt, lay in ctx[0]],
+        "grads": [
+            [k, list(outs[k]), None if st is None else list(st), dts[k] if k < len(dts) else "float32"]
+            for k, st in ctx[1]
+        ],
         "n_out": len(outs),
         "threads": threads,
     }
-    if d.get("function"):
-        sig["function"] = d["function"]
-    return sig
+    fn = f.function(v)
+    if fn:
+        sig["function"] = fn
+    got = (signature_key(sig), sig)
+    if memo is not None:
+        memo[(raw, ctx, threads)] = got
+    return got
 
 
 def tensors_of(sig: dict) -> list:

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gradscope.memory.kernels.reuse import derived
-from gradscope.memory.kernels.signature import consumers_of, node_signature, signature_key
+from gradscope.memory.kernels.signature import consumers_of, keyed_signature
 
 __all__ = ["InNode", "innode", "cache_path"]
 
@@ -161,8 +161,7 @@ def innode(prog, nodes: Iterable[int], run_custom: bool = False) -> InNode:
         if key == 0:
             if cons is None:
                 cons = consumers_of(prog)
-            sig = node_signature(prog, v, cons, threads)
-            key = keys_of[v] = None if sig is None else (signature_key(sig), sig)
+            key = keys_of[v] = keyed_signature(prog, v, cons, threads)
         if key is None:
             unmodelled[v] = f"the shapes {prog.name[v]} needs are not recorded"
         else:

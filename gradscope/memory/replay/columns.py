@@ -6,9 +6,12 @@ read of a graph, answered from the columns.
 
 from __future__ import annotations
 
+import json
+import marshal
 from collections.abc import Callable, Sequence
 
 from gradscope.graph import ROOTS
+from gradscope.memory.kernels.facts import slots_of
 
 __all__ = ["Lazy", "NodeAttrs", "RegionView", "GraphAttrs"]
 
@@ -49,12 +52,14 @@ class Lazy(Sequence):
 
 
 class NodeAttrs(Sequence):
-    """``Program.attrs`` over compact records: node ``i``'s contract dict, built when it is read."""
+    """``Program.attrs`` over compact records: node ``i``'s contract dict, built when it is read; and the
+    node facts of ``memory/kernels/facts.py`` (NOTE [node facts]) read from the columns, no dict built."""
 
-    __slots__ = ("_records",)
+    __slots__ = ("_records", "_slots")
 
     def __init__(self, records) -> None:
         self._records = records
+        self._slots: dict = {}
 
     def __getitem__(self, i):
         return self._records.node_attrs(i)
@@ -63,23 +68,90 @@ class NodeAttrs(Sequence):
         return len(self._records)
 
     def raw_key(self, i: int):
-        """A digest of op ``i``'s saved shapes, values and outputs from the columns (no dict made), or None (a
-        node the general reader read): a memo key for per-op results (unhashable when a value is)."""
+        """A digest of op ``i``'s own part of its in-node signature from the columns (op, custom Function,
+        saved slots with shapes, dtypes, devices, strides and wrapped scalars, saved values, outputs), or
+        None (a node whose dict is read): equal digests give equal parts. The values as marshal's bytes,
+        which tell ``2`` from ``2.0`` (their JSON text where marshal cannot write them)."""
         r = self._records
         rec = r.saved[i]
-        if type(rec) is list:
+        if type(rec) is list or i in r._dicts or i in r.leaves:
             return None
-        sids = rec[4::5]
-        key = (
-            r.types[i].name,
+        vals = r.values[i]
+        vkey: bytes | str
+        try:
+            vkey = marshal.dumps(vals, 2)  # version 2: no back-references, so equal values give equal bytes
+        except ValueError:
+            vkey = json.dumps(r.saved_values(i), sort_keys=True)
+        strided = r.strides.get(i)
+        t = r.types[i]
+        return (
+            t.name,
+            t.function,
             rec[0::5],
             rec[1::5],
             rec[2::5],
-            tuple(map(_NEGATIVE, sids)),  # a wrapped scalar
-            r.values[i],
+            rec[3::5],
+            tuple(map(_NEGATIVE, rec[4::5])),  # a wrapped scalar
+            None if strided is None else tuple((k, tuple(v)) for k, v in strided.items()),
+            vkey,
             r.outs[i],  # (device, output shapes, output dtypes)
         )
-        return key  # unhashable values raise TypeError where it is looked up
+
+    def slots(self, i: int) -> list:
+        """Node ``i``'s saved slots as ``(slot, shape, stride, dtype, scalar, status)`` (NOTE [node facts])."""
+        got = self._slots.get(i)
+        if got is not None:
+            return got
+        r = self._records
+        d = r._dicts.get(i)
+        rec = r.saved[i]
+        if d is not None or type(rec) is list:
+            got = slots_of(d["saved"] if d is not None else rec)
+        else:
+            strided = r.strides.get(i) or {}
+            got = [
+                (rec[k], rec[k + 1], strided.get(rec[k]), rec[k + 2], rec[k + 4] < 0, "live")
+                for k in range(0, len(rec), 5)
+            ]
+        self._slots[i] = got
+        return got
+
+    def values(self, i: int) -> dict:
+        """Node ``i``'s saved values (its dict's ``attrs``)."""
+        r = self._records
+        d = r._dicts.get(i)
+        if d is not None:
+            return d.get("attrs") or {}
+        return {} if i in r.leaves else r.saved_values(i)
+
+    def outputs(self, i: int) -> tuple:
+        """``(output shapes, output dtypes)`` of node ``i`` (empty for a leaf)."""
+        r = self._records
+        d = r._dicts.get(i)
+        if d is not None:
+            return d.get("out_shapes") or (), d.get("out_dtypes") or ()
+        if i in r.leaves:
+            return (), ()
+        out = r.outs[i]
+        return out[1], out[2]
+
+    def function(self, i: int):
+        """Node ``i``'s custom Function (its dict's ``function``), or None."""
+        r = self._records
+        d = r._dicts.get(i)
+        if d is not None:
+            return d.get("function")
+        return None if i in r.leaves else r.types[i].function
+
+    def dtype(self, i: int, k: int) -> str:
+        """The dtype of node ``i``'s output ``k`` (a leaf's own dtype; float32 when not recorded)."""
+        r = self._records
+        d = r._dicts.get(i)
+        leaf = r.leaves.get(i)
+        if leaf is not None:
+            return (leaf[4] if d is None else d.get("dtype")) or "float32"
+        dts = r.outs[i][2] if d is None else d.get("out_dtypes") or ()
+        return dts[k] if k < len(dts) and dts[k] else "float32"
 
     def structure(self) -> tuple:
         """What every node's dict and the program's edges and roots are read from: ``(types, outs, saved,
