@@ -18,7 +18,6 @@ from torch import nn
 import gradscope
 from gradscope.graph import DTYPE_FLOW
 from gradscope.memory.planning.change import change_overrides, replay_change
-from gradscope.memory.replay.gradients import VIEW_OPS
 from gradscope.memory.sharding.precision import F32_SLOTS, in_param_dtype
 from tests._memtruth import measure
 from tests._shardmodels import batch, build, loss_of
@@ -141,8 +140,7 @@ def test_traced_float32_forward_knows_every_tensor_a_bf16_run_keeps_in_float32(n
 @pytest.mark.parametrize("name, make, x", REPLAYED, ids=[m[0] for m in REPLAYED])
 def test_bf16_backward_replayed_from_the_float32_trace_matches_the_real_one_node_by_node(name, make, x):
     """The backward of the bfloat16 model, measured with torch.profiler: the engine's order (the casts'
-    ToCopyBackward0 nodes included), the level after every node and the highest level inside it equal the
-    replay's."""
+    ToCopyBackward0 nodes included) and the level after every node equal the replay's."""
     model = make()
     report = _traced(model, x)
     ov, _, regions, off = change_overrides(report)
@@ -151,11 +149,6 @@ def test_bf16_backward_replayed_from_the_float32_trace_matches_the_real_one_node
     truth = measure(lambda: (loss_of(bf(_bf16(None, x)[1])), bf))  # the input cast inside, as FSDP2's root does
     assert [o == "ToCopyBackward0" for o in truth.order] == [":cast" in n for n in mem.order]
     assert truth.levels == mem.levels and truth.peak == mem.peak
-    # inside each node too, its kernels measured in bfloat16 (NOTE [node facts]); view nodes are not measured:
-    # in bfloat16 the GPT's ViewBackward0 after a transpose copies its gradient (49,152 B inside the node,
-    # the level after it right), which the replay does not show
-    measured = [i for i, o in enumerate(truth.order) if o not in VIEW_OPS]
-    assert [truth.inner[i] for i in measured] == [mem.inner[i] for i in measured]
     assert any(":cast" in n for n in mem.order)
 
 
@@ -233,22 +226,3 @@ def test_ops_that_keep_float32_by_themselves_on_cpu():
     h = torch.randn(4, 16, dtype=torch.bfloat16, requires_grad=True)
     ln = torch.nn.functional.layer_norm(h, (16,))
     assert ln.grad_fn._saved_result1.dtype == torch.bfloat16 and ln.grad_fn._saved_result2.dtype == torch.bfloat16
-
-
-@pytest.mark.parametrize("threads", [1, 2])
-def test_bf16_in_node_memory_is_measured_on_the_callers_threads(threads):
-    """A bfloat16 matmul's backward allocates temporaries whose size depends on the thread count (the MLP
-    stack at batch 256 on an AVX512-BF16 CPU: 320,024 B on one thread, 353,432 B on two): the replay measures
-    its nodes on the caller's threads, in bfloat16, and equals the profiler's peak on each."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        model, x = build("mlp"), batch("mlp", 256)
-        report = _traced(model, x)
-        ov, _, regions, off = change_overrides(report)
-        mem = replay_change(report, ov, regions, off, None, lambda p: in_param_dtype(p, report.graph, "bfloat16"))
-        bf, _ = _bf16(model, x)
-        truth = measure(lambda: (loss_of(bf(_bf16(None, x)[1])), bf))
-    finally:
-        torch.set_num_threads(before)
-    assert truth.inner == mem.inner and truth.peak == mem.peak

@@ -22,17 +22,6 @@ DDP_CONFIGS = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def rank_threads():
-    """Predicted on the ranks' thread count: each gloo rank runs on one thread (``tests/_shardtruth.py``, as
-    torchrun starts ranks), and a node's in-node memory depends on it (a bfloat16 matmul's packing buffers
-    are per thread: docs/memory.md#in-node-memory)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def predict(model_name: str, spec, n: int = 8, opt: bool = True, **kw):
     model = build(model_name)
     optimizer = torch.optim.AdamW(model.parameters()) if opt else None

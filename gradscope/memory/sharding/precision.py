@@ -129,15 +129,8 @@ def in_param_dtype(prog, graph, param_dtype: str, orig: str = "float32"):
     used |= {key for entries in recompute.values() for key, _ in entries}
     unheld = {key: n for key, n in storages.items() if key not in used and key[0] in ("s", "e")}
     storages = {key: n for key, n in storages.items() if key not in unheld}
-    kept = {}  # node index -> (saved slot positions, output indices) that stay in ``orig`` (NOTE [node facts])
-    for nid, (up_saved, up_out) in f32.items():
-        v = prog.index.get(nid)
-        if v is not None and nid in nodes:
-            pos = {j for j, e in enumerate(nodes[nid].get("saved") or ()) if e.get("storage") in up_saved}
-            kept[v] = (frozenset(pos), frozenset(up_out))
     out = replace(
         prog,
-        dtype_change=(orig, param_dtype, kept),
         saved=saved,
         storages=storages,
         shapes=shapes,
@@ -158,8 +151,6 @@ def _with_casts(prog, full: list, graph, k: float):
     names = ("ids", "name", "seq", "leaf", "edges", "needs", "grad_bytes", "grad_shapes", "saved", "module", "attrs")
     cols = {f: list(getattr(prog, f)) for f in names}
     opaque, index = list(prog.opaque), dict(prog.index)
-    orig, to, kept = prog.dtype_change
-    kept = dict(kept)
     for i, c in enumerate(casts):
         u, j = prog.index.get(c["of"]), c["output"]
         by = [prog.index[n] for n in c["by"] if n in prog.index]
@@ -181,11 +172,9 @@ def _with_casts(prog, full: list, graph, k: float):
             "module": prog.module[by[0]],
             "attrs": {"kind": "op", "name": "ToCopyBackward0"},
         }
-        if c["to"] == "float32":
-            kept[v] = (frozenset(), frozenset({0}))
         for f in names:
             cols[f].append(row[f])
         index[row["ids"]] = v
         if opaque:
             opaque.append(False)
-    return replace(prog, **cols, opaque=opaque, index=index, dtype_change=(orig, to, kept))
+    return replace(prog, **cols, opaque=opaque, index=index)
