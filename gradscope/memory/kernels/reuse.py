@@ -38,6 +38,8 @@ def derived(prog) -> dict:
     got = prog.__dict__.get("_derived")
     if got is None:
         structure = getattr(prog.attrs, "structure", None)
+        if getattr(prog, "dtype_change", None) is not None:  # its signatures differ from the structure's
+            structure = None
         got = {} if structure is None else shared(structure())
         prog.__dict__["_derived"] = got
     return got

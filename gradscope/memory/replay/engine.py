@@ -58,6 +58,7 @@ class Program:
             save a float32 copy); a checkpoint frame that takes it as input still holds it.
         roots: root node indices; ``root_bytes`` the bytes of the seed gradient of each.
         module: per node, its module name (None when unknown).
+        dtype_change: ``(orig, to, kept)``: ``orig`` tensors run in ``to`` but ``kept`` (NOTE [node facts]).
     """
 
     ids: list
@@ -84,6 +85,7 @@ class Program:
     extra: dict | None = None  # node index -> its ``attrs`` the replay reads; None: read ``attrs[v]["attrs"]``
     leaf_info: dict | None = None  # leaf index -> (kind, name); None: read ``attrs``
     unheld: dict = field(default_factory=dict)
+    dtype_change: tuple | None = None
 
     def leaves(self) -> dict:
         """Leaf index -> ``(kind, name)`` ("param"/"input", the parameter's name)."""

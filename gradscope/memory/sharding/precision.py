@@ -22,7 +22,7 @@ gradient in ``param_dtype``; a storage read both ways (RMSNorm's input: the resi
 ``param_dtype``, its float32 copy saved by ``pow``) counts once per dtype; a storage that only float32
 copies are saved of is no longer held by the graph (``Program.unheld`` keeps its size for a checkpoint frame
 that takes it as input: NOTE [a requested checkpoint region]). Each node's in-node memory is measured with
-the dtypes of that run (``_attrs_in``, NOTE [in-node memory]). Saved slots that an op keeps in float32 by
+the dtypes of that run (``_kept``, NOTE [node facts]). Saved slots that an op keeps in float32 by
 itself count as float32 on every report (:data:`F32_SLOTS`, docs/internals.md#float32-saved-slots).
 An untraced report has no casts to follow: every such tensor is taken as ``param_dtype``, and where the
 model computes in float32 on purpose (RMSNorm, a loss on ``logits.float()``) the peak is a lower bound; the
@@ -138,31 +138,22 @@ def in_param_dtype(prog, graph, param_dtype: str, orig: str = "float32"):
         recompute=recompute,
         grad_bytes=grad_bytes,
         unheld={**prog.unheld, **unheld},
-        attrs=_attrs_in(prog, f32, param_dtype, orig),
+        dtype_change=(orig, param_dtype, _kept(prog, graph, f32)),
     )
     return _with_casts(out, prog.grad_bytes, graph, k)
 
 
-def _attrs_in(prog, f32: dict, param_dtype: str, orig: str) -> list:
-    """Each node's attributes with the dtypes of the lower-precision run, for the signature its in-node
-    memory is measured by (NOTE [in-node memory]): the kernels of ``param_dtype`` allocate their own
-    temporaries (a bfloat16 matmul on the CPU is not a float32 one). A slot or output of dtype ``orig`` is in
-    ``param_dtype`` unless the node keeps it in float32 (NOTE [dtype flow]); parameters are the unsharded
-    ones, in ``param_dtype`` too."""
-    out = []
-    for v, d in enumerate(prog.attrs):
-        if prog.leaf[v]:
-            out.append({**d, "dtype": param_dtype} if (d.get("dtype") or orig) == orig else d)
-            continue
-        up_saved, up_out = f32.get(prog.ids[v], ((), ()))
-        saved = [
-            {**e, "dtype": param_dtype}
-            if e.get("dtype") == orig and e.get("storage") not in up_saved and e.get("slot") not in F32_SLOTS
-            else e
-            for e in d.get("saved") or ()
-        ]
-        dts = [param_dtype if dt == orig and j not in up_out else dt for j, dt in enumerate(d.get("out_dtypes") or ())]
-        out.append({**d, "saved": saved, "out_dtypes": dts} if d.get("saved") or dts else d)
+def _kept(prog, graph, f32: dict) -> dict:
+    """Node index -> (saved slot positions, output indices) that stay float32 in the lower-precision run
+    (NOTE [dtype flow]): the signatures its in-node memory is measured by read every other tensor of the
+    traced dtype in ``param_dtype`` (``Program.dtype_change``, NOTE [node facts]), as the kernels of
+    ``param_dtype`` allocate their own temporaries (a bfloat16 matmul on the CPU is not a float32 one)."""
+    nodes, out = graph.nodes, {}
+    for nid, (up_saved, up_out) in f32.items():
+        v = prog.index.get(nid)
+        if v is not None and nid in nodes:
+            pos = {j for j, e in enumerate(nodes[nid].get("saved") or ()) if e.get("storage") in up_saved}
+            out[v] = (frozenset(pos), frozenset(up_out))
     return out
 
 
@@ -176,6 +167,8 @@ def _with_casts(prog, full: list, graph, k: float):
     names = ("ids", "name", "seq", "leaf", "edges", "needs", "grad_bytes", "grad_shapes", "saved", "module", "attrs")
     cols = {f: list(getattr(prog, f)) for f in names}
     opaque, index = list(prog.opaque), dict(prog.index)
+    orig, to, kept = prog.dtype_change
+    kept = dict(kept)
     for i, c in enumerate(casts):
         u, j = prog.index.get(c["of"]), c["output"]
         by = [prog.index[n] for n in c["by"] if n in prog.index]
@@ -197,9 +190,11 @@ def _with_casts(prog, full: list, graph, k: float):
             "module": prog.module[by[0]],
             "attrs": {"kind": "op", "name": "ToCopyBackward0"},
         }
+        if c["to"] == "float32":
+            kept[v] = (frozenset(), frozenset({0}))  # its output, read by the nodes after it, is float32
         for f in names:
             cols[f].append(row[f])
         index[row["ids"]] = v
         if opaque:
             opaque.append(False)
-    return replace(prog, **cols, opaque=opaque, index=index)
+    return replace(prog, **cols, opaque=opaque, index=index, dtype_change=(orig, to, kept))
