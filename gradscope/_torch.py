@@ -31,6 +31,7 @@ __all__ = [
     "RAW_SAVED_PREFIX",
     "input_metadata",
     "forward_cls",
+    "compiled_backward_graph",
     "storage_key",
     "version",
     "TENSOR_DATA",
@@ -105,6 +106,21 @@ def forward_cls(node: Any) -> type | None:
     nodes); tells checkpoint (``CheckpointFunction``) and ``torch.compile`` (``CompiledFunction``) apart.
     docs/internals.md#custom-functions."""
     return getattr(node, "_forward_cls", None)
+
+
+def compiled_backward_graph(node: Any) -> tuple[Any, str | None]:
+    """``(graph module, None)`` for a ``torch.compile`` region's node: ``node._forward_cls._lazy_backward_info
+    .bw_module``, the AOT backward FX graph before the backward compiler lowers it (torch keeps it after the
+    first backward and lowers a copy); each FX node's ``meta["val"]`` is a FakeTensor with the value's shape,
+    strides and storage. ``(None, why)`` when a piece is missing on this torch (an AOT cache hit keeps only a
+    function that rebuilds it). docs/internals.md#compiled-region-memory."""
+    info = getattr(forward_cls(node), "_lazy_backward_info", None)
+    if info is None:
+        return None, f"torch {torch.__version__} keeps no backward graph on this compiled region"
+    gm = getattr(info, "bw_module", None)
+    if gm is None or not hasattr(gm, "graph"):
+        return None, f"the backward graph of this compiled region is not readable on torch {torch.__version__}"
+    return gm, None
 
 
 def is_checkpoint_holder(value: Any) -> bool:

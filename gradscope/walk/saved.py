@@ -133,6 +133,7 @@ def _read_custom(node, saved: list, attrs: dict, storages: StorageIds) -> None:
             saved.append(blank("saved_tensors", "freed"))
         raws = ()
     written = False
+    sids: list = []
     for i, raw in enumerate(raws):
         slot = f"saved_tensors[{i}]"
         if raw.unpack_hook is None and raw.data is None:
@@ -142,6 +143,11 @@ def _read_custom(node, saved: list, attrs: dict, storages: StorageIds) -> None:
             written = written or (e["status"] == "live" and raw.data._version > 0)
         if e is not None:
             saved.append(e)
+        sids.append(e.get("storage") if e is not None else None)
+    if type(node).__name__ == "CompiledFunctionBackward":  # NOTE [compiled region memory]
+        from gradscope.walk.regionmem import region_steps
+
+        attrs.update(region_steps(node, sids))
     if written:
         _check_custom_versions(node, saved)
     if any(e["status"] == "recomputed" for e in saved):  # NOTE [checkpoint inputs]

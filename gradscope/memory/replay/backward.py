@@ -60,12 +60,13 @@ from gradscope.memory.replay.accounting import (
     storage_sizes,
 )
 from gradscope.memory.replay.compile import PROGRAM_KEY, Lazy, program
-from gradscope.memory.replay.engine import Program, reentrant_nodes
+from gradscope.memory.replay.engine import Program, node_extras, reentrant_nodes
 from gradscope.memory.replay.gradients import VIEW_OPS
 from gradscope.memory.replay.optimizer import step_budget
 from gradscope.memory.replay.reentrant import modelled_region, node_effect
 from gradscope.memory.replay.result import BackwardMemory
 from gradscope.memory.replay.simulate import Trace, simulate
+from gradscope.memory.replay.subprogram import region_subprograms
 from gradscope.memory.targets import Target, resolve
 
 __all__ = [
@@ -150,7 +151,8 @@ def replay(
         prog = dataclasses.replace(prog, root_bytes=[alloc(b) for b in prog.root_bytes])
     drop = offloaded_keys(prog, ov)
     has_grad = _has_grad(prog, ov)
-    inn = _innode(prog, run_custom) if workspace else InNode()
+    subs = region_subprograms(node_extras(prog), ov.scale, alloc)  # NOTE [node sub-programs]
+    inn = _innode(prog, run_custom, subs) if workspace else InNode()
     ws = {v: (alloc(w) if alloc else w) for v in inn.bytes if (w := scaled(inn, v, grad_scale))}
     sim = functools.partial(
         simulate,
@@ -161,6 +163,7 @@ def replay(
         grad_scale=grad_scale,
         workspace=ws or None,
         drop=drop,
+        subprograms=subs or None,
     )
     tr: Trace = sim()
     step = None
@@ -300,10 +303,11 @@ class _Replayed:
         }
 
 
-def _innode(prog: Program, run_custom: bool) -> InNode:
-    """In-node memory of every op node but views (their gradient is a view of the incoming one) and reentrant
-    checkpoint regions (their recompute and nested backward: reentrant.py, or listed as unmodelled)."""
-    regions = {v for v, _ in reentrant_nodes(prog)}
+def _innode(prog: Program, run_custom: bool, subs: dict) -> InNode:
+    """In-node memory of every op node but views (their gradient is a view of the incoming one), reentrant
+    checkpoint regions (their recompute and nested backward: reentrant.py, or listed as unmodelled) and nodes
+    replayed as a sub-program of their own (NOTE [node sub-programs])."""
+    regions = {v for v, _ in reentrant_nodes(prog)} | set(subs)
     nodes = [
         v
         for v, (lf, name) in enumerate(zip(prog.leaf, prog.name))

@@ -60,10 +60,22 @@ class Run:
         "saved_freed",
         "as_view",
         "clones",
+        "subs",
     )
 
     def __init__(
-        self, prog: Program, mem: Memory, *, sizes, drop, recompute, grad_scale, has_grad, snapshot_at, workspace
+        self,
+        prog: Program,
+        mem: Memory,
+        *,
+        sizes,
+        drop,
+        recompute,
+        grad_scale,
+        has_grad,
+        snapshot_at,
+        workspace,
+        subprograms=None,
     ) -> None:
         self.prog, self.mem, self.sizes, self.drop = prog, mem, sizes, drop
         self.recompute, self.grad_scale, self.has_grad, self.snapshot_at = recompute, grad_scale, has_grad, snapshot_at
@@ -82,6 +94,7 @@ class Run:
         self.saved_freed = 0
         self.as_view = reshape_views(prog)  # NOTE [gradient layout]: the reshapes that copy, or view a piece
         self.clones = layout_clones(prog)  # gradients AccumulateGrad clones into their parameter's layout
+        self.subs = subprograms or None  # node index -> [subprogram.Step]: NOTE [node sub-programs]
 
 
 def hold_saved(prog: Program, mem: Memory, sizes: dict, drop) -> None:
