@@ -296,6 +296,7 @@ class _Replayed:
             "unmodelled_why": {**unknown, **why},
             "innode_unknown": unknown,
             "notes": notes,
+            "custom_runs": {ids[v]: h for v, h in inn.how.items()},
             "_reserved": lambda: self.reserved(parts),
         }
 
@@ -333,8 +334,8 @@ def backward_memory(
 ) -> BackwardMemory:
     """``report.backward_memory()``: the unchanged step (see :class:`BackwardMemory`); ``inputs``: the batch
     the caller holds through the step, for the absolute peak (:func:`replay`); ``target``: the device
-    (``"cpu"`` by default, ``"cuda"`` or a Target: NOTE [device targets]); ``run_custom=True`` runs custom
-    autograd.Functions' backward on random tensors to measure their in-node memory."""
+    (``"cpu"`` by default, ``"cuda"`` or a Target: NOTE [device targets]); custom autograd.Functions' backward
+    runs on fake tensors to measure their in-node memory (``run_custom=True``: on real random tensors)."""
     ov = None if target is None else Overrides(target=resolve(target))
     enabled = gc.isenabled()
     gc.disable()  # the replay allocates many small objects; generational passes would dominate its time
