@@ -12,7 +12,12 @@ gradient, the layout of the gradients it receives) is run again on fresh random 
 (``rebuild.py``: the op's forward found among torch's operators, then ``torch.autograd.grad``), all
 distinct signatures in one torch.profiler session (``measure.py``), and the highest point above what the
 backward leaves behind is the node's in-node memory. Results are cached per signature in
-``~/.cache/gradscope/innode-<torch>.json`` (``GRADSCOPE_CACHE`` sets the folder). A signature with a
+``~/.cache/gradscope/innode-<torch>-<source>.json`` (``GRADSCOPE_CACHE`` sets the folder), where
+``<source>`` is a hash of the source of the modules that produce the entries (this package,
+``gradscope/memory/kernels/``): after a change to how a signature is keyed, rebuilt or measured, the
+old file is no longer read. Only measurements are written: a failure (an op the rebuild cannot match,
+measuring switched off, a custom Function not run) is kept for this process only and tried again by the
+next one. A signature with a
 tensor above ``measure.LIMIT`` (1 MiB) is measured at two smaller sizes and extrapolated (``measure.py``
 says how), so a 7B-parameter model's shapes cost seconds. A custom
 Function's backward is run on fake tensors (``fake.py``: NOTE [custom backwards on fake tensors]) when
@@ -77,13 +82,49 @@ def cache_path() -> str:
         import torch
 
         folder = env[0] or os.path.join(os.path.expanduser("~"), ".cache", "gradscope")
-        path = _PATHS[env] = os.path.join(folder, f"innode-{torch.__version__.split('+')[0]}.json")
+        name = f"innode-{torch.__version__.split('+')[0]}-{source_key()}.json"
+        path = _PATHS[env] = os.path.join(folder, name)
     return path
 
 
 #: The measuring method's version: a cache file written by another version is not read (its entries may
 #: have been measured differently), and is replaced on the next save.
-METHOD = 3
+METHOD = 4
+
+_SOURCE: list = []
+
+
+def source_key() -> str:
+    """A hash of what produces the cache's entries: the source of every module of this package (how a
+    signature is keyed, rebuilt, measured and extrapolated) and ``METHOD``. Where a module's source cannot
+    be read (an installation without ``.py`` files), the package version stands in for it."""
+    if not _SOURCE:
+        import hashlib
+
+        h = hashlib.sha256(f"method {METHOD}".encode())
+        folder = os.path.dirname(os.path.abspath(__file__))
+        try:
+            names = sorted(n for n in os.listdir(folder) if n.endswith(".py"))
+        except OSError:
+            names = []
+        for n in names:
+            try:
+                with open(os.path.join(folder, n), "rb") as f:
+                    h.update(n.encode() + b"\0" + f.read())
+            except OSError:
+                names = []
+                break
+        if not names:
+            from gradscope import __version__
+
+            h.update(f"version {__version__}".encode())
+        _SOURCE.append(h.hexdigest()[:16])
+    return _SOURCE[0]
+
+
+def _measured(entries: dict) -> dict:
+    """The entries that are measurements (a failure is never written to, nor read from, the file)."""
+    return {k: v for k, v in entries.items() if isinstance(v, dict) and "error" not in v}
 
 
 def _load() -> dict:
@@ -94,8 +135,8 @@ def _load() -> dict:
         try:
             with open(path) as f:
                 data = json.load(f)
-            if isinstance(data, dict) and data.get("method") == METHOD:
-                _MEMO.update(data.get("entries") or {})
+            if isinstance(data, dict) and data.get("method") == METHOD and data.get("source") == source_key():
+                _MEMO.update(_measured(data.get("entries") or {}))
         except (OSError, ValueError):
             pass
     return _MEMO
@@ -107,7 +148,7 @@ def _save() -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
-            json.dump({"method": METHOD, "entries": _MEMO}, f)
+            json.dump({"method": METHOD, "source": source_key(), "entries": _measured(_MEMO)}, f)
         os.replace(tmp, path)
     except OSError:
         pass
