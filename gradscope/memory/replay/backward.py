@@ -48,6 +48,7 @@ from typing import Any
 
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.findings import FREED_GRAPH
+from gradscope.graph import BATCH, EVENTS
 from gradscope.memory.kernels.workspace import InNode, innode, scaled
 from gradscope.memory.replay.accounting import (
     Overrides,
@@ -66,6 +67,7 @@ from gradscope.memory.replay.optimizer import step_budget
 from gradscope.memory.replay.reentrant import modelled_region, node_effect
 from gradscope.memory.replay.result import BackwardMemory
 from gradscope.memory.replay.simulate import Trace, simulate
+from gradscope.memory.replay.steady import StepPeak, grad_variants, steps_of
 from gradscope.memory.targets import Target, resolve
 
 __all__ = [
@@ -163,8 +165,9 @@ def replay(
         drop=drop,
     )
     tr: Trace = sim()
-    step = None
+    step = later = None
     high = tr.peak
+    variants = grad_variants(prog, has_grad)
     if optimizer is not None:  # read now: the optimizer's state changes with every step
         step = step_budget(
             optimizer,
@@ -174,7 +177,17 @@ def replay(
             target=None if ov.target is None else target,
         )
         high = max(high, tr.end + step.peak)
+        later = step_budget(
+            optimizer,
+            graph,
+            has_grad_names=grad_names(prog, variants[1]),
+            target=None if ov.target is None else target,
+            later=True,
+        )
     run = _Replayed(prog, graph, tr, sim, sizes, drop, has_grad, ov, alloc, target, inputs, step, inn, ws, high)
+    run.later_budget, run.variants = later, variants
+    run.ptrs = getattr(report, "storage_ptrs", None)
+    run.steps()  # NOTE [first and later steps]: simulated now, as the optimizer's state is read now
     try:
         ref = weakref.ref(report)
     except TypeError:
@@ -195,6 +208,20 @@ def replay(
         inner=tr.inner,
         locations=_locations(prog, tr),
     )
+
+
+def _check_steps(accumulate, set_to_none) -> int:
+    """``accumulate`` as an int of at least 1, or one sentence why not."""
+    if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+        raise InputValueError(
+            f"accumulate= is the number of backward passes per optimizer.step() (an int of at least 1), "
+            f"got {accumulate!r}."
+        )
+    if not isinstance(set_to_none, bool):
+        raise InputTypeError(
+            f"set_to_none= says how zero_grad() clears .grad (True or False), got {type(set_to_none).__name__}."
+        )
+    return accumulate
 
 
 def _check_optimizer(optimizer) -> None:
@@ -246,6 +273,11 @@ class _Replayed:
         self.has_grad, self.ov, self.alloc, self.target, self.inputs = has_grad, ov, alloc, target, inputs
         self.step, self.inn, self.ws, self.high = step, inn, ws, high
         self.snaps: list = []
+        self.step_peaks: list = []
+        self.traces: dict = {}
+        self.later_budget = None
+        self.ptrs: dict | None = None
+        self.variants: tuple = ({}, {})
 
     def snapshot(self) -> Trace:
         """What is alive at backward's peak, simulated again once, when asked."""
@@ -260,22 +292,61 @@ class _Replayed:
     def reserved(self, parts: dict) -> int:
         return self.target.reserved(peak_blocks(self.graph, self.snapshot().snapshot or {}, parts, self.alloc))
 
-    def base_parts(self) -> dict:
-        """Bytes alive when backward starts, by part."""
+    def base_parts(self, has_grad: dict | None = None, others=None, state: int | None = None) -> dict:
+        """Bytes alive when backward starts, by part (``.grad`` as ``has_grad`` says, default as inspected;
+        ``others``: ``step_base``'s; ``state``: optimizer state bytes, default as inspected)."""
         prog, graph, ov = self.prog, self.graph, self.ov
-        parts = step_base(prog, graph, self.sizes, self.drop, self.has_grad, ov.scale, self.alloc)
+        hg = self.has_grad if has_grad is None else has_grad
+        parts = step_base(prog, graph, self.sizes, self.drop, hg, ov.scale, self.alloc, others)
         parts.update(self.target.fixed_parts(prog.name))
-        if self.inputs is not None:
-            ptrs = getattr(getattr(graph, "compact", None), "storage_ptrs", None)
-            parts["leaf inputs"] += batch_bytes(prog, graph, self.inputs, self.sizes, self.drop, ptrs, ov.scale)
+        batch = self.inputs if self.inputs is not None else graph.graph.get(BATCH)  # NOTE [the traced batch]
+        if batch is not None:
+            ptrs = getattr(getattr(graph, "compact", None), "storage_ptrs", None) or self.ptrs
+            parts["batch"] = batch_bytes(prog, graph, batch, self.sizes, self.drop, ptrs, ov.scale)
         if self.step is not None:
-            parts["optimizer state"] = self.step.state_before
+            parts["optimizer state"] = self.step.state_before if state is None else state
         return parts
+
+    def uncounted(self) -> list[str]:
+        """What may be alive when backward starts and is not in ``base`` (NOTE [the traced batch])."""
+        if self.inputs is not None or BATCH in self.graph.graph or EVENTS in self.graph.graph:
+            return []
+        return [
+            "the batch you hold through the step is counted only where an op saved it, so the absolute peak "
+            "can be low by the rest of it: pass it as inputs=, or run the forward under gradscope.trace()"
+        ]
+
+    def trace_of(self, has_grad: dict) -> Trace:
+        """The backward simulated with ``.grad`` set as ``has_grad`` says (each variant once)."""
+        key = tuple(sorted(has_grad.items()))
+        got = self.traces.get(key)
+        if got is None:
+            got = self.traces[key] = self.sim(has_grad=has_grad)
+        return got
+
+    def steps(self) -> tuple[StepPeak, StepPeak]:
+        if not self.step_peaks:
+            self.traces = {tuple(sorted(self.has_grad.items())): self.tr}
+            self.step_peaks.extend(
+                steps_of(
+                    parts_of=self.base_parts,
+                    trace_of=self.trace_of,
+                    cur=self.has_grad,
+                    variants=self.variants,
+                    first_budget=self.step,
+                    later_budget=self.later_budget,
+                    accumulate=max(1, int(self.ov.accumulate)),
+                    set_to_none=bool(self.ov.set_to_none),
+                )
+            )
+        first, later = self.step_peaks
+        return first, later
 
     def fields(self) -> dict:
         prog, inn, ids = self.prog, self.inn, self.prog.ids
         parts = self.base_parts()
         base = sum(parts.values())
+        first, later = self.steps()
         unmodelled, why = _unmodelled_regions(prog)
         unknown = {ids[v]: r for v, r in inn.unmodelled.items()}
         unmodelled += [n for n in unknown if n not in why]
@@ -288,7 +359,10 @@ class _Replayed:
             )
         return {
             "base": base,
-            "absolute_peak": base + max(self.high, 0),
+            "absolute_peak": max(base + max(self.high, 0), later.absolute_peak),
+            "uncounted": self.uncounted(),
+            "first_step": first,
+            "later_step": later,
             "parts": parts,
             "workspace": {ids[v]: w for v, w in self.ws.items()},
             "names": list(map(prog.name.__getitem__, self.tr.order)),
@@ -329,13 +403,27 @@ def _unmodelled_regions(prog: Program) -> tuple[list, dict]:
 
 
 def backward_memory(
-    report, retain_graph: bool = False, optimizer=None, inputs=None, target=None, run_custom: bool = False
+    report,
+    retain_graph: bool = False,
+    optimizer=None,
+    inputs=None,
+    target=None,
+    run_custom: bool = False,
+    accumulate: int = 1,
+    set_to_none: bool = True,
 ) -> BackwardMemory:
     """``report.backward_memory()``: the unchanged step (see :class:`BackwardMemory`); ``inputs``: the batch
     the caller holds through the step, for the absolute peak (:func:`replay`); ``target``: the device
     (``"cpu"`` by default, ``"cuda"`` or a Target: NOTE [device targets]); ``run_custom=True`` runs custom
-    autograd.Functions' backward on random tensors to measure their in-node memory."""
-    ov = None if target is None else Overrides(target=resolve(target))
+    autograd.Functions' backward on random tensors to measure their in-node memory; ``accumulate``: backward
+    passes per ``optimizer.step()`` (gradient accumulation), ``set_to_none``: how ``zero_grad()`` clears
+    ``.grad`` between steps (replay/steady.py NOTE [first and later steps])."""
+    accumulate = _check_steps(accumulate, set_to_none)
+    ov = None
+    if target is not None or accumulate != 1 or not set_to_none:
+        ov = Overrides(
+            target=None if target is None else resolve(target), accumulate=accumulate, set_to_none=set_to_none
+        )
     enabled = gc.isenabled()
     gc.disable()  # the replay allocates many small objects; generational passes would dominate its time
     try:
