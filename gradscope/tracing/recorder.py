@@ -25,8 +25,8 @@ from gradscope import _torch
 from gradscope._format import one_line
 from gradscope._wrappers import unwrap_parallel
 from gradscope.errors import InputTypeError, InputValueError
-from gradscope.graph import BATCH, CALLED_MODULES, CHECKPOINT_PARAMS, EVENTS, EVENTS_DROPPED, MODULE_CALLS, PARAMS
-from gradscope.tracing.calls import call_names, live_modules, module_calls
+from gradscope.graph import CALLED_MODULES, CHECKPOINT_PARAMS, EVENTS, EVENTS_DROPPED, MODULE_CALLS, PARAMS
+from gradscope.tracing.calls import annotate_batch, call_names, live_modules, module_calls, note_batch
 from gradscope.tracing.dtypeflow import DtypeFlow
 from gradscope.tracing.dtypeflow import annotate as annotate_dtypes
 from gradscope.tracing.lines import NodeLines
@@ -48,8 +48,7 @@ def trace(model: torch.nn.Module | None = None) -> Trace:
             it, names come from the ``model=`` later given to ``inspect``.
 
     Returns:
-        A :class:`Trace`, to use as a context manager (``with gradscope.trace() as tr:``) and then pass as
-        ``inspect(loss, model=model, trace=tr)``.
+        A :class:`Trace`: ``with gradscope.trace() as tr:``, then ``inspect(loss, model=model, trace=tr)``.
 
     Raises:
         InputTypeError: ``model`` is not an ``nn.Module``.
@@ -63,10 +62,6 @@ def trace(model: torch.nn.Module | None = None) -> Trace:
         ('detach', ['bias', 'weight'])
     """
     return Trace(model)
-
-
-#: The most batch storages one trace records (NOTE [the traced batch]).
-_BATCH_MAX = 256
 
 
 class RecordedEvent(NamedTuple):
@@ -175,36 +170,11 @@ class Trace:
             self._refs[key] = weakref.ref(module)
         self.dtypes.buffers(module)
         stack = self._stack
-        if not stack and len(self.batch) < _BATCH_MAX:
-            self._note_batch(args)
+        note_batch(args, self.batch, outermost=not stack)
         index = len(self._calls)
         self._calls.append((key, stack[-1] if stack else -1))
         stack.append(index)
         self._segment(index)
-
-    def _note_batch(self, args) -> None:
-        # NOTE [the traced batch]
-        # The tensors an outermost module call is given and that no op made (no grad_fn) and need no
-        # gradient are the batch: alive before the forward and, held by the caller, through the step,
-        # whether or not an op saves them. Only plain data is kept (the storage's key and size; no
-        # reference, not even a weak one): replay/accounting.batch_bytes counts each storage once, and not
-        # at all when an op saved it (then it is among the activations).
-        stack = list(args) if isinstance(args, (tuple, list)) else [args]
-        while stack and len(self.batch) < _BATCH_MAX:
-            v = stack.pop()
-            if isinstance(v, torch.Tensor):
-                if v.grad_fn is not None or v.requires_grad:
-                    continue
-                try:
-                    ptr, nbytes = _torch.storage_key_and_bytes(v)
-                except (RuntimeError, NotImplementedError, TypeError):
-                    continue
-                if ptr not in self.batch:
-                    self.batch[ptr] = [ptr, nbytes, list(v.shape), str(v.dtype).replace("torch.", "")]
-            elif isinstance(v, (tuple, list)):
-                stack.extend(v)
-            elif isinstance(v, dict):
-                stack.extend(v.values())
 
     def _post(self, module, args, output) -> None:
         stack = self._stack
@@ -325,9 +295,7 @@ class Trace:
             graph.graph[MODULE_CALLS] = module_calls(self._calls, self._refs, live, op_calls)
         if self._dropped:
             graph.graph[EVENTS_DROPPED] = self._dropped
-        if self.batch:  # each with the storage id the walk gave it (an op saved it; < 0: an input leaf)
-            ptrs = getattr(getattr(graph, "compact", None), "storage_ptrs", None) or {}
-            graph.graph[BATCH] = [[*b, ptrs.get(b[0])] for b in self.batch.values()]
+        annotate_batch(self.batch, graph)
 
     def _live_model(self):
         return None if self._model is None else self._model()
