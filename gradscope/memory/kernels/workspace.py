@@ -96,8 +96,8 @@ _SOURCE: list = []
 
 def source_key() -> str:
     """A hash of what produces the cache's entries: the source of every module of this package (how a
-    signature is keyed, rebuilt, measured and extrapolated) and ``METHOD``. Where a module's source cannot
-    be read (an installation without ``.py`` files), the package version stands in for it."""
+    signature is keyed, rebuilt, measured and extrapolated) and ``METHOD``. Where the source cannot be read
+    (an installation without ``.py`` files), the key is this process's own: no file is reused."""
     if not _SOURCE:
         import hashlib
 
@@ -114,10 +114,8 @@ def source_key() -> str:
             except OSError:
                 names = []
                 break
-        if not names:
-            from gradscope import __version__
-
-            h.update(f"version {__version__}".encode())
+        if not names:  # no source to read: the measuring code cannot be told apart, so never reuse a file
+            h.update(f"unread {os.getpid()}".encode())
         _SOURCE.append(h.hexdigest()[:16])
     return _SOURCE[0]
 

@@ -13,6 +13,7 @@ from gradscope.errors import InputValueError
 
 if TYPE_CHECKING:
     from gradscope.memory.replay.optimizer import StepBudget
+    from gradscope.memory.replay.steady import StepPeak
 
 __all__ = ["BackwardMemory"]
 
@@ -28,8 +29,16 @@ class BackwardMemory:
         peak_node: the node id where the peak happens.
         end: the level after backward.
         base: bytes alive when backward starts (see :func:`replay`).
-        absolute_peak: ``base`` plus the highest level up to the end of backward, or of
-            ``optimizer.step()`` when an optimizer was given.
+        absolute_peak: the higher of ``first_step.absolute_peak`` and ``later_step.absolute_peak``: the
+            most memory a training loop of this step needs (replay/steady.py NOTE [first and later steps]).
+        first_step: the step as inspected (its ``.grad`` and optimizer state): ``base`` plus the highest
+            level up to the end of backward, or of ``optimizer.step()`` when an optimizer was given
+            (:class:`~gradscope.memory.replay.steady.StepPeak`).
+        later_step: every step after it: the optimizer's state from the start, ``.grad`` as ``zero_grad()``
+            leaves it, ``accumulate`` micro-steps.
+        uncounted: what may be alive when backward starts and is not in ``base`` (sentences; the batch of
+            a forward neither traced nor given as ``inputs=``, where no op saved it): when not empty, the
+            absolute peaks are lower bounds.
         step: the optimizer step's budget, or None.
         modules: module name per node of ``order`` (None when unknown).
         inner: the highest level inside each node (workspace included).
@@ -57,6 +66,10 @@ class BackwardMemory:
     end: int
     base: int
     absolute_peak: int
+    if TYPE_CHECKING:  # deferred (NOTE [deferred fields]), always set
+        first_step: StepPeak
+        later_step: StepPeak
+        uncounted: list[str]
     step: StepBudget | None = None
     modules: Sequence = field(default_factory=list)  # a list (computed on first use)
     inner: list = field(default_factory=list)
@@ -183,6 +196,9 @@ _DEFERRED = frozenset(
         "_reserved",
         "innode_unknown",
         "notes",
+        "first_step",
+        "later_step",
+        "uncounted",
         "custom_runs",
     }
 )
