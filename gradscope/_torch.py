@@ -20,45 +20,15 @@ from torch.nn.modules import module as _nn_module
 
 from gradscope._torchcheck import check_torch
 
-__all__ = [
-    "fsdp2_groups",
-    "peek_sequence_nr",
-    "sequence_nr",
-    "NO_SEQUENCE_NR",
-    "ACCUMULATE_GRAD",
-    "SAVED_TENSOR",
-    "SAVED_PREFIX",
-    "RAW_SAVED_PREFIX",
-    "input_metadata",
-    "forward_cls",
-    "storage_key",
-    "version",
-    "TENSOR_DATA",
-    "is_function_forward",
-    "register_module_forward_pre_hook",
-    "register_module_forward_hook",
-    "current_graph_task_id",
-    "current_autograd_node",
-    "queue_engine_callback",
-    "foreach_norm",
-    "is_checkpoint_holder",
-    "sparse_values",
-    "storage_key_and_bytes",
-    "foreach_mul",
-    "foreach_sub_",
-    "anomaly_state",
-    "set_anomaly",
-    "on_next_backward",
-    "cancel_next_backward",
-    "profiler_enabled",
-    "PROFILER_ALLOCATION",
-    "func_key",
-    "resolve_func",
-    "no_torch_function",
-    "sdp_choice",
-    "SDPA_KEY",
-    "cpu_flash_attention",
-]
+__all__ = ["fsdp2_groups", "peek_sequence_nr", "sequence_nr", "NO_SEQUENCE_NR", "ACCUMULATE_GRAD",
+           "SAVED_TENSOR", "SAVED_PREFIX", "RAW_SAVED_PREFIX", "input_metadata", "forward_cls", "storage_key",
+           "version", "TENSOR_DATA", "is_function_forward", "register_module_forward_pre_hook",
+           "register_module_forward_hook", "current_graph_task_id", "current_autograd_node",
+           "queue_engine_callback", "foreach_norm", "is_checkpoint_holder", "sparse_values",
+           "storage_key_and_bytes", "foreach_mul", "foreach_sub_", "anomaly_state", "set_anomaly",
+           "on_next_backward", "cancel_next_backward", "profiler_enabled", "PROFILER_ALLOCATION", "func_key",
+           "resolve_func", "no_torch_function", "sdp_choice", "SDPA_KEY", "cpu_flash_attention",
+           "fake_tensor_mode"]  # fmt: skip
 
 check_torch()  # one sentence naming a missing private API, before the reads below
 
@@ -308,6 +278,21 @@ profiler_enabled: Callable[[], bool] = torch._C._autograd._profiler_enabled
 #: ``prof.profiler.kineto_results.experimental_event_tree()`` (``node.typed == (tag, event)``, the event's
 #: ``alloc_size`` negative for a free). memory/kernels/measure.py sums them in time order for a node's in-node memory.
 PROFILER_ALLOCATION: Any = torch._C._profiler._EventType.Allocation
+
+
+def fake_tensor_mode() -> tuple[Any, tuple]:
+    """``(FakeTensorMode(allow_fallback_kernels=False), refusals)`` from ``torch._subclasses.fake_tensor``:
+    tensors made in it are fake (metadata, no data, no memory), ops run their meta kernels, an op without one
+    raises (no real run on zeros); ``refusals``: what it raises for a value read (``.item()``, a tensor in an
+    ``if``), a value-dependent shape, an op with no fake kernel. ``(None, ())`` on a torch without it.
+    memory/kernels/fake.py; docs/internals.md#custom-function-backwards-on-fake-tensors."""
+    try:
+        from torch._subclasses import fake_tensor as ft
+
+        names = ("DataDependentOutputException", "DynamicOutputShapeException", "UnsupportedOperatorException")
+        return ft.FakeTensorMode(allow_fallback_kernels=False), tuple(getattr(ft, n) for n in names)
+    except (ImportError, AttributeError, TypeError):
+        return None, ()
 
 
 def sparse_values(t: torch.Tensor) -> torch.Tensor:

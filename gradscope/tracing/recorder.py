@@ -26,7 +26,7 @@ from gradscope._format import one_line
 from gradscope._wrappers import unwrap_parallel
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.graph import CALLED_MODULES, CHECKPOINT_PARAMS, EVENTS, EVENTS_DROPPED, MODULE_CALLS, PARAMS
-from gradscope.tracing.calls import call_names, live_modules, module_calls
+from gradscope.tracing.calls import annotate_batch, call_names, live_modules, module_calls, note_batch
 from gradscope.tracing.dtypeflow import DtypeFlow
 from gradscope.tracing.dtypeflow import annotate as annotate_dtypes
 from gradscope.tracing.lines import NodeLines
@@ -48,8 +48,7 @@ def trace(model: torch.nn.Module | None = None) -> Trace:
             it, names come from the ``model=`` later given to ``inspect``.
 
     Returns:
-        A :class:`Trace`, to use as a context manager (``with gradscope.trace() as tr:``) and then pass as
-        ``inspect(loss, model=model, trace=tr)``.
+        A :class:`Trace`: ``with gradscope.trace() as tr:``, then ``inspect(loss, model=model, trace=tr)``.
 
     Raises:
         InputTypeError: ``model`` is not an ``nn.Module``.
@@ -112,6 +111,7 @@ class Trace:
         self.node_lines = NodeLines(_peek_seq())  # NOTE [node lines]: the user's line of every node
         self.regions = RegionRecorder(self.leaf_refs)  # NOTE [recording a reentrant region]
         self.dtypes = DtypeFlow()  # NOTE [dtype flow]
+        self.batch: dict[int, list] = {}  # NOTE [the traced batch]: storage key -> [key, bytes, shape, dtype]
 
     # -- recording ------------------------------------------------------------------------------
     def __enter__(self) -> Trace:
@@ -170,6 +170,7 @@ class Trace:
             self._refs[key] = weakref.ref(module)
         self.dtypes.buffers(module)
         stack = self._stack
+        note_batch(args, self.batch, outermost=not stack)
         index = len(self._calls)
         self._calls.append((key, stack[-1] if stack else -1))
         stack.append(index)
@@ -294,6 +295,7 @@ class Trace:
             graph.graph[MODULE_CALLS] = module_calls(self._calls, self._refs, live, op_calls)
         if self._dropped:
             graph.graph[EVENTS_DROPPED] = self._dropped
+        annotate_batch(self.batch, graph)
 
     def _live_model(self):
         return None if self._model is None else self._model()

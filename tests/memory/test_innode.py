@@ -143,21 +143,6 @@ def test_peak_with_in_node_memory_matches_the_profiler(name, request):
     assert bm.peak - max(bm.workspace.values()) < truth.peak * 0.99 or name == "Addmm, small"
 
 
-def test_custom_function_is_listed_unless_asked_to_run():
-    torch.manual_seed(0)
-    model, f = _custom()
-    bm = gradscope.inspect(f(), model=model).backward_memory()
-    assert list(bm.innode_unknown.values()) == [
-        f"the backward of the custom autograd.Function {__name__}.BloomGeLU is user code; pass run_custom=True "
-        "to run it on random tensors and measure it"]
-    assert list(bm.innode_unknown) == bm.unmodelled
-    text = str(bm)
-    assert "BloomGeLUBackward" in text and "lower bounds" in text
-    truth = _truth(_custom)
-    assert truth.prediction.peak < truth.peak  # the listed node is where the prediction is low
-    assert _truth(_custom, run_custom=True).prediction.peak > truth.prediction.peak  # measured when asked
-
-
 def test_measured_once_per_signature_and_cached_on_disk(monkeypatch):
     torch.manual_seed(0)
     model, f = _convnext()
@@ -233,17 +218,6 @@ def test_under_a_running_profiler_it_measures_in_another_process():
     assert not outside.notes
     truth = _truth(_dwconv)
     assert inside.peak == outside.peak == pytest.approx(truth.peak, rel=0.01)
-
-
-def test_custom_function_under_a_running_profiler_is_listed_with_the_reason():
-    torch.manual_seed(0)
-    model, f = _custom()
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
-        bm = gradscope.inspect(f(), model=model).backward_memory(run_custom=True)
-    assert any("torch.profiler was running" in why for why in bm.innode_unknown.values())
-    assert "lower bounds" in str(bm)
 
 
 def test_large_tensors_are_extrapolated_from_small_sizes(monkeypatch):
