@@ -559,3 +559,51 @@ def test_new_leaves_and_detach_in_place():
     with torch.inference_mode():
         t = torch.randn(2, requires_grad=True) * 2
     assert t.is_inference() and not t.clone().is_inference() and t.clone().grad_fn is None
+
+
+def test_a_custom_functions_forward_is_on_the_stack_under_grad_off():
+    """Inside ``Function.apply`` the frame that runs is the subclass's own ``forward`` (old style with
+    ``ctx``, ``setup_context`` style, inherited), with grad disabled; ``Function.apply`` itself has a
+    frame up to 2.14 and none from 2.15 (a builtin), so trace() looks for the forward frame."""
+    import sys
+
+    seen: list = []
+
+    class Old(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            seen.append((sys._getframe(0).f_code, torch.is_grad_enabled()))
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    class New(torch.autograd.Function):
+        @staticmethod
+        def forward(x):
+            seen.append((sys._getframe(0).f_code, torch.is_grad_enabled()))
+            return x * 3
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            pass
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 3
+
+    class Inherits(Old):
+        pass
+
+    x = torch.ones(2, requires_grad=True)
+    Old.apply(x), New.apply(x), Inherits.apply(x)
+    assert [grad for _, grad in seen] == [False, False, False]
+    assert all(_torch.is_function_forward(code) for code, _ in seen)
+    assert seen[0][0] is seen[2][0]  # the inherited forward is the base's code
+
+    def forward(x):  # a plain function named forward, and an nn.Module's forward, are not
+        return sys._getframe(0).f_code
+
+    assert not _torch.is_function_forward(forward(x))
+    assert not _torch.is_function_forward(torch.nn.Linear.forward.__code__)
