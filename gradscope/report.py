@@ -60,6 +60,7 @@ class Report:
         self.shard: DDP | FSDP | None = None
         self.rank: int | None = None
         self.shard_error = ""  # why a wrapped model has no spec (what_if() raises it)
+        self.storage_ptrs: dict | None = None  # the walk's {storage pointer: storage id}, once the DiGraph is built
 
     @property
     def graph(self) -> nx.DiGraph:
@@ -67,6 +68,9 @@ class Report:
         if self._graph is None:
             assert self._compact is not None  # one of the two always holds the graph (__init__, setter)
             self._graph = self._compact.compact.digraph()
+            # plain integers (nothing kept alive): backward_memory(inputs=...) tells the caller's tensors
+            # the budget already counts by them (memory/replay/accounting.batch_bytes)
+            self.storage_ptrs = getattr(self._compact.compact, "storage_ptrs", None)
             self._compact = None
         return self._graph
 
@@ -117,13 +121,20 @@ class Report:
         inputs: Any = None,
         target: str | Target | None = None,
         run_custom: bool = False,
+        accumulate: int = 1,
+        set_to_none: bool = True,
     ) -> BackwardMemory:
         """Replay ``backward()`` (and ``optimizer.step()``) over the graph: what it will allocate and free,
         node by node, before it runs (see :func:`gradscope.memory.backward.backward_memory`). ``inputs``:
         the batch you hold through the step (tensors, or lists / dicts of them): the absolute peak counts
-        it even when no op saved it. ``target``: ``"cpu"`` (default), ``"cuda"`` (modelled, not measured)
-        or a ``gradscope.memory.targets.Target``. With ``run_custom=True`` custom autograd.Functions'
-        backward is run on random tensors to measure its in-node memory."""
+        it even when no op saved it (a traced forward records it). ``target``: ``"cpu"`` (default),
+        ``"cuda"`` (modelled, not measured) or a ``gradscope.memory.targets.Target``. A custom
+        autograd.Function's backward is run on fake tensors (no data, no memory) to measure its in-node
+        memory when its code is pure tensor code; ``run_custom=True`` runs it on real random tensors instead
+        (``bm.custom_runs`` says which). ``bm.absolute_peak`` is the higher of the first step (as inspected)
+        and a later one (the optimizer's state alive from the start): ``bm.first_step``, ``bm.later_step``;
+        ``accumulate``: backward passes per ``optimizer.step()``; ``set_to_none``: how ``zero_grad()``
+        clears ``.grad`` (``False``: kept as zeros)."""
         from gradscope.memory.replay.backward import backward_memory
 
         return backward_memory(
@@ -133,6 +144,8 @@ class Report:
             inputs=inputs,
             target=target,
             run_custom=run_custom,
+            accumulate=accumulate,
+            set_to_none=set_to_none,
         )
 
     def what_if(

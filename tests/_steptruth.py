@@ -127,3 +127,94 @@ def apply_changes(model, checkpoint_names=(), offload_names=()) -> None:
     for name in offload_names:
         m = model.get_submodule(name)
         m.forward = _offloaded(m.forward)
+
+
+def measure_steps(model, batches, loss_fn, optimizer=None, *, steps: int = 3, accumulate: int = 1,
+                  set_to_none: bool = True, before=(), retain_graph: bool = False, predict=None,
+                  after_step=None) -> dict:
+    """Run ``steps`` optimizer steps of a training loop under one profiler session and measure each one.
+
+    Each step is ``accumulate`` micro-steps (``loss_fn(model, *batch).backward()``, the batch of
+    ``batches(step, micro)``), then ``optimizer.step()``, then ``optimizer.zero_grad(set_to_none=...)``
+    (``model.zero_grad`` without an optimizer), as a training loop runs. The absolute level is the bytes
+    that existed before the profiler started (parameters, buffers, ``.grad``s, optimizer state, ``before``;
+    each storage once) plus the running sum of the profiler's ``[memory]`` events. Returns
+    ``{"steps": [the highest level from the start of the step's first backward to the end of its
+    optimizer.step(), per step], "prediction": predict(loss, step 1's first micro-step) or None}``:
+    ``predict(loss)`` is called between step 1's first forward and its backward; ``after_step()`` after
+    each step's ``zero_grad`` (e.g. to drop an input batch's ``.grad``, as a new batch would).
+    """
+    import weakref
+
+    gc.collect()
+    ts = list(before)
+    base = existing_bytes(model, ts, optimizer)
+    # The profiler records no free of a block allocated before it started ("Memory block of unknown size
+    # was allocated before the profiling started"): a .grad that existed before and that zero_grad()
+    # frees would stay in the running sum. Each one is watched (weakly) and taken off the level of the
+    # steps that start after it is gone.
+    pre = [(weakref.ref(g), n) for g, n in _pre_grads(model, ts).items()]
+    gone = [0] * steps
+    prediction = None
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            for s in range(steps):
+                gone[s] = sum(n for r, n in pre if r() is None)
+                for k in range(accumulate):
+                    loss = loss_fn(model, *batches(s, k))
+                    if predict is not None and s == 0 and k == 0:
+                        prediction = predict(loss)
+                    with record_function(f"gradscope-test::backward::{s}"):
+                        loss.backward(retain_graph=retain_graph)
+                    if k + 1 < accumulate:
+                        del loss
+                with record_function(f"gradscope-test::optimizer::{s}"):
+                    if optimizer is not None:
+                        optimizer.step()
+                del loss  # held through optimizer.step() (a retained graph's saved tensors with it)
+                if optimizer is not None:
+                    optimizer.zero_grad(set_to_none=set_to_none)
+                else:
+                    model.zero_grad(set_to_none=set_to_none)
+                if after_step is not None:
+                    after_step()
+    finally:
+        if enabled:
+            gc.enable()
+    events, mem = trace_events(prof)
+    starts: dict = {}
+    ends: dict = {}
+    for e in events:
+        name = e.get("name", "")
+        if e.get("ph") == "X" and name.startswith("gradscope-test::"):
+            _, phase, s = name.split("::")
+            if phase == "backward":
+                starts[int(s)] = min(starts.get(int(s), e["ts"]), e["ts"])
+            else:
+                ends[int(s)] = e["ts"] + e.get("dur", 0)
+    level, peaks = 0, [0] * steps
+    for e in mem:
+        before_level = level
+        level += int(e["args"]["Bytes"])
+        for s in range(steps):
+            if s in starts and starts[s] <= e["ts"] <= ends.get(s, float("inf")):
+                peaks[s] = max(peaks[s], before_level if peaks[s] == 0 else peaks[s], level)
+    return {"steps": [base - g + p for p, g in zip(peaks, gone)], "prediction": prediction}
+
+
+def _pre_grads(model, tensors) -> dict:
+    """The ``.grad`` tensors of ``model``'s parameters and of ``tensors`` that exist now, by tensor, with the
+    bytes of their storage (a storage shared by several counted once)."""
+    out, seen = {}, set()
+    for t in list(model.parameters()) + [t for t in tensors if isinstance(t, torch.Tensor)]:
+        g = t.grad
+        if g is None or g.device.type != "cpu":
+            continue
+        st = g.untyped_storage()
+        if st.data_ptr() in seen:
+            continue
+        seen.add(st.data_ptr())
+        out[g] = st.nbytes()
+    return out

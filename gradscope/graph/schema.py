@@ -45,6 +45,7 @@ __all__ = [
     "INPUT_STORAGES",
     "HF_CHECKPOINTING",
     "DTYPE_FLOW",
+    "BATCH",
 ]
 
 # -- node kinds ------------------------------------------------------------------------------------
@@ -77,6 +78,10 @@ EXTERNAL = "external"  #: storage ids a holder outside the graph keeps alive (NO
 BUFFERS = "buffers"  #: ``[storage id or None, bytes]`` per distinct buffer storage of model=
 CHECKPOINT_PARAMS = "checkpoint_params"  #: traced: parameter -> seqs of the reentrant checkpoint regions using it
 INPUT_STORAGES = "input_storages"  #: input leaf node id -> the storage id an op saved it under
+#: traced: ``[storage key, bytes, shape, dtype, storage id or None]`` per distinct storage of the tensors
+#: given to the outermost module calls that no op made and that need no gradient (the batch the caller
+#: holds through the step); the storage id is the walk's when an op saved it (then it is an activation)
+BATCH = "batch"
 #: traced with a Hugging Face ``model=`` that supports gradient checkpointing: ``{"layers": [names of its
 #: GradientCheckpointingLayer modules], "method": "activation_checkpointing_enable" or
 #: "gradient_checkpointing_enable"}`` (plans say the model's own switch when they amount to it)
@@ -170,6 +175,12 @@ class TraceEvent(TypedDict, total=False):
     optimizer: bool  # in-place by an optimizer step
     view: bool  # in-place written through a view (NOTE [in-place on a slice])
     storage: int  # in-place: the storage written
+    joins: list[
+        list[int]
+    ]  # a cut: [first, end) sequence numbers of nodes made from its result (NOTE [where a cut joins])
+    hook: str  # a cut inside a forward hook: the hook's name (NOTE [cuts in forward hooks])
+    hook_module: str | None  # ... and the module it is registered on
+    op_location: str | None  # a cut under inference_mode: the op's own line (``location`` is the region's)
 
 
 class GraphAttrs(TypedDict, total=False):

@@ -16,7 +16,7 @@ repeated blocks along these calls (gradscope.views.repeats, NOTE [folding whole 
 
 from __future__ import annotations
 
-__all__ = ["live_modules", "call_names", "module_calls"]
+__all__ = ["BATCH_MAX", "note_batch", "annotate_batch", "live_modules", "call_names", "module_calls"]
 
 
 def live_modules(model) -> dict:
@@ -70,3 +70,53 @@ def module_calls(calls, refs, live, op_calls) -> list[list]:
         up = kept_of[parent]
         out.append([live[key][0] or None, new.get(up, -1), type(live[key][1]).__name__, lo[old], hi[old]])
     return out
+
+
+#: The most batch storages one trace records (NOTE [the traced batch]).
+BATCH_MAX = 256
+
+
+def note_batch(args, batch: dict, outermost: bool) -> None:
+    """Add the batch among an outermost module call's ``args`` to ``batch`` (storage key -> record); a call
+    inside another one (``outermost`` False) adds nothing.
+
+    NOTE [the traced batch]
+    The tensors an outermost module call is given that no op made (no grad_fn) and that need no gradient
+    are the batch: alive before the forward and, held by the caller, through the step, whether or not an
+    op saves them. Only plain data is kept, ``[storage key, bytes, shape, dtype]`` (no reference, not
+    even a weak one: ``torch.utils.swap_tensors`` refuses a tensor that has one); ``Trace.annotate`` adds
+    the storage id the walk gave it, and ``memory/replay/accounting.batch_bytes`` counts each storage
+    once, and not at all when an op saved it (then it is among the activations).
+    """
+    if not outermost or len(batch) >= BATCH_MAX:
+        return
+    import torch
+
+    from gradscope import _torch
+
+    stack = list(args) if isinstance(args, (tuple, list)) else [args]
+    while stack and len(batch) < BATCH_MAX:
+        v = stack.pop()
+        if isinstance(v, torch.Tensor):
+            if v.grad_fn is not None or v.requires_grad:
+                continue
+            try:
+                ptr, nbytes = _torch.storage_key_and_bytes(v)
+            except (RuntimeError, NotImplementedError, TypeError):
+                continue
+            if ptr not in batch:
+                batch[ptr] = [ptr, nbytes, list(v.shape), str(v.dtype).replace("torch.", "")]
+        elif isinstance(v, (tuple, list)):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+
+
+def annotate_batch(batch: dict, graph) -> None:
+    """Write ``batch`` (:func:`note_batch`) into ``graph.graph[BATCH]``, each record with the storage id the
+    walk gave that storage (an op saved it; below 0: an input leaf's), or None."""
+    if batch:
+        from gradscope.graph import BATCH
+
+        ptrs = getattr(getattr(graph, "compact", None), "storage_ptrs", None) or {}
+        graph.graph[BATCH] = [[*b, ptrs.get(b[0])] for b in batch.values()]

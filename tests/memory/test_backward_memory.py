@@ -103,7 +103,10 @@ OPTS = {"sgd": lambda p: torch.optim.SGD(p, lr=0.1),
 def test_optimizer_step_budget_within_2_percent(name, opt, second_step):
     truth = _step(name, OPTS[opt], second_step)
     bm = truth.prediction
-    assert abs(bm.absolute_peak - truth.absolute_peak) <= 0.02 * truth.absolute_peak
+    # one step measured: the step as inspected (bm.absolute_peak is the higher of it and a later step,
+    # measured in tests/memory/test_steady_step.py)
+    assert abs(bm.first_step.absolute_peak - truth.absolute_peak) <= 0.02 * truth.absolute_peak
+    assert bm.absolute_peak == max(bm.first_step.absolute_peak, bm.later_step.absolute_peak)
     assert abs((bm.end + bm.step.end) - truth.step_end) <= 4096       # state created by the step
     assert bm.step.state_before == (0 if not second_step or opt == "sgd" else bm.step.state_before)
     if opt != "sgd" and not second_step:

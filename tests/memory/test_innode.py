@@ -143,30 +143,16 @@ def test_peak_with_in_node_memory_matches_the_profiler(name, request):
     assert bm.peak - max(bm.workspace.values()) < truth.peak * 0.99 or name == "Addmm, small"
 
 
-def test_custom_function_is_listed_unless_asked_to_run():
-    torch.manual_seed(0)
-    model, f = _custom()
-    bm = gradscope.inspect(f(), model=model).backward_memory()
-    assert list(bm.innode_unknown.values()) == [
-        f"the backward of the custom autograd.Function {__name__}.BloomGeLU is user code; pass run_custom=True "
-        "to run it on random tensors and measure it"]
-    assert list(bm.innode_unknown) == bm.unmodelled
-    text = str(bm)
-    assert "BloomGeLUBackward" in text and "lower bounds" in text
-    truth = _truth(_custom)
-    assert truth.prediction.peak < truth.peak  # the listed node is where the prediction is low
-    assert _truth(_custom, run_custom=True).prediction.peak > truth.prediction.peak  # measured when asked
-
-
 def test_measured_once_per_signature_and_cached_on_disk(monkeypatch):
     torch.manual_seed(0)
     model, f = _convnext()
     first = gradscope.inspect(f(), model=model).backward_memory()
     path = workspace.cache_path()
-    assert path.endswith(f"innode-{torch.__version__.split('+')[0]}.json")
+    assert path.endswith(f"innode-{torch.__version__.split('+')[0]}-{workspace.source_key()}.json")
     assert os.path.dirname(path) == os.environ["GRADSCOPE_CACHE"]
     cached = json.load(open(path))
-    assert cached["method"] == workspace.METHOD
+    assert cached["method"] == workspace.METHOD and cached["source"] == workspace.source_key()
+    assert not [v for v in cached["entries"].values() if "error" in v]  # a failure is never written
     assert any(json.loads(k)["op"] == "ConvolutionBackward0" for k in cached["entries"])
 
     def refuse(*a, **k):
@@ -176,6 +162,37 @@ def test_measured_once_per_signature_and_cached_on_disk(monkeypatch):
     workspace._LOADED.clear()  # read the file again, as a new process would
     again = gradscope.inspect(f(), model=model).backward_memory()
     assert again.peak == first.peak and again.workspace == first.workspace
+
+
+def test_the_cache_is_keyed_by_the_code_that_measured_it_and_keeps_no_failure(monkeypatch, tmp_path):
+    """The cache file's name carries a hash of the measuring modules' source: a file written by other code
+    is not read (its entries are measured again), and a failure (here: measuring switched off) is kept for
+    this process only, so the next process measures the op."""
+    monkeypatch.setenv("GRADSCOPE_CACHE", str(tmp_path))
+    key = workspace.source_key()
+    assert len(key) == 16 and int(key, 16) >= 0
+    torch.manual_seed(0)
+    model, f = _dwconv()
+    workspace._LOADED.clear()
+    measured = gradscope.inspect(f(), model=model).backward_memory()
+    assert measured.workspace and not measured.innode_unknown
+    path = workspace.cache_path()
+    entries = json.load(open(path))["entries"]
+    assert entries
+    # the same entries, written by other code (another source hash): not read
+    other = {"method": workspace.METHOD, "source": "0" * 16, "entries": {k: {"bytes": 1} for k in entries}}
+    json.dump(other, open(path, "w"))
+    workspace._LOADED.clear()
+    monkeypatch.setenv("GRADSCOPE_WORKSPACE", "0")
+    off = gradscope.inspect(f(), model=model).backward_memory()
+    assert off.innode_unknown and not off.workspace  # nothing read from the stale file
+    assert json.load(open(path))["source"] == "0" * 16  # and the failures were not written over it
+    monkeypatch.setenv("GRADSCOPE_WORKSPACE", "1")
+    workspace._LOADED.clear()  # a new process: measures the op again
+    again = gradscope.inspect(f(), model=model).backward_memory()
+    assert again.workspace == measured.workspace and not again.innode_unknown
+    saved = json.load(open(path))
+    assert saved["source"] == key and not [v for v in saved["entries"].values() if "error" in v]
 
 
 def test_switched_off_every_node_is_listed_and_the_peak_is_a_lower_bound(monkeypatch):
@@ -201,17 +218,6 @@ def test_under_a_running_profiler_it_measures_in_another_process():
     assert not outside.notes
     truth = _truth(_dwconv)
     assert inside.peak == outside.peak == pytest.approx(truth.peak, rel=0.01)
-
-
-def test_custom_function_under_a_running_profiler_is_listed_with_the_reason():
-    torch.manual_seed(0)
-    model, f = _custom()
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
-        bm = gradscope.inspect(f(), model=model).backward_memory(run_custom=True)
-    assert any("torch.profiler was running" in why for why in bm.innode_unknown.values())
-    assert "lower bounds" in str(bm)
 
 
 def test_large_tensors_are_extrapolated_from_small_sizes(monkeypatch):

@@ -176,7 +176,8 @@ def test_bf16_checkpoint_per_block_holds_each_blocks_input_as_the_real_checkpoin
     bf, _ = _bf16(model, x)
     apply_changes(bf, checkpoint_names=names)
     truth = measure(lambda: (loss_of(bf(_bf16(None, x)[1])), bf))
-    held = sum(v for k, v in mem.parts.items() if k not in ("parameters", "buffers", "gradients"))
+    # the float32 batch exists before the profiled run (the bfloat16 model is given a copy made inside it)
+    held = sum(v for k, v in mem.parts.items() if k not in ("parameters", "buffers", "gradients", "batch"))
     slack = 0.001 * truth.at_backward
     assert truth.at_backward - slack <= held <= 1.01 * truth.at_backward, (name, held, truth.at_backward)
     assert len(mem.levels) == len(truth.levels)

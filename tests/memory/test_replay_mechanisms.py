@@ -49,7 +49,8 @@ def test_batch_that_requires_grad_is_counted_once():
     target = torch.randn(32, 64)
     truth = _truth(lambda: ((m(x * 2.0) - target) ** 2).sum(), m, [x, target], inputs={"x": x, "y": [target]})
     assert abs(truth.prediction.absolute_peak - truth.absolute_peak) <= 64  # 8 B: a wrapped scalar
-    assert truth.prediction.parts["leaf inputs"] == x.nbytes + target.nbytes  # x is a leaf too: once
+    assert truth.prediction.parts["leaf inputs"] == x.nbytes  # x is a leaf too: counted once, there
+    assert truth.prediction.parts["batch"] == target.nbytes
 
 
 @pytest.mark.parametrize("shape", ["residual", "transposed", "reshaped"])

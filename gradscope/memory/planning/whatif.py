@@ -217,6 +217,8 @@ def what_if(
         after.base += grown
         after.absolute_peak += grown
         after.parts["loss"] = after.parts.get("loss", 0) + grown
+        after.first_step = after.first_step.grown(grown, "loss")
+        after.later_step = after.later_step.grown(grown, "loss")
     flops = context(report)["flops"]
     recompute = sum(flops.get(n, 0) for _, nodes in regions for n in nodes)
     scaled, fixed, examples = _batch_split(scaler, graph) if k != 1 else (0, 0, [])

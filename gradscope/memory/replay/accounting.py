@@ -17,6 +17,7 @@ __all__ = [
     "grad_names",
     "step_base",
     "batch_bytes",
+    "batch_storages",
     "peak_by_module",
     "peak_blocks",
 ]
@@ -30,6 +31,8 @@ class Overrides:
     scale: object = None
     has_grad: dict | None = None
     target: object = None  # a gradscope.memory.targets.Target (None: the CPU), NOTE [device targets]
+    accumulate: int = 1  # micro-steps (backward passes) per optimizer step: NOTE [first and later steps]
+    set_to_none: bool = True  # how zero_grad() clears .grad between optimizer steps
 
 
 def storage_sizes(prog: Program, scale, alloc=None):
@@ -75,8 +78,9 @@ def grad_names(prog: Program, has_grad: dict) -> set:
     return {info[i][1] if i in info else prog.attrs[i].get("name") for i, g in has_grad.items() if g}
 
 
-def step_base(prog: Program, graph, sizes: dict, drop, has_grad: dict, scale, alloc=None) -> dict:
-    """What is alive when backward starts, by kind (bytes); ``alloc`` rounds each tensor as a device would."""
+def step_base(prog: Program, graph, sizes: dict, drop, has_grad: dict, scale, alloc=None, others=None) -> dict:
+    """What is alive when backward starts, by kind (bytes); ``alloc`` rounds each tensor as a device would;
+    ``others``: whether the parameters the graph does not reach have a ``.grad`` (None: as inspected)."""
     params = graph.graph.get(PARAMS, {})
     if alloc is None:
         alloc = int
@@ -93,7 +97,7 @@ def step_base(prog: Program, graph, sizes: dict, drop, has_grad: dict, scale, al
             p_bytes += nbytes
             param_keys.add(("s", sid))
         i = leaf_names.get(name)
-        if has_grad.get(i) if i is not None else p.get("grad"):
+        if has_grad.get(i) if i is not None else (p.get("grad") if others is None else others):
             g_bytes += nbytes
     act = ctx_state_bytes(prog)  # NOTE [reentrant checkpoint backward]: the RNG states the ctx keeps
     for key, nbytes in sizes.items():
@@ -149,30 +153,58 @@ def _tensors(value, out: list) -> list:
 def batch_bytes(prog: Program, graph, inputs, sizes: dict, drop, ptrs: dict | None, scale) -> int:
     """Bytes of the caller's ``inputs`` (the batch, held across the step) that no other part of the budget
     counts: a storage an op saved is among the activations, an input leaf that requires grad among the
-    leaf inputs, a parameter or buffer in its own row; the rest is added once per storage. ``ptrs``: the
-    walk's ``{storage pointer: storage id}`` (None after loading a report from JSON: every input counted,
-    never fewer bytes than are alive)."""
+    leaf inputs, a parameter or buffer in its own row; the rest is added once per storage. ``inputs``:
+    tensors (or lists / dicts of them), or the traced batch's ``[storage key, bytes, shape, dtype,
+    storage id or None]`` records (``graph.BATCH``). ``ptrs``: the walk's ``{storage pointer: storage id}``
+    (None after loading a report from JSON: every input counted, never fewer bytes than are alive)."""
+    return sum(n for _, n in batch_storages(prog, graph, inputs, sizes, drop, ptrs, scale))
+
+
+def _storage_records(inputs) -> list:
+    """``(storage key, bytes, shape)`` of each tensor in ``inputs`` (or each traced batch record)."""
     from gradscope._torch import storage_key_and_bytes
 
-    params = graph.graph.get(PARAMS, {})
-    counted = {("s", p.get("storage")) for p in params.values() if p.get("storage") is not None}
-    counted.update(("s", sid) for sid, _ in graph.graph.get(BUFFERS, ()) if sid is not None)
-    counted.update(key for key in sizes if key not in drop)
-    seen: set = set()
-    total = 0
+    out = []
     for t in _tensors(inputs, []):
         try:
             ptr, nbytes = storage_key_and_bytes(t)
         except (RuntimeError, NotImplementedError, TypeError):
             continue
+        out.append((ptr, nbytes, list(t.shape)))
+    return out
+
+
+def batch_storages(prog: Program, graph, inputs, sizes: dict, drop, ptrs: dict | None, scale) -> list:
+    """``(storage key, bytes)`` of the storages :func:`batch_bytes` counts."""
+    params = graph.graph.get(PARAMS, {})
+    counted = {("s", p.get("storage")) for p in params.values() if p.get("storage") is not None}
+    counted.update(("s", sid) for sid, _ in graph.graph.get(BUFFERS, ()) if sid is not None)
+    counted.update(key for key in sizes if key not in drop)
+    traced = _is_records(inputs)
+    records = inputs if traced else _storage_records(inputs)
+    seen: set = set()
+    out = []
+    for r in records:
+        ptr, nbytes, shape = r[:3]
         if ptr in seen:
             continue
         seen.add(ptr)
-        sid = ptrs.get(ptr) if ptrs else None
+        if traced:  # the storage id the walk gave it, found when the trace was read (NOTE [the traced batch])
+            sid = r[4] if len(r) > 4 else None
+        else:
+            sid = ptrs.get(ptr) if ptrs else None
         if sid is not None and (sid < 0 or ("s", sid) in counted):
             continue
-        total += int(scale(list(t.shape), "float32", nbytes)) if scale else nbytes
-    return total
+        out.append((ptr, int(scale(list(shape), "float32", nbytes)) if scale else int(nbytes)))
+    return out
+
+
+def _is_records(inputs) -> bool:
+    return (
+        isinstance(inputs, list)
+        and bool(inputs)
+        and all(isinstance(r, list) and len(r) == 5 and isinstance(r[0], int) for r in inputs)
+    )
 
 
 def peak_by_module(prog: Program, snapshot: dict, origin: dict, sizes: dict, drop) -> list[tuple[str, str, int]]:

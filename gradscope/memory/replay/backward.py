@@ -51,21 +51,18 @@ from gradscope.findings import FREED_GRAPH
 from gradscope.memory.kernels.workspace import InNode, innode, scaled
 from gradscope.memory.replay.accounting import (
     Overrides,
-    batch_bytes,
     grad_names,
     offloaded_keys,
-    peak_blocks,
-    peak_by_module,
-    step_base,
     storage_sizes,
 )
 from gradscope.memory.replay.compile import PROGRAM_KEY, Lazy, program
 from gradscope.memory.replay.engine import Program, node_extras, reentrant_nodes
 from gradscope.memory.replay.gradients import VIEW_OPS
 from gradscope.memory.replay.optimizer import step_budget
-from gradscope.memory.replay.reentrant import modelled_region, node_effect
+from gradscope.memory.replay.replayed import Replayed
 from gradscope.memory.replay.result import BackwardMemory
 from gradscope.memory.replay.simulate import Trace, simulate
+from gradscope.memory.replay.steady import grad_variants
 from gradscope.memory.replay.subprogram import region_subprograms
 from gradscope.memory.targets import Target, resolve
 
@@ -166,8 +163,9 @@ def replay(
         subprograms=subs or None,
     )
     tr: Trace = sim()
-    step = None
+    step = later = None
     high = tr.peak
+    variants = grad_variants(prog, has_grad)
     if optimizer is not None:  # read now: the optimizer's state changes with every step
         step = step_budget(
             optimizer,
@@ -177,7 +175,17 @@ def replay(
             target=None if ov.target is None else target,
         )
         high = max(high, tr.end + step.peak)
-    run = _Replayed(prog, graph, tr, sim, sizes, drop, has_grad, ov, alloc, target, inputs, step, inn, ws, high)
+        later = step_budget(
+            optimizer,
+            graph,
+            has_grad_names=grad_names(prog, variants[1]),
+            target=None if ov.target is None else target,
+            later=True,
+        )
+    run = Replayed(prog, graph, tr, sim, sizes, drop, has_grad, ov, alloc, target, inputs, step, inn, ws, high)
+    run.later_budget, run.variants = later, variants
+    run.ptrs = getattr(report, "storage_ptrs", None)
+    run.steps()  # NOTE [first and later steps]: simulated now, as the optimizer's state is read now
     try:
         ref = weakref.ref(report)
     except TypeError:
@@ -198,6 +206,20 @@ def replay(
         inner=tr.inner,
         locations=_locations(prog, tr),
     )
+
+
+def _check_steps(accumulate, set_to_none) -> int:
+    """``accumulate`` as an int of at least 1, or one sentence why not."""
+    if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+        raise InputValueError(
+            f"accumulate= is the number of backward passes per optimizer.step() (an int of at least 1), "
+            f"got {accumulate!r}."
+        )
+    if not isinstance(set_to_none, bool):
+        raise InputTypeError(
+            f"set_to_none= says how zero_grad() clears .grad (True or False), got {type(set_to_none).__name__}."
+        )
+    return accumulate
 
 
 def _check_optimizer(optimizer) -> None:
@@ -240,69 +262,6 @@ def _locations(prog: Program, tr: Trace) -> dict:
     return locs
 
 
-class _Replayed:
-    """What one replay keeps for the fields of :class:`BackwardMemory` read later (NOTE [deferred fields]):
-    read from the compiled graph only, which nothing changes."""
-
-    def __init__(self, prog, graph, tr, sim, sizes, drop, has_grad, ov, alloc, target, inputs, step, inn, ws, high):
-        self.prog, self.graph, self.tr, self.sim, self.sizes, self.drop = prog, graph, tr, sim, sizes, drop
-        self.has_grad, self.ov, self.alloc, self.target, self.inputs = has_grad, ov, alloc, target, inputs
-        self.step, self.inn, self.ws, self.high = step, inn, ws, high
-        self.snaps: list = []
-
-    def snapshot(self) -> Trace:
-        """What is alive at backward's peak, simulated again once, when asked."""
-        if not self.snaps:
-            self.snaps.append(self.sim(snapshot_at=self.tr.peak_at))
-        return self.snaps[0]
-
-    def contributors(self) -> list[tuple[str, str, int]]:
-        snap = self.snapshot()
-        return peak_by_module(self.prog, snap.snapshot or {}, snap.origin, self.sizes, self.drop)
-
-    def reserved(self, parts: dict) -> int:
-        return self.target.reserved(peak_blocks(self.graph, self.snapshot().snapshot or {}, parts, self.alloc))
-
-    def base_parts(self) -> dict:
-        """Bytes alive when backward starts, by part."""
-        prog, graph, ov = self.prog, self.graph, self.ov
-        parts = step_base(prog, graph, self.sizes, self.drop, self.has_grad, ov.scale, self.alloc)
-        parts.update(self.target.fixed_parts(prog.name))
-        if self.inputs is not None:
-            ptrs = getattr(getattr(graph, "compact", None), "storage_ptrs", None)
-            parts["leaf inputs"] += batch_bytes(prog, graph, self.inputs, self.sizes, self.drop, ptrs, ov.scale)
-        if self.step is not None:
-            parts["optimizer state"] = self.step.state_before
-        return parts
-
-    def fields(self) -> dict:
-        prog, inn, ids = self.prog, self.inn, self.prog.ids
-        parts = self.base_parts()
-        base = sum(parts.values())
-        unmodelled, why = _unmodelled_regions(prog)
-        unknown = {ids[v]: r for v, r in inn.unmodelled.items()}
-        unmodelled += [n for n in unknown if n not in why]
-        notes = list(inn.notes)
-        if inn.extrapolated:
-            n = len(inn.extrapolated)
-            notes.append(
-                f"In-node memory of {n} node{'s' if n > 1 else ''} was extrapolated from measurements at smaller "
-                "sizes (tensors above 1 MiB)."
-            )
-        return {
-            "base": base,
-            "absolute_peak": base + max(self.high, 0),
-            "parts": parts,
-            "workspace": {ids[v]: w for v, w in self.ws.items()},
-            "names": list(map(prog.name.__getitem__, self.tr.order)),
-            "unmodelled": unmodelled,
-            "unmodelled_why": {**unknown, **why},
-            "innode_unknown": unknown,
-            "notes": notes,
-            "_reserved": lambda: self.reserved(parts),
-        }
-
-
 def _innode(prog: Program, run_custom: bool, subs: dict) -> InNode:
     """In-node memory of every op node but views (their gradient is a view of the incoming one), reentrant
     checkpoint regions (their recompute and nested backward: reentrant.py, or listed as unmodelled) and nodes
@@ -316,30 +275,28 @@ def _innode(prog: Program, run_custom: bool, subs: dict) -> InNode:
     return innode(prog, nodes, run_custom)
 
 
-def _unmodelled_regions(prog: Program) -> tuple[list, dict]:
-    """Node ids of the reentrant checkpoint regions the replay could not model (see BackwardMemory), and
-    for the traced ones why their recording could not be used."""
-    out, why = [], {}
-    for v, extra in reentrant_nodes(prog):
-        rec = modelled_region(extra)
-        if rec is None or node_effect(prog, v, rec, simulate) is None:  # a traced one may fail on meta
-            nid = prog.ids[v]
-            out.append(nid)
-            traced = (extra.get("region_recompute") or {}).get("traced") or {}
-            reason = traced.get("reason") or traced.get("replay")
-            if reason:
-                why[nid] = reason
-    return out, why
-
-
 def backward_memory(
-    report, retain_graph: bool = False, optimizer=None, inputs=None, target=None, run_custom: bool = False
+    report,
+    retain_graph: bool = False,
+    optimizer=None,
+    inputs=None,
+    target=None,
+    run_custom: bool = False,
+    accumulate: int = 1,
+    set_to_none: bool = True,
 ) -> BackwardMemory:
     """``report.backward_memory()``: the unchanged step (see :class:`BackwardMemory`); ``inputs``: the batch
     the caller holds through the step, for the absolute peak (:func:`replay`); ``target``: the device
-    (``"cpu"`` by default, ``"cuda"`` or a Target: NOTE [device targets]); ``run_custom=True`` runs custom
-    autograd.Functions' backward on random tensors to measure their in-node memory."""
-    ov = None if target is None else Overrides(target=resolve(target))
+    (``"cpu"`` by default, ``"cuda"`` or a Target: NOTE [device targets]); custom autograd.Functions' backward
+    runs on fake tensors to measure their in-node memory (``run_custom=True``: on real random tensors);
+    ``accumulate``: backward passes per ``optimizer.step()`` (gradient accumulation), ``set_to_none``: how
+    ``zero_grad()`` clears ``.grad`` between steps (replay/steady.py NOTE [first and later steps])."""
+    accumulate = _check_steps(accumulate, set_to_none)
+    ov = None
+    if target is not None or accumulate != 1 or not set_to_none:
+        ov = Overrides(
+            target=None if target is None else resolve(target), accumulate=accumulate, set_to_none=set_to_none
+        )
     enabled = gc.isenabled()
     gc.disable()  # the replay allocates many small objects; generational passes would dominate its time
     try:

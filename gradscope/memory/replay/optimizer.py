@@ -72,13 +72,14 @@ def _state_bytes(opt) -> int:
     return total
 
 
-def step_budget(opt, graph=None, *, has_grad_names=(), after: int = 0, target=None) -> StepBudget:
+def step_budget(opt, graph=None, *, has_grad_names=(), after: int = 0, target=None, later: bool = False) -> StepBudget:
     """Predict ``opt.step()`` after the replayed backward (see NOTE [optimizer step memory]).
 
     A parameter is updated when it has a ``.grad`` now or the graph reaches it (by identity when the
     graph recorded it, else by shape). ``target`` (a device target, NOTE [device targets]) sets the
     default implementation and how each state tensor is rounded; Adam's ``step`` counters then stay on the
-    CPU, as torch keeps them there off the CPU unless ``capturable`` or ``fused``.
+    CPU, as torch keeps them there off the CPU unless ``capturable`` or ``fused``. ``later=True``: a step
+    after the first (replay/steady.py NOTE [first and later steps]): every updated parameter's state exists.
     """
     alloc = int if target is None else target.allocated
     reached = _reached(graph)
@@ -90,7 +91,7 @@ def step_budget(opt, graph=None, *, has_grad_names=(), after: int = 0, target=No
         params = [p for p in group["params"] if p.grad is not None or id(p) in reached]
         count += len(params)
         sizes = [alloc(_nbytes(p)) for p in params]
-        fresh = [len(opt.state.get(p, {})) == 0 for p in params]
+        fresh = [not later and len(opt.state.get(p, {})) == 0 for p in params]
         on_device = target.foreach if target is not None else None
         if on_device is None:
             on_device = bool(params) and params[0].device.type not in ("cpu", "meta")

@@ -13,6 +13,7 @@ from gradscope.errors import InputValueError
 
 if TYPE_CHECKING:
     from gradscope.memory.replay.optimizer import StepBudget
+    from gradscope.memory.replay.steady import StepPeak
 
 __all__ = ["BackwardMemory"]
 
@@ -28,8 +29,16 @@ class BackwardMemory:
         peak_node: the node id where the peak happens.
         end: the level after backward.
         base: bytes alive when backward starts (see :func:`replay`).
-        absolute_peak: ``base`` plus the highest level up to the end of backward, or of
-            ``optimizer.step()`` when an optimizer was given.
+        absolute_peak: the higher of ``first_step.absolute_peak`` and ``later_step.absolute_peak``: the
+            most memory a training loop of this step needs (replay/steady.py NOTE [first and later steps]).
+        first_step: the step as inspected (its ``.grad`` and optimizer state): ``base`` plus the highest
+            level up to the end of backward, or of ``optimizer.step()`` when an optimizer was given
+            (:class:`~gradscope.memory.replay.steady.StepPeak`).
+        later_step: every step after it: the optimizer's state from the start, ``.grad`` as ``zero_grad()``
+            leaves it, ``accumulate`` micro-steps.
+        uncounted: what may be alive when backward starts and is not in ``base`` (sentences; the batch of
+            a forward neither traced nor given as ``inputs=``, where no op saved it): when not empty, the
+            absolute peaks are lower bounds.
         step: the optimizer step's budget, or None.
         modules: module name per node of ``order`` (None when unknown).
         inner: the highest level inside each node (workspace included).
@@ -41,6 +50,10 @@ class BackwardMemory:
             whose in-node memory is not known are listed too (``innode_unknown``: node id -> why).
         innode_unknown: node id -> why its in-node memory (kernel workspace, a formula's temporaries) is
             neither measured nor modelled (memory/kernels/workspace.py NOTE [in-node memory]).
+        custom_runs: node id -> how a custom autograd.Function's backward was run to measure its in-node
+            memory: ``"fake tensors"`` (the default: no data, no memory; memory/kernels/fake.py NOTE [custom
+            backwards on fake tensors]) or ``"real random tensors (run_custom=True)"``; a custom node not
+            listed here is in ``innode_unknown``, with the reason.
         notes: sentences on how the numbers were obtained (extrapolated sizes, a running profiler).
         target: the device target (``"cpu"`` unless ``target=`` said otherwise); a target not measured on
             its device makes every printed view say "modelled, not measured".
@@ -53,6 +66,10 @@ class BackwardMemory:
     end: int
     base: int
     absolute_peak: int
+    if TYPE_CHECKING:  # deferred (NOTE [deferred fields]), always set
+        first_step: StepPeak
+        later_step: StepPeak
+        uncounted: list[str]
     step: StepBudget | None = None
     modules: Sequence = field(default_factory=list)  # a list (computed on first use)
     inner: list = field(default_factory=list)
@@ -64,6 +81,7 @@ class BackwardMemory:
     unmodelled_why: dict = field(default_factory=dict)  # node id -> why a traced region was not replayed
     innode_unknown: dict = field(default_factory=dict)  # node id -> why its in-node memory is not known
     notes: list = field(default_factory=list)  # sentences about how the numbers were obtained
+    custom_runs: dict = field(default_factory=dict)  # node id -> how a custom backward was run to measure it
     target: Any = None  # the device target it was predicted for (gradscope.memory.targets; None: the CPU)
     # the rows, or a function computing them on first use
     _contributors: list[tuple[str, str, int]] | Callable[[], list[tuple[str, str, int]]] | None = field(
@@ -178,5 +196,9 @@ _DEFERRED = frozenset(
         "_reserved",
         "innode_unknown",
         "notes",
+        "first_step",
+        "later_step",
+        "uncounted",
+        "custom_runs",
     }
 )

@@ -28,34 +28,72 @@ def _where(bm) -> str:
 
 
 def phase_peaks(bm) -> dict[str, int]:
-    """The step's phases and the absolute peak of each: ``{"backward": ..., "AdamW.step()": ...}`` (bytes
-    alive when backward starts plus the highest level the phase reaches). ``bm.absolute_peak`` is their
-    maximum, never their sum."""
+    """The first step's phases and the absolute peak of each: ``{"backward": ..., "AdamW.step()": ...}``
+    (bytes alive when backward starts plus the highest level the phase reaches). ``bm.first_step``'s peak is
+    their maximum, never their sum."""
     out = {"backward": bm.base + max(bm.peak, 0)}
     if bm.step is not None:
         out[f"{bm.step.name}.step()"] = bm.base + bm.end + bm.step.peak
     return out
 
 
+def _later_phases(bm) -> dict[str, int]:
+    later = bm.later_step
+    out = {"backward": later.backward_peak}
+    if bm.step is not None and later.optimizer_peak is not None:
+        out[f"{bm.step.name}.step()"] = later.optimizer_peak
+    return out
+
+
+#: The prefix of the later step's rows in ``bm.table()``.
+LATER = "later steps: "
+
+
 def budget_rows(bm) -> list[tuple[str, int]]:
-    """``(what, bytes)`` rows of the step budget: what is alive when backward starts, by kind, and their sum;
-    then each phase's absolute peak; then the step's absolute peak, the largest phase (not a sum of rows)."""
+    """``(what, bytes)`` rows of the step budget. The first step (as inspected): what is alive when backward
+    starts, by kind, and their sum; each phase's absolute peak; ``peak of the first step``, the largest
+    phase (not a sum of rows). Then the same rows for the later steps (NOTE [first and later steps] in
+    replay/steady.py), prefixed ``later steps: ``; last ``absolute peak of the step``, the higher of the
+    two steps (``bm.absolute_peak``)."""
     rows = [(k, v) for k, v in bm.parts.items() if v]
     rows.append(("alive when backward starts", bm.base))
     rows += [(f"peak during {phase}", b) for phase, b in phase_peaks(bm).items()]
+    rows.append(("peak of the first step", bm.first_step.absolute_peak))
+    later = bm.later_step
+    rows += [(LATER + k, v) for k, v in later.parts.items() if v]
+    rows.append((LATER + "alive when backward starts", later.base))
+    rows += [(f"{LATER}peak during {phase}", b) for phase, b in _later_phases(bm).items()]
+    rows.append(("peak of a later step", later.absolute_peak))
     rows.append(("absolute peak of the step", bm.absolute_peak))
     return rows
 
 
+def _top(phases: dict) -> str:
+    return max(phases, key=lambda k: phases[k])
+
+
 def _budget_lines(bm) -> list[str]:
-    """The step budget as text: the parts, their sum, the phases' absolute peaks, the largest of them."""
+    """The step budget as text: the first step's parts, their sum, its phases' absolute peaks; the same for
+    a later step; the higher of the two."""
     rows = budget_rows(bm)
-    width = max(len(k) for k, _ in rows) + 2
-    phases = phase_peaks(bm)
-    top = max(phases, key=lambda k: phases[k])
-    lines = ["step budget (absolute bytes; the step's peak is its largest phase, not a sum of the rows):"]
+    width = max(len(k.removeprefix(LATER)) for k, _ in rows) + 2
+    first_phases, later_phases = phase_peaks(bm), _later_phases(bm)
+    first, later = bm.first_step, bm.later_step
+    lines = ["step budget (absolute bytes; a step's peak is its largest phase, not a sum of the rows):"]
+    lines.append(f"first step ({first.how}):")
     for k, v in rows:
-        if k == "alive when backward starts":
+        if k.startswith(LATER):
+            k = k.removeprefix(LATER)
+            if k == "alive when backward starts":
+                lines.append(f"  {'= ' + k:<{width}}  {human_bytes(v):>10}")
+            elif k == "peak during backward":
+                rise = max((r for _, _, r in later.micro_steps), default=0)
+                lines.append(f"  {k:<{width}}  {human_bytes(v):>10}  (+{human_bytes(rise)} above its start)")
+            elif k.startswith("peak during "):
+                lines.append(f"  {k:<{width}}  {human_bytes(v):>10}  (no new state)")
+            else:
+                lines.append(f"    {k:<{width - 2}}  {human_bytes(v):>10}")
+        elif k == "alive when backward starts":
             lines.append(f"  {'= ' + k:<{width}}  {human_bytes(v):>10}")
         elif k == "peak during backward":
             lines.append(f"  {k:<{width}}  {human_bytes(v):>10}  (+{human_bytes(max(bm.peak, 0))} above its start)")
@@ -65,8 +103,25 @@ def _budget_lines(bm) -> list[str]:
                 f"  {k:<{width}}  {human_bytes(v):>10}  (+{human_bytes(st.peak)} above the end of backward, "
                 f"{human_bytes(bm.base + bm.end)}; new state {human_bytes(st.state_new)}, kept)"
             )
+        elif k == "peak of the first step":
+            if len(first.micro_steps) > 1:
+                lines.append(
+                    f"  {'peak during ' + first.micro_steps[-1][0]:<{width}}  "
+                    f"{human_bytes(first.micro_steps[-1][1] + first.micro_steps[-1][2]):>10}  (.grad set)"
+                )
+            lines.append(f"  {k:<{width}}  {human_bytes(v):>10}  (max of the phases: during {_top(first_phases)})")
+            lines.append(f"later steps ({later.how}):")
+        elif k == "peak of a later step":
+            lines.append(f"  {k:<{width}}  {human_bytes(v):>10}  (max of the phases: during {_top(later_phases)})")
         elif k == "absolute peak of the step":
-            lines.append(f"  {k:<{width}}  {human_bytes(v):>10}  (max of the phases: during {top})")
+            which = (
+                "a later step"
+                if later.absolute_peak > first.absolute_peak
+                else "the first step"
+                if later.absolute_peak < first.absolute_peak
+                else "both alike"
+            )
+            lines.append(f"{k + ':':<{width + 2}}  {human_bytes(v):>10}  (the higher of the two: {which})")
         else:
             lines.append(f"    {k:<{width - 2}}  {human_bytes(v):>10}")
     return lines
@@ -92,6 +147,7 @@ def text(bm, top: int = 5) -> str:
             f"{plural(len(bm.workspace), 'node')}, up to "
             f"{human_bytes(max(bm.workspace.values()))} in one node ({human_bytes(ws)} in all)."
         )
+    lines.extend(_custom_lines(bm))
     unknown = bm.innode_unknown
     regions = [n for n in bm.unmodelled if n not in unknown]
     if regions:
@@ -107,6 +163,8 @@ def text(bm, top: int = 5) -> str:
         )
     if unknown:
         lines.extend(_unknown_lines(bm, unknown))
+    for note in bm.uncounted:
+        lines.append(f"  NOTE: {note}.")
     for note in bm.notes:
         lines.append(f"  {note}")
     lines += _budget_lines(bm)
@@ -118,6 +176,24 @@ def text(bm, top: int = 5) -> str:
         for m, kind, b in rows:
             lines.append(f"  {m:<{mw}}  {kind:<24} {human_bytes(b):>10}")
     return "\n".join(lines)
+
+
+def _custom_lines(bm) -> list[str]:
+    """How each custom autograd.Function's backward was run to measure it, one line per way."""
+    runs = getattr(bm, "custom_runs", None) or {}
+    names = dict(zip(bm.order, bm.names))
+    by_how: dict = {}
+    for nid, how in runs.items():
+        by_how.setdefault(how, []).append(nid)
+    lines = []
+    for how, nids in sorted(by_how.items()):
+        ops = sorted({names.get(x, x) for x in nids})
+        shown = ", ".join(ops[:4]) + (", ..." if len(ops) > 4 else "")
+        lines.append(
+            f"  custom autograd.Function backward{'s' if len(nids) > 1 else ''} run on {how} to measure "
+            f"{'their' if len(nids) > 1 else 'its'} in-node memory: {shown} ({len(nids)})."
+        )
+    return lines
 
 
 def _unknown_lines(bm, unknown: dict) -> list[str]:

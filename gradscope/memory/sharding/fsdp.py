@@ -284,7 +284,7 @@ def fsdp_step(
     sharded = sum(g.padded for g in gs)
     ceiling = sum(by[g.name].rs for g in gs if g.name) if device == "cpu" else 0
     apart = spec.offload and device != "cpu"  # NOTE [FSDP2 CPU offload] in offload.py
-    held = parts.get("buffers", 0) + parts.get("leaf inputs", 0)
+    held = parts.get("buffers", 0) + parts.get("leaf inputs", 0) + parts.get("batch", 0)
     if device == "cpu":  # the rank's DeviceMesh: its ranks as one int32 tensor, kept (on the host)
         held += MESH_RANK_BYTES * world
     ranks, all_parts, phase, host = [], [], [], []
