@@ -10,17 +10,27 @@ earlier value has (a view, ``detach``, ``_unsafe_view`` or ``getitem`` shares it
 allocates nothing), then the values whose last use it was are dropped; a storage goes with its last value:
 an intermediate is freed, a saved tensor's reference is released (freed when nothing else holds it), an
 incoming gradient stays with the engine until the node returns. What the graph returns is the node's
-output gradients. The steps are plain data (``[allocs, frees, releases, call]`` per FX node that allocates
-or frees, ``allocs`` as ``[bytes, shape, dtype]``, ``call`` the aten call as ``[op, args, kwargs, tensor
-specs]`` for measuring the kernel's own workspace, or None), kept in the node's ``attrs["region_steps"]``; the replay's sub-program hook
+output gradients. An incoming gradient whose layout is not the traced one (``sum()``'s expanded gradient)
+is first copied to a dense tensor by the prologue (``process_runtime_tangent``), held by the argument list
+and so freed at the tangent's last use: the ``tangents`` (``[bytes, shape, dtype]``, the j-th tangent taken
+as the node's j-th incoming gradient) and, per step, the tangents whose last use it was.
+
+The steps are plain data, kept in the node's ``attrs["region_steps"]`` as ``{"steps", "tangents"}``: per
+FX node that allocates or frees, ``[allocs, frees, releases, call, tangents]``, ``allocs`` as ``[bytes,
+shape, dtype]`` and ``call`` the aten call as ``[op, args, kwargs, tensor specs, outputs]`` for measuring
+the kernel's own workspace (memory/kernels/fxops.py), or None. The replay's sub-program hook
 (``memory/replay/subprogram.py``) runs them in place when the engine reaches the node.
+
+Inductor (``"fused": true``) runs the same graph as fused kernels that keep fewer intermediates and reuse
+buffers: replayed op by op, the region's peak is then an upper bound of what its generated code keeps (its
+saved tensors and returned gradients, what the engine sees, are the same).
 """
 
 from __future__ import annotations
 
 import torch
 
-from gradscope._torch import compiled_backward_graph, storage_key_and_bytes
+from gradscope._torch import compiled_backward_graph, compiled_by_inductor, storage_key_and_bytes
 from gradscope.walk.values import dtype_str
 
 __all__ = ["region_steps", "STEPS", "UNREAD"]
@@ -48,15 +58,16 @@ def region_steps(node, saved_storages: list) -> dict:
     if gm is None:
         return {UNREAD: why}
     try:
-        return {STEPS: _steps(gm.graph, saved_storages)}
-    except Exception as exc:  # a graph this reader does not know: say so, never guess
+        steps, tangents = _steps(gm.graph, saved_storages)
+        return {STEPS: {"steps": steps, "tangents": tangents, "fused": compiled_by_inductor(node)}}
+    except Exception as exc:  # noqa: BLE001 - a graph this reader does not know: say so, never guess
         return {UNREAD: f"its backward graph could not be read ({type(exc).__name__}: {exc})"}
 
 
 def _call(n):
-    """``[op, args, kwargs, tensor specs]`` of an aten call (tensors as ``{"t": "s", "k": i}`` into the specs
-    ``[name, shape, stride, dtype]``), or None for a call that cannot be run alone (not an aten operator, a
-    symbolic size)."""
+    """``[op, args, kwargs, tensor specs, number of outputs]`` of an aten call (tensors as ``{"t": "s",
+    "k": i}`` into the specs ``[name, shape, stride, dtype]``), or None for a call that cannot be run alone
+    (not an aten operator, a symbolic size)."""
     target = n.target
     if not isinstance(target, torch._ops.OpOverload):
         return None
@@ -67,8 +78,9 @@ def _call(n):
             t = a.meta.get("val")
             if not isinstance(t, torch.Tensor):
                 raise ValueError("not a tensor")
-            specs.append([f"hidden[{len(specs)}]", [int(x) for x in t.shape], [int(x) for x in t.stride()],
-                          dtype_str(t.dtype)])
+            specs.append(
+                [f"hidden[{len(specs)}]", [int(x) for x in t.shape], [int(x) for x in t.stride()], dtype_str(t.dtype)]
+            )
             return {"t": "s", "k": len(specs) - 1}
         if isinstance(a, (list, tuple)):
             return [enc(x) for x in a]
@@ -87,10 +99,11 @@ def _call(n):
         kwargs = {k: enc(v) for k, v in n.kwargs.items()}
     except ValueError:
         return None
-    return [str(target), args, kwargs, specs]
+    val = n.meta.get("val")
+    return [str(target), args, kwargs, specs, len(val) if isinstance(val, (list, tuple)) else 1]
 
 
-def _steps(graph, saved_storages: list) -> list:
+def _steps(graph, saved_storages: list) -> tuple[list, list]:
     nodes = list(graph.nodes)
     pos = {n: i for i, n in enumerate(nodes)}
     out_node = next(n for n in reversed(nodes) if n.op == "output")
@@ -108,6 +121,7 @@ def _steps(graph, saved_storages: list) -> list:
     of_node: dict = {}
     n_tensor_ph = 0
     steps: list = []
+    tangents: list = []
     n_alloc = 0
     for i, n in enumerate(nodes):
         if n.op == "output":
@@ -123,8 +137,11 @@ def _steps(graph, saved_storages: list) -> list:
             if rec is None:
                 if n.op == "placeholder":
                     j = n_tensor_ph
-                    sid = saved_storages[j] if j < len(saved_storages) else None
-                    rec = storage[key] = [0, "s" if j < len(saved_storages) else "g", sid]
+                    if j < len(saved_storages):
+                        rec = storage[key] = [0, "s", saved_storages[j]]
+                    else:
+                        rec = storage[key] = [0, "g", len(tangents)]
+                        tangents.append([int(nbytes), list(t.shape), dtype_str(t.dtype)])
                 else:
                     rec = storage[key] = [0, "t", n_alloc]
                     allocs.append([int(nbytes), list(t.shape), dtype_str(t.dtype)])
@@ -133,7 +150,7 @@ def _steps(graph, saved_storages: list) -> list:
         if n.op == "placeholder" and _tensors(n.meta.get("val")):
             n_tensor_ph += 1
         of_node[n] = keys
-        frees, releases = [], []
+        frees, releases, dead = [], [], []
         for d in dies.get(i, ()):
             for key in of_node.get(d, ()):
                 rec = storage[key]
@@ -143,7 +160,8 @@ def _steps(graph, saved_storages: list) -> list:
                         frees.append(rec[2])
                     elif rec[1] == "s" and rec[2] is not None:
                         releases.append(rec[2])
-        if allocs or frees or releases:
-            steps.append([allocs, frees, releases, _call(n) if allocs else None])
-    return steps
-
+                    elif rec[1] == "g":
+                        dead.append(rec[2])
+        if allocs or frees or releases or dead:
+            steps.append([allocs, frees, releases, _call(n) if allocs else None, dead])
+    return steps, tangents

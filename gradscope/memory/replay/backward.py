@@ -63,7 +63,7 @@ from gradscope.memory.replay.replayed import Replayed
 from gradscope.memory.replay.result import BackwardMemory
 from gradscope.memory.replay.simulate import Trace, simulate
 from gradscope.memory.replay.steady import grad_variants
-from gradscope.memory.replay.subprogram import region_subprograms
+from gradscope.memory.replay.subprogram import fused_note, region_subprograms
 from gradscope.memory.targets import Target, resolve
 
 __all__ = [
@@ -148,8 +148,10 @@ def replay(
         prog = dataclasses.replace(prog, root_bytes=[alloc(b) for b in prog.root_bytes])
     drop = offloaded_keys(prog, ov)
     has_grad = _has_grad(prog, ov)
-    subs = region_subprograms(node_extras(prog), ov.scale, alloc)  # NOTE [node sub-programs]
-    inn = _innode(prog, run_custom, subs) if workspace else InNode()
+    subs, partial, fused = region_subprograms(prog, node_extras(prog), ov.scale, alloc)  # NOTE [node sub-programs]
+    inn = _innode(prog, run_custom, subs, partial) if workspace else InNode()
+    if fused - set(partial):
+        inn = dataclasses.replace(inn, notes=(*inn.notes, fused_note(len(fused - set(partial)))))
     ws = {v: (alloc(w) if alloc else w) for v in inn.bytes if (w := scaled(inn, v, grad_scale))}
     sim = functools.partial(
         simulate,
@@ -262,17 +264,20 @@ def _locations(prog: Program, tr: Trace) -> dict:
     return locs
 
 
-def _innode(prog: Program, run_custom: bool, subs: dict) -> InNode:
+def _innode(prog: Program, run_custom: bool, subs: dict, partial: dict) -> InNode:
     """In-node memory of every op node but views (their gradient is a view of the incoming one), reentrant
     checkpoint regions (their recompute and nested backward: reentrant.py, or listed as unmodelled) and nodes
     replayed as a sub-program of their own (NOTE [node sub-programs])."""
-    regions = {v for v, _ in reentrant_nodes(prog)} | set(subs)
+    regions = {v for v, _ in reentrant_nodes(prog)} | set(subs) | set(partial)
     nodes = [
         v
         for v, (lf, name) in enumerate(zip(prog.leaf, prog.name))
         if not lf and name not in VIEW_OPS and v not in regions
     ]
-    return innode(prog, nodes, run_custom)
+    inn = innode(prog, nodes, run_custom)
+    if partial:  # a region whose steps or some op's workspace are not known: a lower bound, said why
+        inn = dataclasses.replace(inn, unmodelled={**inn.unmodelled, **partial})
+    return inn
 
 
 def backward_memory(

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from gradscope.memory.replay.engine import Program, engine_order
 from gradscope.memory.replay.gradients import PASS_OPS, VIEW_OPS, Memory, outputs
-from gradscope.memory.replay.subprogram import run_steps
 from gradscope.memory.replay.steps import (
     Run,
     expanded_copy,
@@ -32,6 +31,7 @@ from gradscope.memory.replay.steps import (
     region_grads,
     seed_gradients,
 )
+from gradscope.memory.replay.subprogram import run_steps
 
 __all__ = ["simulate", "Trace", "VIEW_OPS", "PASS_OPS"]
 
@@ -172,7 +172,7 @@ def _op_step(run: Run, v: int, inputs: dict, level: int, high: int) -> tuple[int
     nested = None
     released = None
     if run.subs is not None and v in run.subs:  # NOTE [node sub-programs]
-        level, high, released = run_steps(run, v, run.subs[v], level, high)
+        level, high, released = run_steps(run, v, run.subs[v], inputs, level, high)
     elif extra_attrs is not None and "region_recompute" in extra_attrs:
         nested = _nested(prog, v, extra_attrs, run.given)
         if nested is not None:  # NOTE [reentrant checkpoint backward]
