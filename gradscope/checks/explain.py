@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 
 from gradscope._format import one_line
-from gradscope.checks.unused import checkpointed, cut_fix, cuts_by_param, describe_cut, opaque_nodes
+from gradscope.checks.unused import checkpoint_inputs, checkpointed, cut_fix, cuts_by_param, describe_cut, opaque_nodes
 from gradscope.errors import UnknownParameterError
 from gradscope.findings import INPLACE_HAZARD
 from gradscope.graph import CALLED_MODULES, PARAMS
@@ -43,6 +43,9 @@ def explain(report, param: str) -> str:
     inside = checkpointed(g)
     if inside is not None and param in inside:
         region = inside[param]
+        passed = checkpoint_inputs(g).get(param) if region is None else None
+        if passed is not None:
+            return _cut(g, param, passed)
         if region is None:
             return (
                 f"{param} is used only inside a reentrant checkpoint region whose inputs do not require "
