@@ -128,10 +128,11 @@ class Report:
         node by node, before it runs (see :func:`gradscope.memory.backward.backward_memory`). ``inputs``:
         the batch you hold through the step (tensors, or lists / dicts of them): the absolute peak counts
         it even when no op saved it (a traced forward records it). ``target``: ``"cpu"`` (default),
-        ``"cuda"`` (modelled, not measured) or a ``gradscope.memory.targets.Target``. With
-        ``run_custom=True`` custom autograd.Functions' backward is run on random tensors to measure its
-        in-node memory. ``bm.absolute_peak`` is the higher of the first step (as inspected) and a later
-        one (the optimizer's state alive from the start): ``bm.first_step``, ``bm.later_step``;
+        ``"cuda"`` (modelled, not measured) or a ``gradscope.memory.targets.Target``. A custom
+        autograd.Function's backward is run on fake tensors (no data, no memory) to measure its in-node
+        memory when its code is pure tensor code; ``run_custom=True`` runs it on real random tensors instead
+        (``bm.custom_runs`` says which). ``bm.absolute_peak`` is the higher of the first step (as inspected)
+        and a later one (the optimizer's state alive from the start): ``bm.first_step``, ``bm.later_step``;
         ``accumulate``: backward passes per ``optimizer.step()``; ``set_to_none``: how ``zero_grad()``
         clears ``.grad`` (``False``: kept as zeros)."""
         from gradscope.memory.replay.backward import backward_memory

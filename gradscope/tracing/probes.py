@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import os
 import sys
-from types import FrameType, MethodType
-from typing import cast
+from types import FrameType
 
 import torch
 
 from gradscope._frames import frame_location, user_frame
-from gradscope._torch import sequence_nr, version
+from gradscope._torch import is_function_forward, sequence_nr, version
 
 __all__ = [
     "user_location",
@@ -24,13 +23,13 @@ __all__ = [
     "in_optimizer",
     "inside_function",
     "versions",
+    "requires_grad",
+    "grad_inputs",
     "SAVES_OUTPUT",
     "INPLACE_FLAG",
 ]
 
 _Tensor = torch.Tensor
-# ``apply`` is a classmethod: read through the class it is a bound method (mypy sees a plain function)
-_APPLY = cast(MethodType, torch.autograd.function.Function.apply).__func__.__code__
 
 
 def user_location(depth: int = 1) -> str | None:
@@ -40,9 +39,10 @@ def user_location(depth: int = 1) -> str | None:
 
 
 def apply_caller(f: FrameType | None) -> FrameType | None:
-    """The user's frame that called the innermost ``autograd.Function.apply`` on the stack from ``f``."""
+    """The user's frame that called the innermost ``autograd.Function.apply`` on the stack from ``f`` (the
+    frame above the innermost Function ``forward``: ``apply`` itself is a builtin from torch 2.15)."""
     while f is not None:
-        if f.f_code is _APPLY:
+        if is_function_forward(f.f_code):
             return user_frame(f.f_back)
         f = f.f_back
     return None
@@ -139,7 +139,7 @@ def checkpoint_region(f: FrameType | None) -> tuple[FrameType | None, bool]:
         code = f.f_code
         if code is _CKPT_FORWARD:
             found, below, ckpts = f, applies, ckpts + 1
-        elif code is _APPLY:
+        elif is_function_forward(code):
             applies += 1
         f = f.f_back
     return found, found is not None and (ckpts > 1 or below > 0)
@@ -202,7 +202,34 @@ def in_optimizer() -> bool:
 def inside_function() -> bool:
     f: FrameType | None = sys._getframe(2)
     while f is not None:
-        if f.f_code is _APPLY:
+        if is_function_forward(f.f_code):
             return True
         f = f.f_back
     return False
+
+
+def requires_grad(out) -> bool | None:
+    """True/False for a tensor result (or a tuple/list holding tensors); None when no tensor came back."""
+    if isinstance(out, _Tensor):
+        return out.requires_grad
+    if isinstance(out, (tuple, list)):
+        found = None
+        for o in out:
+            if isinstance(o, _Tensor):
+                if o.requires_grad:
+                    return True
+                found = False
+        return found
+    return None
+
+
+def grad_inputs(args, kwargs) -> list:
+    """The tensors among ``args``/``kwargs`` (one list level deep) that require grad."""
+    out = []
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(a, _Tensor):
+            if a.requires_grad:
+                out.append(a)
+        elif isinstance(a, (tuple, list)):
+            out.extend(t for t in a if isinstance(t, _Tensor) and t.requires_grad)
+    return out

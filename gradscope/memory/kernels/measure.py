@@ -3,14 +3,16 @@
 ``measure(sigs)`` runs each signature's backward (``rebuild.prepare``) under a ``record_function`` marker
 inside one profiler session with ``profile_memory=True``, and reads the marker's allocator events: the
 highest point above what the backward leaves behind (its gradients) is the node's in-node memory. A
-signature with a tensor above :data:`LIMIT` is measured at two smaller sizes (its large dimensions
-divided) and extrapolated in the total bytes of its tensors: linearly, or with the power the two
-measurements show (at most 2), never below linear. The profiler's own start/stop lines on stderr are
-silenced by pointing file descriptor 2 at the null device for the two calls only, and restoring it.
+signature with a tensor above :data:`LIMIT` (a window op's, :func:`has_window`: above :data:`WINDOW_LIMIT`)
+is measured at two smaller sizes (its large dimensions divided) and extrapolated in the total bytes of its
+tensors: linearly, or with the power the two measurements show (at most 2), never below linear. The
+profiler's own start/stop lines on stderr are silenced by pointing file descriptor 2 at the null device
+for the two calls only, and restoring it.
 
 When a torch.profiler is already running in this process (the user's), a second one cannot start: the
-built-in ops are measured in a fresh Python process (``python -m gradscope.memory.kernels.measure``);
-custom Functions, whose classes live in this process, are not.
+built-in ops are measured in a fresh Python process (``python -m gradscope.memory.kernels.measure``).
+Custom Functions, whose classes live in this process, run on fake tensors here (``fake.py``: no profiler
+needed), as they do by default.
 """
 
 from __future__ import annotations
@@ -28,10 +30,27 @@ from gradscope.memory.kernels.formula import is_formula, prepare_formula
 from gradscope.memory.kernels.rebuild import SAME_FORMULA, Unmeasurable, prepare
 from gradscope.memory.kernels.signature import tensors_of
 
-__all__ = ["measure", "LIMIT", "quiet"]
+__all__ = ["measure", "LIMIT", "WINDOW_LIMIT", "has_window", "quiet"]
 
 #: A signature with a tensor larger than this is measured at smaller sizes and extrapolated.
 LIMIT = 1024 * 1024
+#: A window op's signature (a convolution's, a pooling's: :func:`has_window`) is measured at full size up
+#: to this largest tensor: a shrunk copy is another problem for its kernel.
+WINDOW_LIMIT = 64 * 1024 * 1024
+#: Saved values that make an op a window op.
+WINDOW = ("kernel_size", "stride", "dilation")
+
+
+def has_window(sig: dict) -> bool:
+    """Whether the node's op slides a window (a convolution, a pooling): its saved values hold one of
+    :data:`WINDOW`. Dividing its sizes divides the window (the weight's spatial dimensions, the stride)
+    with them, which is another problem for the kernel, not a smaller copy of this one: a ViT's patch
+    embedding (kernel and stride 32) allocates 4x its weight in its backward at full size, and the
+    extrapolation from a 8 and a 16 window said 16x (docs/memory.md, "In-node memory")."""
+    attrs = sig.get("attrs") or {}
+    return any(k in attrs for k in WINDOW)
+
+
 _MARK = "gs::innode:"
 
 
@@ -97,6 +116,8 @@ def shrink(sig: dict, f: float) -> dict:
     out["inputs"] = [[i[0], sub(i[1]), i[2], _restride(sub(i[1]), i[3])] for i in sig["inputs"]]
     out["grads"] = [[g[0], sub(g[1]), _restride(sub(g[1]), g[2]), g[3]] for g in sig["grads"]]
     out["attrs"] = {k: sub(v) for k, v in sig["attrs"].items()}
+    if "outs" in sig:  # a custom Function's output shapes (its unused outputs' zero gradients)
+        out["outs"] = [[sub(o[0]), o[1]] for o in sig["outs"]]
     return out
 
 
@@ -219,6 +240,8 @@ def _plan(sig: dict) -> list:
     top = _largest(sig)
     if top <= LIMIT or is_formula(sig):  # a recorded formula's sizes are in its calls too: full size
         return [sig]
+    if top <= WINDOW_LIMIT and has_window(sig):
+        return [sig]
     f = 2.0
     small = shrink(sig, f)
     if _largest(small) >= top:  # no large dimension to divide: measured as it is
@@ -276,17 +299,26 @@ def _remote(sigs: list) -> list:
 def measure(sigs: list, run_custom: bool = False) -> tuple[list, bool]:
     """``([{"bytes": n} or {"error": reason}] per signature, measured_elsewhere)``.
 
-    Under a running torch.profiler the built-in ops go to a fresh process and custom Functions get an
-    error entry (``measured_elsewhere`` is then True).
+    A custom Function's backward runs on fake tensors (``fake.py``) unless ``run_custom``; with it, on real
+    random tensors in this process's profiler session (``"how"`` says which). Under a running torch.profiler
+    the built-in ops go to a fresh process (``measured_elsewhere`` is then True) and custom Functions run on
+    fake tensors (a second profiler session cannot start here).
     """
-    if not profiler_enabled():
-        return _local(sigs, run_custom), False
+    from gradscope.memory.kernels.fake import REAL, measure_fake
+
     out: list = [None] * len(sigs)
-    builtin = [i for i, s in enumerate(sigs) if not s.get("function")]
-    for i, r in zip(builtin, _remote([sigs[i] for i in builtin]) if builtin else []):
-        out[i] = r
-    why = "a torch.profiler was running in this process, so this custom Function's backward was not run"
-    return [r if r is not None else {"error": why, "retry": True} for r in out], True
+    elsewhere = profiler_enabled()
+    real = [i for i, s in enumerate(sigs) if not s.get("function") or (run_custom and not elsewhere)]
+    for i, s in enumerate(sigs):
+        if s.get("function") and i not in real:
+            out[i] = measure_fake(s)
+    if real and not elsewhere:
+        for i, r in zip(real, _local([sigs[i] for i in real], run_custom)):
+            out[i] = {**r, "how": REAL} if sigs[i].get("function") and "error" not in r else r
+    elif real:
+        for i, r in zip(real, _remote([sigs[i] for i in real])):
+            out[i] = r
+    return out, elsewhere and bool(real)
 
 
 def _main() -> None:

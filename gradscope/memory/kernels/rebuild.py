@@ -4,16 +4,13 @@ For a built-in node (``AddmmBackward0``) the op's forward is found among ``torch
 name and the names of its saved slots and values, called on fresh tensors laid out as the signature says
 (shape, strides, dtype), and the backward is run with ``torch.autograd.grad`` on gradients in the
 recorded layout. The rebuilt node must have the recorded name, else the measurement is refused. A custom
-``autograd.Function``'s backward is user code: it is run (its ``backward(ctx, *grads)`` with a ``ctx``
-holding fresh saved tensors and the recorded attributes) only when the caller asks for it.
+``autograd.Function``'s backward is user code: it is run here on real random tensors (``custom.py``) only
+when the caller asks for it (``run_custom=True``); by default it runs on fake tensors (``fake.py``).
 """
 
 from __future__ import annotations
 
-import importlib
 import re
-import sys
-import types
 from typing import Any
 
 import torch
@@ -266,40 +263,6 @@ def _builtin(sig: dict):
     return run
 
 
-def _custom(sig: dict):
-    mod_name, _, qual = sig["function"].rpartition(".")
-    cls: Any = sys.modules.get(mod_name) or importlib.import_module(mod_name)
-    for part in qual.split("."):
-        cls = getattr(cls, part, None)
-    if cls is None or not hasattr(cls, "backward"):
-        raise Unmeasurable(f"the custom Function {sig['function']} cannot be found")
-    saved = sorted((s for s in sig["saved"] if s[0].startswith("saved_tensors[")), key=lambda s: int(s[0][14:-1]))
-    ctx = types.SimpleNamespace()
-    for k, v in sig["attrs"].items():
-        m = re.fullmatch(r"Tensor\[(.*)\]", v) if isinstance(v, str) else None
-        setattr(ctx, k, make_tensor(eval_shape(m.group(1)), "float32") if m else v)
-    ctx.saved_tensors = tuple(make_tensor(s[1], s[3], s[2]) for s in saved)
-    ctx.saved_variables = ctx.saved_tensors
-    n_in = max([i[0] for i in sig["inputs"]] + [0]) + 1
-    ctx.needs_input_grad = tuple(any(i[0] == p for i in sig["inputs"]) for p in range(n_in))
-    ctx.materialize_grads = True
-    grads = _grads(sig)
-    g = [grads.get(k) for k in range(sig.get("n_out") or 1)]
-    g = [x if x is not None else torch.zeros(0) for x in g]
-
-    def run():
-        with torch.no_grad():
-            return cls.backward(ctx, *g)
-
-    run.grads = g  # type: ignore[attr-defined]
-    run.direct = True  # type: ignore[attr-defined]  # no engine node: the whole marker is the backward
-    return run
-
-
-def eval_shape(text: str) -> list:
-    return [int(x) for x in text.split(",") if x.strip()]
-
-
 #: NOTE [in-place on a slice] (tracing/probes.py); docs/memory.md "Accuracy".
 _HIDDEN = (
     "an in-place write through a view (CopySlices) hides the node of the write: its backward's temporaries "
@@ -323,7 +286,9 @@ def prepare(sig: dict, run_custom: bool):
                 "run_custom=True to run it on random tensors and measure it"
             )
         try:
-            return _custom(sig)
+            from gradscope.memory.kernels.custom import custom_run
+
+            return custom_run(sig)
         except Unmeasurable:
             raise
         except Exception as e:  # noqa: BLE001 - user code: any failure means "not measured"

@@ -115,8 +115,10 @@ def keyed_signature(prog, v: int, consumers: dict, threads: int) -> tuple | None
         "threads": threads,
     }
     fn = f.function(v)
-    if fn:
+    if fn:  # user code: the shape of every output, for the zero gradients torch makes for unused ones
         sig["function"] = fn
+        sig["outs"] = [[None if s is None else list(s), dts[k] if k < len(dts) else "float32"]
+                       for k, s in enumerate(outs)]  # fmt: skip
     got = (signature_key(sig), sig)
     if memo is not None:
         memo[(raw, ctx, threads)] = got

@@ -19,9 +19,12 @@ old file is no longer read. Only measurements are written: a failure (an op the 
 measuring switched off, a custom Function not run) is kept for this process only and tried again by the
 next one. A signature with a
 tensor above ``measure.LIMIT`` (1 MiB) is measured at two smaller sizes and extrapolated (``measure.py``
-says how), so a 7B-parameter model's shapes cost seconds. What cannot be measured (a custom Function's
-backward unless ``run_custom=True``, an op the rebuild cannot match, custom Functions under a running
-torch.profiler) is returned as unmodelled with the reason: the peak is then a lower bound. A step replayed
+says how), so a 7B-parameter model's shapes cost seconds. A custom
+Function's backward is run on fake tensors (``fake.py``: NOTE [custom backwards on fake tensors]) when
+that is safe, on real random tensors with ``run_custom=True``; its entry is keyed by which and by a
+digest of its code. What cannot be measured (a custom Function's backward that is not safe or not pure
+tensor code, an op the rebuild cannot match) is returned as unmodelled with the reason: the peak is then a
+lower bound. A step replayed
 in another dtype (FSDP2's ``param_dtype``: ``sharding/precision.py``) gives its nodes that dtype, so a
 bfloat16 kernel is measured as one (on the CPU a bfloat16 matmul's backward allocates float32 temporaries
 that a float32 one does not).
@@ -30,13 +33,15 @@ that a float32 one does not).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import marshal
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gradscope.memory.kernels.reuse import derived
-from gradscope.memory.kernels.signature import consumers_of, keyed_signature
+from gradscope.memory.kernels.signature import consumers_of, keyed_signature, signature_key
 
 __all__ = ["InNode", "innode", "cache_path"]
 
@@ -54,6 +59,8 @@ class InNode:
         unmodelled: node index -> why its in-node memory is not known.
         extrapolated: node indices whose value was extrapolated from smaller sizes.
         notes: sentences for the printed result (a profiler was running...).
+        how: node index -> how a custom Function's backward was run to measure it (``fake.FAKE`` or
+            ``fake.REAL``).
     """
 
     bytes: dict = field(default_factory=dict)
@@ -61,6 +68,7 @@ class InNode:
     unmodelled: dict = field(default_factory=dict)
     extrapolated: frozenset = frozenset()
     notes: tuple = ()
+    how: dict = field(default_factory=dict)
 
 
 _PATHS: dict = {}  # (GRADSCOPE_CACHE, HOME) -> the cache file
@@ -159,7 +167,7 @@ def _measure_missing(keys: dict, memo: dict, run_custom: bool) -> tuple[str, ...
     """Measure the signatures not cached yet (``{key: signature}``); returns notes for the output."""
     from gradscope.memory.kernels.measure import measure
 
-    todo = [k for k in keys if k not in memo or (run_custom and memo[k].get("custom"))]
+    todo = [k for k in keys if k not in memo]
     if not todo:
         return ()
     if os.environ.get("GRADSCOPE_WORKSPACE", "1") == "0":
@@ -170,16 +178,27 @@ def _measure_missing(keys: dict, memo: dict, run_custom: bool) -> tuple[str, ...
         return ()
     results, elsewhere = measure([keys[k] for k in todo], run_custom)
     for k, r in zip(todo, results):
-        if keys[k].get("function") and "error" in r and not run_custom:
-            r = {**r, "custom": True}  # measured once run_custom=True is given
         memo[k] = r
     _save()
     if elsewhere:
         return (
             "A torch.profiler was running, so in-node memory was measured in a separate Python process "
-            "(custom autograd.Functions were not measured).",
+            "(custom autograd.Functions on fake tensors, here).",
         )
     return ()
+
+
+def custom_key(sig: dict, run_custom: bool) -> str:
+    """The cache key of a custom Function's signature: its JSON text, how it is run, and a digest of its
+    backward's code (an edited backward is measured again)."""
+    from gradscope.memory.kernels.custom import Unmeasurable, function_class
+
+    try:
+        code = getattr(function_class(sig).backward, "__code__", None)
+    except Unmeasurable:
+        code = None
+    digest = "" if code is None else hashlib.sha1(marshal.dumps(code)).hexdigest()[:16]
+    return f"{signature_key(sig)}|{'real' if run_custom else 'fake'}|{digest}"
 
 
 def innode(prog, nodes: Iterable[int], run_custom: bool = False) -> InNode:
@@ -194,6 +213,7 @@ def innode(prog, nodes: Iterable[int], run_custom: bool = False) -> InNode:
     cons = None
     keys: dict = {}
     unmodelled: dict = {}
+    custom: dict = {}  # node index -> its key, for custom Functions (how they run is this call's)
     nodes = list(nodes)
     for v in nodes:
         key = keys_of.get(v, 0)
@@ -204,11 +224,13 @@ def innode(prog, nodes: Iterable[int], run_custom: bool = False) -> InNode:
         if key is None:
             unmodelled[v] = f"the shapes {prog.name[v]} needs are not recorded"
         else:
+            if key[1].get("function"):  # user code: keyed by how it is run and by its code
+                key = custom[v] = (custom_key(key[1], run_custom), key[1])
             keys.setdefault(key[0], key[1])
     notes = _measure_missing(keys, memo, run_custom)
-    out_bytes, full, extra = {}, {}, set()
+    out_bytes, full, extra, how = {}, {}, set(), {}
     for v in nodes:
-        key = keys_of.get(v)
+        key = custom.get(v) or keys_of.get(v)
         if key is None:
             continue
         r = memo.get(key[0]) or {"error": "not measured"}
@@ -217,12 +239,14 @@ def innode(prog, nodes: Iterable[int], run_custom: bool = False) -> InNode:
             if r.get("retry"):
                 memo.pop(key[0], None)
             continue
+        if r.get("how"):
+            how[v] = r["how"]
         if r.get("bytes"):
             out_bytes[v] = int(r["bytes"])
             full[v] = _grad_bytes(prog, v)
         if r.get("extrapolated"):
             extra.add(v)
-    return InNode(out_bytes, full, unmodelled, frozenset(extra), notes)
+    return InNode(out_bytes, full, unmodelled, frozenset(extra), notes, how)
 
 
 def scaled(res: InNode, v: int, grad_scale) -> int:

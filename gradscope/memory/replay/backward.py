@@ -283,10 +283,10 @@ def backward_memory(
 ) -> BackwardMemory:
     """``report.backward_memory()``: the unchanged step (see :class:`BackwardMemory`); ``inputs``: the batch
     the caller holds through the step, for the absolute peak (:func:`replay`); ``target``: the device
-    (``"cpu"`` by default, ``"cuda"`` or a Target: NOTE [device targets]); ``run_custom=True`` runs custom
-    autograd.Functions' backward on random tensors to measure their in-node memory; ``accumulate``: backward
-    passes per ``optimizer.step()`` (gradient accumulation), ``set_to_none``: how ``zero_grad()`` clears
-    ``.grad`` between steps (replay/steady.py NOTE [first and later steps])."""
+    (``"cpu"`` by default, ``"cuda"`` or a Target: NOTE [device targets]); custom autograd.Functions' backward
+    runs on fake tensors to measure their in-node memory (``run_custom=True``: on real random tensors);
+    ``accumulate``: backward passes per ``optimizer.step()`` (gradient accumulation), ``set_to_none``: how
+    ``zero_grad()`` clears ``.grad`` between steps (replay/steady.py NOTE [first and later steps])."""
     accumulate = _check_steps(accumulate, set_to_none)
     ov = None
     if target is not None or accumulate != 1 or not set_to_none:

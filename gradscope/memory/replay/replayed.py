@@ -122,6 +122,7 @@ class Replayed:
             "unmodelled_why": {**unknown, **why},
             "innode_unknown": unknown,
             "notes": notes,
+            "custom_runs": {ids[v]: h for v, h in inn.how.items()},
             "_reserved": lambda: self.reserved(parts),
         }
 

@@ -50,6 +50,10 @@ class BackwardMemory:
             whose in-node memory is not known are listed too (``innode_unknown``: node id -> why).
         innode_unknown: node id -> why its in-node memory (kernel workspace, a formula's temporaries) is
             neither measured nor modelled (memory/kernels/workspace.py NOTE [in-node memory]).
+        custom_runs: node id -> how a custom autograd.Function's backward was run to measure its in-node
+            memory: ``"fake tensors"`` (the default: no data, no memory; memory/kernels/fake.py NOTE [custom
+            backwards on fake tensors]) or ``"real random tensors (run_custom=True)"``; a custom node not
+            listed here is in ``innode_unknown``, with the reason.
         notes: sentences on how the numbers were obtained (extrapolated sizes, a running profiler).
         target: the device target (``"cpu"`` unless ``target=`` said otherwise); a target not measured on
             its device makes every printed view say "modelled, not measured".
@@ -77,6 +81,7 @@ class BackwardMemory:
     unmodelled_why: dict = field(default_factory=dict)  # node id -> why a traced region was not replayed
     innode_unknown: dict = field(default_factory=dict)  # node id -> why its in-node memory is not known
     notes: list = field(default_factory=list)  # sentences about how the numbers were obtained
+    custom_runs: dict = field(default_factory=dict)  # node id -> how a custom backward was run to measure it
     target: Any = None  # the device target it was predicted for (gradscope.memory.targets; None: the CPU)
     # the rows, or a function computing them on first use
     _contributors: list[tuple[str, str, int]] | Callable[[], list[tuple[str, str, int]]] | None = field(
@@ -194,5 +199,6 @@ _DEFERRED = frozenset(
         "first_step",
         "later_step",
         "uncounted",
+        "custom_runs",
     }
 )

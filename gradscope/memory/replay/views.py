@@ -147,6 +147,7 @@ def text(bm, top: int = 5) -> str:
             f"{plural(len(bm.workspace), 'node')}, up to "
             f"{human_bytes(max(bm.workspace.values()))} in one node ({human_bytes(ws)} in all)."
         )
+    lines.extend(_custom_lines(bm))
     unknown = bm.innode_unknown
     regions = [n for n in bm.unmodelled if n not in unknown]
     if regions:
@@ -175,6 +176,24 @@ def text(bm, top: int = 5) -> str:
         for m, kind, b in rows:
             lines.append(f"  {m:<{mw}}  {kind:<24} {human_bytes(b):>10}")
     return "\n".join(lines)
+
+
+def _custom_lines(bm) -> list[str]:
+    """How each custom autograd.Function's backward was run to measure it, one line per way."""
+    runs = getattr(bm, "custom_runs", None) or {}
+    names = dict(zip(bm.order, bm.names))
+    by_how: dict = {}
+    for nid, how in runs.items():
+        by_how.setdefault(how, []).append(nid)
+    lines = []
+    for how, nids in sorted(by_how.items()):
+        ops = sorted({names.get(x, x) for x in nids})
+        shown = ", ".join(ops[:4]) + (", ..." if len(ops) > 4 else "")
+        lines.append(
+            f"  custom autograd.Function backward{'s' if len(nids) > 1 else ''} run on {how} to measure "
+            f"{'their' if len(nids) > 1 else 'its'} in-node memory: {shown} ({len(nids)})."
+        )
+    return lines
 
 
 def _unknown_lines(bm, unknown: dict) -> list[str]:
