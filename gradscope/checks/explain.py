@@ -11,7 +11,7 @@ import difflib
 
 from gradscope._format import one_line
 from gradscope._wrappers import user_name
-from gradscope.checks.unused import checkpointed, cuts_by_param, describe_cut, opaque_nodes
+from gradscope.checks.unused import checkpoint_inputs, checkpointed, cut_fix, cuts_by_param, describe_cut, opaque_nodes
 from gradscope.errors import UnknownParameterError
 from gradscope.findings import INPLACE_HAZARD
 from gradscope.graph import CALLED_MODULES, PARAMS
@@ -47,6 +47,9 @@ def explain(report, param: str) -> str:
     inside = checkpointed(g)
     if inside is not None and param in inside:
         region = inside[param]
+        passed = checkpoint_inputs(g).get(param) if region is None else None
+        if passed is not None:
+            return _cut(g, param, passed)
         if region is None:
             return (
                 f"{param} is used only inside a reentrant checkpoint region whose inputs do not require "
@@ -95,7 +98,7 @@ def _cut(g, param: str, ev: dict) -> str:
     also = f" The same cut also drops {_list(others)}." if others else ""
     return (
         f"{param} gets no gradient (.grad stays None): its branch was {describe_cut(ev)}"
-        f"{inside}, so no path from the root reaches it.{also} {_FIX_CUT}"
+        f"{inside}, so no path from the root reaches it.{also} {cut_fix(ev) or _FIX_CUT}"
     )
 
 
@@ -106,8 +109,8 @@ def _unused(g, param: str) -> str:
     if called is not None and module is not None:
         if module not in called:
             return (
-                f"{param} gets no gradient (.grad stays None): its module {module} was never called in "
-                f"the forward pass. {fix}"
+                f"{param} gets no gradient (.grad stays None): it is not used by this forward, its module "
+                f"{module} was never called in the forward pass. {fix}"
             )
         return (
             f"{param} gets no gradient (.grad stays None): its module {module} ran in the forward pass, "

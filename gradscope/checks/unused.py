@@ -14,13 +14,14 @@ name -> the sequence numbers of the regions' nodes, which the graph holds or not
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterator
 
 from gradscope.checks._nodes import node_items
 from gradscope.findings import DETACHED_BRANCH, ERROR, UNUSED_PARAMETER, WARNING, Finding
 from gradscope.graph import CALLED_MODULES, CHECKPOINT_PARAMS, EVENTS, PARAMS, ROOTS
 
-__all__ = ["check", "opaque_nodes", "describe_cut", "cuts_by_param", "checkpointed"]
+__all__ = ["check", "opaque_nodes", "describe_cut", "cut_fix", "cuts_by_param", "checkpointed", "checkpoint_inputs"]
 
 _CUT_WORDS = {
     "detach": "cut by .detach()",
@@ -32,8 +33,10 @@ _CUT_WORDS = {
 }
 _COPY_OPS = {
     "tensor": "copied by torch.tensor(), which makes a new leaf without the graph (use the tensor "
-    "itself, or .clone() to copy it)",
-    "as_tensor": "copied by torch.as_tensor(), which drops the graph",
+    "itself, torch.stack()/torch.cat() of the tensors, or .clone() to copy it)",
+    "new_tensor": "copied by Tensor.new_tensor(), which makes a new leaf without the graph (use the "
+    "tensor itself, or .to()/.clone() for another dtype or a copy)",
+    "as_tensor": "copied by torch.as_tensor(), which drops the graph (use torch.stack()/torch.cat() of the tensors)",
     "asarray": "copied by torch.asarray(), which drops the graph",
 }
 # When several recorded events fed the same parameters, the one that severed the path is the strongest
@@ -60,6 +63,13 @@ def check(graph, nodes=None) -> Iterator[Finding]:
     if inside is not None:
         dead_region = [n for n in missing if n in inside and inside[n] is None]
         missing = [n for n in missing if n not in inside]
+        passed = checkpoint_inputs(graph)
+        by_input: dict = {}
+        for n in [n for n in dead_region if n in passed]:
+            by_input.setdefault(id(passed[n]), (passed[n], []))[1].append(n)
+        for ev, names in by_input.values():
+            yield _detached(ev, names)
+        dead_region = [n for n in dead_region if n not in passed]
         if dead_region:
             yield _dead_region(dead_region)
     cuts = cuts_by_param(graph)
@@ -94,10 +104,60 @@ def check(graph, nodes=None) -> Iterator[Finding]:
 
 def describe_cut(ev: dict) -> str:
     """``"cut by .detach() at model.py:42"``: what a trace event did and where (op named when it adds)."""
-    words = _COPY_OPS.get(ev["op"]) or _CUT_WORDS.get(ev["kind"], ev["kind"])
-    op = f" ({ev['op']})" if ev["op"] not in words else ""  # "cut by .detach()", not "... (detach)"
     where = f"at {ev['location']}" if ev.get("location") else "at an unknown location"
+    if ev["kind"] == "checkpoint-input":  # NOTE [cuts that show after a Function returns]
+        how = "inside a tuple, list, dict or dataclass argument" if ev.get("nested") else "from outside its arguments"
+        return (
+            f"passed to checkpoint(..., use_reentrant=True) {how} {where}: the reentrant checkpoint "
+            "differentiates only its top-level tensor arguments, so no input of the region required grad and "
+            "its output has no graph"
+        )
+    if ev.get("function"):
+        return (
+            f"returned without a gradient by the custom autograd.Function {ev['function']} {where}: its forward "
+            "marked that output with ctx.mark_non_differentiable(), and the loss uses it"
+        )
+    if "op_location" in ev:
+        # NOTE [inference-mode regions]: the location is the region's
+        return (
+            f"computed under torch.inference_mode(), in the region entered {where} ({ev['op']} at "
+            f"{ev['op_location']}); its results are inference tensors without a graph, and a .clone() "
+            "after the region copies the values, not the graph"
+        )
+    if ev["op"] == "detach_":
+        words = "cut by .detach_(), which detaches the tensor itself in place"
+    else:
+        words = _COPY_OPS.get(ev["op"]) or _CUT_WORDS.get(ev["kind"], ev["kind"])
+    op = f" ({ev['op']})" if ev["op"] not in words else ""  # "cut by .detach()", not "... (detach)"
+    if ev.get("hook"):  # NOTE [cuts in forward hooks]
+        module = f" of module {ev['hook_module']}" if ev.get("hook_module") else ""
+        return f"{words}{op} in the forward hook {ev['hook']}{module}, whose return value replaces the output, {where}"
     return f"{words}{op} {where}"
+
+
+def cut_fix(ev: dict) -> str:
+    """What to do about the cut ``ev`` (the advice sentence of its finding)."""
+    if "op_location" in ev:
+        return (
+            "Run that part outside torch.inference_mode() (under torch.no_grad() it gets no gradient either), "
+            "or freeze its parameters (requires_grad_(False)) if that is intended."
+        )
+    if ev["kind"] == "checkpoint-input":
+        return (
+            "Pass the tensors as top-level arguments (checkpoint(fn, h, x, use_reentrant=True)), or use "
+            "checkpoint(..., use_reentrant=False), which follows tensors inside containers."
+        )
+    if ev.get("function"):
+        return (
+            "Do not mark an output the loss needs as non-differentiable (return its gradient from backward()), "
+            "or compute it outside the Function."
+        )
+    if ev.get("hook"):
+        return (
+            "Let the hook return None (keep the detached copy for yourself and leave the output alone), or "
+            "freeze the module (requires_grad_(False)) if that is intended."
+        )
+    return ""
 
 
 def _subject(names, module=None) -> str:
@@ -108,12 +168,12 @@ def _subject(names, module=None) -> str:
 
 def _detached(ev, names) -> Finding:
     them = "it" if len(names) == 1 else "them"
+    fix = cut_fix(ev) or f"Remove the cut, or freeze {them} (requires_grad_(False)) if that is intended."
     return Finding(
         DETACHED_BRANCH,
         ERROR,
         f"{_subject(names)} {'gets' if len(names) == 1 else 'get'} no gradient: the branch was "
-        f"{describe_cut(ev)}. Remove the cut, or freeze {them} (requires_grad_(False)) if that "
-        "is intended.",
+        f"{describe_cut(ev)}. {fix}",
         params=tuple(names),
         location=ev["location"],
     )
@@ -123,9 +183,9 @@ def _unused(module, names, never_called) -> Finding:
     subject = _subject(names, module)
     if never_called:
         text = (
-            f"{subject} will get no gradient (.grad stays None): module {module} was never called in the "
-            "forward pass. Call it in forward(), or freeze it (requires_grad_(False)); if it is skipped "
-            "only on some steps, pass find_unused_parameters=True to DDP."
+            f"{subject} will get no gradient (.grad stays None): not used by this forward, module {module} "
+            "was never called in the forward pass. Call it in forward(), or freeze it (requires_grad_(False)); "
+            "if it is skipped only on some steps, pass find_unused_parameters=True to DDP."
         )
     else:
         where = f"module {module} ran in the forward pass" if module else "they were used in the forward pass"
@@ -197,20 +257,55 @@ def checkpointed(graph) -> dict | None:
     return {name: next((regions[s] for s in seqs if s in regions), None) for name, seqs in used.items()}
 
 
-def cuts_by_param(graph) -> dict:
-    """parameter -> the recorded event that severed its path (see ``_RANK``).
+def checkpoint_inputs(graph) -> dict:
+    """parameter -> the ``checkpoint-input`` event whose tensor, behind it, a reentrant checkpoint did not see."""
+    out: dict = {}
+    for ev in graph.graph.get(EVENTS, ()):
+        if ev["kind"] == "checkpoint-input":
+            for p in ev.get("params", ()):
+                out.setdefault(p, ev)
+    return out
 
-    Events recorded after the roots were made (an optimizer creating its state under no_grad at
-    ``opt.step()``, logging after the loss) cannot have cut anything in this graph and are ignored.
+
+def cuts_by_param(graph) -> dict:
+    """parameter -> the recorded event that severed its path.
+
+    A cut whose result joined a node of this graph comes first (NOTE [where a cut joins] in
+    gradscope/tracing/modes.py), then the strongest kind (see ``_RANK``). A cut that joined nothing does
+    not explain the parameters of a module this forward never called: they were not used (an adapter
+    merged under no_grad, then skipped). Events recorded after the roots were made (an optimizer creating
+    its state under no_grad at ``opt.step()``, logging after the loss) cannot have cut anything in this
+    graph and are ignored.
     """
     seqs = [graph.nodes[r].get("seq") for r in graph.graph.get(ROOTS, ())]
     last = max((s for s in seqs if s is not None), default=None)
+    called = graph.graph.get(CALLED_MODULES)
+    in_graph = sorted(d["seq"] for _, d in graph.nodes(data=True) if d.get("kind") == "op" and d.get("seq") is not None)
     out: dict = {}
     for ev in graph.graph.get(EVENTS, ()):
-        if ev["kind"] == "inplace" or (last is not None and ev.get("seq") is not None and ev["seq"] > last):
+        if ev["kind"] in ("inplace", "checkpoint-input") or (
+            last is not None and ev.get("seq") is not None and ev["seq"] > last
+        ):
             continue
-        rank = _RANK.get(ev["kind"], 9)
+        joined = _joined(ev, in_graph)
+        key = (0 if joined else 1, _RANK.get(ev["kind"], 9))
         for p in ev.get("params", ()):
-            if p not in out or rank < _RANK.get(out[p]["kind"], 9):
-                out[p] = ev
-    return out
+            if not joined and called is not None:
+                module = p.rpartition(".")[0]
+                if module and module not in called:
+                    continue  # not used by this forward, not cut
+            if p not in out or key < out[p][0]:
+                out[p] = (key, ev)
+    return {p: ev for p, (_, ev) in out.items()}
+
+
+def _joined(ev: dict, in_graph: list[int]) -> bool:
+    """Whether the cut's result joined a node of the graph (True when the event does not say)."""
+    joins = ev.get("joins")
+    if joins is None:
+        return True
+    for first, end in joins:
+        i = bisect_left(in_graph, first)
+        if i < len(in_graph) and in_graph[i] < end:
+            return True
+    return False

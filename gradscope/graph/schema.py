@@ -175,6 +175,14 @@ class TraceEvent(TypedDict, total=False):
     optimizer: bool  # in-place by an optimizer step
     view: bool  # in-place written through a view (NOTE [in-place on a slice])
     storage: int  # in-place: the storage written
+    joins: list[
+        list[int]
+    ]  # a cut: [first, end) sequence numbers of nodes made from its result (NOTE [where a cut joins])
+    hook: str  # a cut inside a forward hook: the hook's name (NOTE [cuts in forward hooks])
+    hook_module: str | None  # ... and the module it is registered on
+    op_location: str | None  # a cut under inference_mode: the op's own line (``location`` is the region's)
+    function: str  # an output a custom Function returned without a gradient: the Function's class name
+    nested: bool  # checkpoint-input: the tensor sat inside a container argument (else captured from outside)
 
 
 class GraphAttrs(TypedDict, total=False):

@@ -24,18 +24,24 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from gradscope._frames import frame_location, user_frame
 from gradscope._torch import ACCUMULATE_GRAD, TENSOR_DATA, TENSOR_DTYPE, impl_key, peek_sequence_nr, storage_key
 from gradscope._torch import version as tensor_version
 from gradscope.tracing.dtypeflow import CAST_NAMES
+from gradscope.tracing.follow import CutFollower
+from gradscope.tracing.inside import InsideFunctions
 from gradscope.tracing.probes import (
     INPLACE_FLAG,
     SAVES_OUTPUT,
+    grad_inputs,
     in_checkpoint,
     in_optimizer,
     inside_function,
+    requires_grad,
     user_location,
     versions,
 )
+from gradscope.tracing.sites import cut_site
 from gradscope.walk.release import keep_until_dead
 from gradscope.walk.traverse import traverse
 
@@ -52,7 +58,7 @@ _Tensor = torch.Tensor
 _grad_enabled = torch.is_grad_enabled
 
 # Categories (NOTE [cheap per-op path]); small ints compare fastest. _CAST and _DTYPE: NOTE [dtype flow].
-_PLAIN, _GETTER, _DETACH, _DATA_GET, _TO_PYTHON, _INPLACE, _FUNCTIONAL, _CAST, _DTYPE = range(9)
+_PLAIN, _GETTER, _DETACH, _DATA_GET, _TO_PYTHON, _INPLACE, _FUNCTIONAL, _CAST, _DTYPE, _DETACH_ = range(10)
 
 _TO_PYTHON_NAMES = frozenset(
     {"item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__", "__complex__", "__array__"}
@@ -66,6 +72,7 @@ _NOT_WRITES = frozenset({"requires_grad_", "share_memory_", "retain_grad", "deta
 _CARRY = frozenset({"cpu", "to", "contiguous", "clone", "float", "double", "resolve_conj", "resolve_neg"})
 
 _CATEGORY: dict = {}
+_CUT_KINDS = frozenset({"detach", ".data", "no_grad", "non-differentiable"})
 
 
 def _classify(func) -> int:
@@ -75,8 +82,10 @@ def _classify(func) -> int:
         cat = _DATA_GET if owner is _DATA else _DTYPE if owner is TENSOR_DTYPE else _GETTER
     elif name in CAST_NAMES:
         cat = _CAST
-    elif name in ("detach", "detach_"):
+    elif name == "detach":
         cat = _DETACH
+    elif name == "detach_":
+        cat = _DETACH_  # recorded before the call: see _detach_inplace
     elif name in _TO_PYTHON_NAMES:
         cat = _TO_PYTHON
     elif name in _INPLACE_DUNDERS or (name.endswith("_") and not name.startswith("__") and name not in _NOT_WRITES):
@@ -100,33 +109,6 @@ def _op_name(func) -> str:
     return name
 
 
-def _requires_grad(out) -> bool | None:
-    """True/False for a tensor result (or a tuple/list holding tensors); None when no tensor came back."""
-    if isinstance(out, _Tensor):
-        return out.requires_grad
-    if isinstance(out, (tuple, list)):
-        found = None
-        for o in out:
-            if isinstance(o, _Tensor):
-                if o.requires_grad:
-                    return True
-                found = False
-        return found
-    return None
-
-
-def _grad_inputs(args, kwargs) -> list:
-    """The tensors among ``args``/``kwargs`` (one list level deep) that require grad."""
-    out = []
-    for a in (*args, *kwargs.values()) if kwargs else args:
-        if isinstance(a, _Tensor):
-            if a.requires_grad:
-                out.append(a)
-        elif isinstance(a, (tuple, list)):
-            out.extend(t for t in a if isinstance(t, _Tensor) and t.requires_grad)
-    return out
-
-
 class CutMode(TorchFunctionMode):
     """Records cut and in-place events into ``rec`` (a :class:`gradscope.tracing.recorder.Trace`)."""
 
@@ -134,6 +116,9 @@ class CutMode(TorchFunctionMode):
         super().__init__()
         self.rec = rec
         self._detached: Any = None  # (weakref to the last detach() output, its event index)
+        self._follow = CutFollower(rec)  # NOTE [where a cut joins]
+        self._inside = InsideFunctions(rec, self._follow, param_ids, _leaf)
+        self._follow.on_pending = self._inside.returned
         self._made = {}  # NOTE [in-place inside reentrant checkpoint]: id -> (weakref, op)
         self._ckpt_seen = False
         self._views_written = False  # NOTE [in-place on a slice]
@@ -150,10 +135,17 @@ class CutMode(TorchFunctionMode):
         except TypeError:
             cat = _PLAIN
         before = versions(args, kwargs) if cat == _FUNCTIONAL else None
+        if cat == _DETACH_:
+            try:
+                self._detach_inplace(func, args)
+            except Exception:  # noqa: BLE001 - NOTE [never change the program]
+                self.rec.drop_event()
         seq = _peek_seq()
         out = func(*args, **kwargs) if kwargs else func(*args)
         try:
             end = _peek_seq()
+            if self._follow.cut and end != seq:  # NOTE [where a cut joins]
+                self._follow.join(args, kwargs, seq, end)
             if end != seq or seq != self._end:  # NOTE [node lines]: nodes were made
                 self._lines.note(seq, end)
                 self._end = end
@@ -168,7 +160,7 @@ class CutMode(TorchFunctionMode):
                     elif end == seq and not _grad_enabled():  # no node: a view under no_grad (in a region?)
                         self._regions.call(func, args, kwargs, out, seq)
                 elif isinstance(out, (tuple, list)):
-                    rg = _requires_grad(out)
+                    rg = requires_grad(out)
                     if rg is False:
                         self._plain_cut(func, args, kwargs or {}, out, seq)
                     elif rg and end == seq and not _grad_enabled():
@@ -196,10 +188,12 @@ class CutMode(TorchFunctionMode):
         regions = self._regions
         if seq != regions.no_region_seq and not _grad_enabled():  # NOTE [recording a reentrant region]
             regions.call(func, args, kwargs, out, seq)
-        inputs = _grad_inputs(args, kwargs)
+        inputs = grad_inputs(args, kwargs)
         if (self._ckpt_seen or inputs) and isinstance(out, _Tensor) and _op_name(func) in SAVES_OUTPUT:
             self._note_made(func, out)
         if not inputs:
+            if self._follow.cut and isinstance(out, _Tensor):
+                self._follow.carry(args, kwargs, out)
             if self._detached is not None and args and _op_name(func) in _CARRY:
                 ref, index = self._detached
                 if ref() is args[0] and isinstance(out, _Tensor):
@@ -208,11 +202,11 @@ class CutMode(TorchFunctionMode):
         name = _op_name(func)
         if not torch.is_grad_enabled():
             kind = "no_grad"
-        elif name.endswith("_like") or name.startswith("new_"):
+        elif name.endswith("_like") or (name.startswith("new_") and name != "new_tensor"):
             return  # a factory that reads only the shape: no data flows, nothing was cut
         else:
             kind = "non-differentiable"
-        self._record(kind, name, inputs)
+        self._record(kind, name, inputs, out=out)
 
     def _special(self, cat, func, t, out) -> None:
         if not t.requires_grad:
@@ -220,13 +214,18 @@ class CutMode(TorchFunctionMode):
                 self._upgrade_detach(func, t)
             return
         if cat == _DETACH:
-            index = self._record("detach", _op_name(func), [t])
+            index = self._record("detach", _op_name(func), [t], out=out)
             if index is not None and isinstance(out, _Tensor):
                 self._detached = (weakref.ref(out), index)
         elif cat == _DATA_GET:
-            self._record(".data", ".data", [t])
+            self._record(".data", ".data", [t], out=out)
         else:
             self._record("to-python", _op_name(func), [t])
+
+    def _detach_inplace(self, func, args) -> None:
+        # x.detach_() detaches x itself (no grad_fn after it): record its line and parameters before the call
+        if args and isinstance(args[0], _Tensor) and args[0].requires_grad:
+            self._record("detach", _op_name(func), [args[0]], out=args[0])
 
     def _upgrade_detach(self, func, t) -> None:
         # x.detach().numpy(): torch refuses .numpy() on a tensor that requires grad, so the detach is the
@@ -277,18 +276,12 @@ class CutMode(TorchFunctionMode):
                     del made[k]
             made[id(out)] = (weakref.ref(out), _op_name(func))
 
-    def _record(self, kind, op, inputs, shape=None, version=None, extra=None) -> int | None:
+    def _record(self, kind, op, inputs, shape=None, version=None, extra=None, out=None) -> int | None:
         rec = self.rec
         if kind != "inplace" and inside_function():
-            seq = in_checkpoint()
-            if seq is not None:  # NOTE [parameters inside reentrant checkpoint]
-                self._ckpt_seen = True
-                for t in inputs:
-                    while t.grad_fn is None and t._base is not None:
-                        t = t._base  # a view taken in the body (under no_grad) of a parameter
-                    if t.grad_fn is None:
-                        _leaf(t, {}, rec.leaf_refs)
-                        rec.checkpoint_params.setdefault(id(t), set()).add(seq)
+            region = in_checkpoint()
+            self._ckpt_seen = self._ckpt_seen or region is not None
+            self._inside.note(inputs, out, region)  # NOTE [cuts that show after a Function returns]
             return None  # NOTE [cuts inside autograd.Function]
         if rec.full():
             rec.drop_event()
@@ -297,9 +290,20 @@ class CutMode(TorchFunctionMode):
             if kind != "inplace":
                 return None  # an optimizer's state or update under no_grad cuts no forward graph
             extra = {**(extra or {}), "optimizer": True}
-        location = user_location(3)
+        frame = user_frame(sys._getframe(2))
+        location = frame_location(frame)
+        if kind in _CUT_KINDS:
+            extra = cut_site(kind, frame, location, extra, rec)
+            if extra is not None and "op_location" in extra:
+                location = extra["location"]
+                del extra["location"]
+        del frame
         params = param_ids(inputs, rec.leaf_refs) if inputs else ()
-        return rec.record_event(kind, op, location, params, _peek_seq(), shape, version, extra)
+        index = rec.record_event(kind, op, location, params, _peek_seq(), shape, version, extra)
+        if kind in _CUT_KINDS and isinstance(out, _Tensor):
+            rec.follow_event(index)
+            self._follow.track(out, index)
+        return index
 
 
 def param_ids(inputs, refs: dict) -> tuple[int, ...]:

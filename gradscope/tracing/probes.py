@@ -25,6 +25,8 @@ __all__ = [
     "in_optimizer",
     "inside_function",
     "versions",
+    "requires_grad",
+    "grad_inputs",
     "SAVES_OUTPUT",
     "INPLACE_FLAG",
 ]
@@ -248,3 +250,30 @@ def inside_function() -> bool:
             return True
         f = f.f_back
     return False
+
+
+def requires_grad(out) -> bool | None:
+    """True/False for a tensor result (or a tuple/list holding tensors); None when no tensor came back."""
+    if isinstance(out, _Tensor):
+        return out.requires_grad
+    if isinstance(out, (tuple, list)):
+        found = None
+        for o in out:
+            if isinstance(o, _Tensor):
+                if o.requires_grad:
+                    return True
+                found = False
+        return found
+    return None
+
+
+def grad_inputs(args, kwargs) -> list:
+    """The tensors among ``args``/``kwargs`` (one list level deep) that require grad."""
+    out = []
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(a, _Tensor):
+            if a.requires_grad:
+                out.append(a)
+        elif isinstance(a, (tuple, list)):
+            out.extend(t for t in a if isinstance(t, _Tensor) and t.requires_grad)
+    return out

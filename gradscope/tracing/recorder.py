@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import weakref
 from bisect import bisect_right
-from typing import Literal, NamedTuple
+from typing import Literal
 
 import torch
 
@@ -29,6 +29,7 @@ from gradscope.graph import CALLED_MODULES, CHECKPOINT_PARAMS, EVENTS, EVENTS_DR
 from gradscope.tracing.calls import annotate_batch, call_names, live_modules, module_calls, note_batch
 from gradscope.tracing.dtypeflow import DtypeFlow
 from gradscope.tracing.dtypeflow import annotate as annotate_dtypes
+from gradscope.tracing.events import RecordedEvent, event_dicts
 from gradscope.tracing.lines import NodeLines
 from gradscope.tracing.modes import MAX_EVENTS, CutMode
 from gradscope.tracing.regions import RegionRecorder
@@ -64,20 +65,6 @@ def trace(model: torch.nn.Module | None = None) -> Trace:
     return Trace(model)
 
 
-class RecordedEvent(NamedTuple):
-    """One cut or in-place write as the mode records it: ids and numbers only, named in :meth:`Trace.annotate`."""
-
-    kind: str  # "detach", ".data", "no_grad-region", "to-python", ..., "inplace"
-    op: str  # the torch function, e.g. "detach", "add_"
-    location: str | None  # the user's "file.py:LINE"
-    params: tuple[int, ...]  # ids of the parameters that fed the cut input (see leaf_refs)
-    call: int  # the innermost open module call (index into _calls), -1 outside
-    seq: int  # the next sequence number when it was recorded
-    shape: list[int] | None  # in-place: the written tensor's shape
-    version: int | None  # in-place: its version after the write
-    extra: dict | None = None  # more keys for the event dict ("producer", "region", "optimizer", ...)
-
-
 class Trace:
     """A recording of one forward pass (see :func:`trace`). Holds plain data only.
 
@@ -108,6 +95,7 @@ class Trace:
         self._events: list[RecordedEvent] = []  # see record_event
         self.checkpoint_params: dict[int, set] = {}  # id -> region seqs: NOTE [parameters inside reentrant checkpoint]
         self._dropped = 0
+        self._joins: dict[int, list[list[int]]] = {}  # event index -> NOTE [where a cut joins]
         self.node_lines = NodeLines(_peek_seq())  # NOTE [node lines]: the user's line of every node
         self.regions = RegionRecorder(self.leaf_refs)  # NOTE [recording a reentrant region]
         self.dtypes = DtypeFlow()  # NOTE [dtype flow]
@@ -221,14 +209,43 @@ class Trace:
         self._events.append(RecordedEvent(kind, op, location, params, call, seq, shape, version, extra))
         return len(self._events) - 1
 
+    def follow_event(self, index: int) -> None:
+        """The result of the cut at ``index`` is followed: its joins are known (none yet)."""
+        self._joins.setdefault(index, [])
+
+    def join_event(self, index: int, seq: int, end: int) -> None:
+        """An op took the cut's result at ``index`` and made the nodes ``[seq, end)`` (NOTE [where a cut joins])."""
+        joins = self._joins.setdefault(index, [])
+        if joins and joins[-1][1] == seq:
+            joins[-1][1] = end
+        elif len(joins) < 8:
+            joins.append([seq, end])
+
+    def module_key(self, module) -> int:
+        """``id(module)``, remembered with a weak reference so that :meth:`annotate` can name it."""
+        key = id(module)
+        if key not in self._refs:
+            self._refs[key] = weakref.ref(module)
+        return key
+
     def relabel_event(self, index: int, kind: str, op: str) -> None:
-        """Change what the event at ``index`` is reported as (a detach made for ``.numpy()``)."""
+        """Change what the event at ``index`` is reported as (a detach made for ``.numpy()``).
+
+        Its result went on as a Python value, which no node takes: where it joined is not known."""
         self._events[index] = self._events[index]._replace(kind=kind, op=op)
+        self._joins.pop(index, None)
 
     @property
     def events(self) -> list[dict]:
         """The recorded events as dicts (see :meth:`annotate`), named with the model given to ``trace``."""
-        return self._event_dicts(self._names(None), self._param_names(None, None))
+        return event_dicts(
+            self._events,
+            self._joins,
+            self._refs,
+            self._names(None),
+            self._param_names(None, None),
+            self._live_map(None),
+        )
 
     @property
     def calls(self) -> list[str | None]:
@@ -283,7 +300,7 @@ class Trace:
             data["module"] = call_names.get(op_calls[-1][1])
         self.node_lines.annotate(ops)
         pnames = self._param_names(model, names)
-        graph.graph[EVENTS] = self._event_dicts(call_names, pnames)
+        graph.graph[EVENTS] = event_dicts(self._events, self._joins, self._refs, call_names, pnames, live)
         self.regions.annotate(ops, pnames, graph.graph.get(PARAMS) or {})
         annotate_dtypes(self.dtypes, graph)
         graph.graph[CHECKPOINT_PARAMS] = {
@@ -321,25 +338,6 @@ class Trace:
             entry = tensors.get(key)  # the same object and TensorImpl: a parameter swapped since
             if entry is not None and _torch.impl_key(entry[1]) == impl:  # (swap_tensors) loses its name
                 out[key] = entry[0]
-        return out
-
-    def _event_dicts(self, call_names, param_names) -> list[dict]:
-        out = []
-        for kind, op, location, params, call, seq, shape, version, extra in self._events:
-            ev = {
-                "kind": kind,
-                "op": op,
-                "location": location,
-                "params": sorted({param_names[p] for p in params if p in param_names}),
-                "module": call_names.get(call),
-                "seq": seq,
-                "shape": shape,
-            }
-            if version is not None:
-                ev["version"] = version
-            if extra:  # "producer" (NOTE [in-place inside reentrant checkpoint]), "optimizer"
-                ev.update(extra)
-            out.append(ev)
         return out
 
     def __repr__(self) -> str:

@@ -61,7 +61,7 @@ class NoGrad(_Base):
 
 class InferenceMode(_Base):
     def forward(self, x):
-        with torch.inference_mode():
+        with torch.inference_mode():  # REGION
             h = self.a(x)  # CUT
         return self.b(x) * h.sum().item()
 
@@ -124,9 +124,12 @@ def test_each_cut_is_located_and_matches_torch(cls, kind, op):
     flagged = {p for f in report.findings if f.kind in ("detached-branch", "unused-parameter")
                for p in f.params}
     assert {p for f in cut for p in f.params} == {"a.weight", "a.bias"}
-    assert {f.location for f in cut} == {_where(cls.forward)}
+    # under inference_mode the cut is the region: its `with` line; the op's own line comes with it
+    where = _where(cls.forward, "REGION" if cls is InferenceMode else "CUT")
+    assert {f.location for f in cut} == {where}
     event = next(e for e in report.graph.graph["events"] if e["kind"] != "inplace")
-    assert (event["kind"], event["op"], event["location"]) == (kind, op, _where(cls.forward))
+    assert (event["kind"], event["op"], event["location"]) == (kind, op, where)
+    assert event.get("op_location", _where(cls.forward)) == _where(cls.forward)
     assert event["params"] == ["a.bias", "a.weight"]
     json.dumps(report.graph.graph["events"])
     loss.backward()

@@ -511,6 +511,57 @@ def test_whole_module_pickles_its_hook_dicts():
     assert not said
 
 
+def test_forward_hooks_run_from_module_code_with_hook_and_self_in_locals():
+    import sys
+
+    lin, seen = torch.nn.Linear(2, 2), []
+
+    def hook(module, args, out):
+        caller = sys._getframe(1)
+        seen.append((caller.f_code.co_filename, caller.f_locals.get("hook") is hook, caller.f_locals.get("self")))
+
+    lin.register_forward_hook(hook)
+    lin(torch.randn(1, 2))
+    assert seen == [(torch.nn.modules.module.__file__, True, lin)]
+
+
+def test_inference_mode_decorator_enters_through_decorate_context():
+    import sys
+
+    found = []
+
+    @torch.inference_mode()
+    def body():
+        caller = sys._getframe(1)
+        found.append((caller.f_code, getattr(caller.f_locals.get("ctx_factory"), "__self__", None)))
+
+    body()
+    (code, ctx), (other, _) = found[0], (body.__code__, None)
+    assert code is other  # every decorated function's __code__ is the one decorate_context code
+    assert isinstance(ctx, torch.inference_mode)
+
+
+def test_new_leaves_and_detach_in_place():
+    seen = []
+
+    class Names(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(getattr(func, "__name__", ""))
+            return func(*args, **(kwargs or {}))
+
+    h = torch.randn(3, requires_grad=True) * 2
+    with Names():
+        p = torch.nn.Parameter(h)  # Tensor._make_subclass: no torch function is called
+        q = h * 1
+        q.detach_()
+    assert seen == ["mul", "detach_"]
+    assert p.grad_fn is None and p.is_leaf and p.requires_grad and p.data_ptr() == h.data_ptr()
+    assert q.grad_fn is None and not q.requires_grad  # detach_ leaves nothing to walk afterwards
+    with torch.inference_mode():
+        t = torch.randn(2, requires_grad=True) * 2
+    assert t.is_inference() and not t.clone().is_inference() and t.clone().grad_fn is None
+
+
 def test_a_custom_functions_forward_is_on_the_stack_under_grad_off():
     """Inside ``Function.apply`` the frame that runs is the subclass's own ``forward`` (old style with
     ``ctx``, ``setup_context`` style, inherited), with grad disabled; ``Function.apply`` itself has a
