@@ -144,16 +144,15 @@ def measure_steps(model, batches, loss_fn, optimizer=None, *, steps: int = 3, ac
     ``predict(loss)`` is called between step 1's first forward and its backward; ``after_step()`` after
     each step's ``zero_grad`` (e.g. to drop an input batch's ``.grad``, as a new batch would).
     """
-    import weakref
-
     gc.collect()
     ts = list(before)
     base = existing_bytes(model, ts, optimizer)
-    # The profiler records no free of a block allocated before it started ("Memory block of unknown size
-    # was allocated before the profiling started"): a .grad that existed before and that zero_grad()
-    # frees would stay in the running sum. Each one is watched (weakly) and taken off the level of the
-    # steps that start after it is gone.
-    pre = [(weakref.ref(g), n) for g, n in _pre_grads(model, ts).items()]
+    # A block allocated before the profiler started and freed inside it is not reliably recorded (no
+    # event, "Memory block of unknown size was allocated before the profiling started", or one with the
+    # size of an older block at that address). So no such block is freed inside: the .grads that exist
+    # now are held here until the end, and a step that starts after zero_grad() dropped one has its bytes
+    # taken off its level (the loop would have freed them).
+    pre = _pre_grads(model, ts)
     gone = [0] * steps
     prediction = None
     enabled = gc.isenabled()
@@ -161,16 +160,16 @@ def measure_steps(model, batches, loss_fn, optimizer=None, *, steps: int = 3, ac
     try:
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             for s in range(steps):
-                gone[s] = sum(n for r, n in pre if r() is None)
+                gone[s] = sum(n for owner, g, n in pre if owner.grad is not g)
                 for k in range(accumulate):
                     loss = loss_fn(model, *batches(s, k))
                     if predict is not None and s == 0 and k == 0:
                         prediction = predict(loss)
-                    with record_function(f"gradscope-test::backward::{s}"):
+                    with record_function(f"gs::backward::{s}"):
                         loss.backward(retain_graph=retain_graph)
                     if k + 1 < accumulate:
                         del loss
-                with record_function(f"gradscope-test::optimizer::{s}"):
+                with record_function(f"gs::optimizer::{s}"):
                     if optimizer is not None:
                         optimizer.step()
                 del loss  # held through optimizer.step() (a retained graph's saved tensors with it)
@@ -183,31 +182,27 @@ def measure_steps(model, batches, loss_fn, optimizer=None, *, steps: int = 3, ac
     finally:
         if enabled:
             gc.enable()
-    events, mem = trace_events(prof)
-    starts: dict = {}
-    ends: dict = {}
-    for e in events:
-        name = e.get("name", "")
-        if e.get("ph") == "X" and name.startswith("gradscope-test::"):
-            _, phase, s = name.split("::")
-            if phase == "backward":
-                starts[int(s)] = min(starts.get(int(s), e["ts"]), e["ts"])
-            else:
-                ends[int(s)] = e["ts"] + e.get("dur", 0)
-    level, peaks = 0, [0] * steps
-    for e in mem:
-        before_level = level
-        level += int(e["args"]["Bytes"])
-        for s in range(steps):
-            if s in starts and starts[s] <= e["ts"] <= ends.get(s, float("inf")):
-                peaks[s] = max(peaks[s], before_level if peaks[s] == 0 else peaks[s], level)
+    # the event tree in order (tests/_memtruth.py): exact nesting, no timestamps to compare
+    from tests._memtruth import _tokens
+
+    level, peaks, current = 0, [0] * steps, None
+    for kind, val in _tokens(prof.profiler.kineto_results.experimental_event_tree()):
+        if kind == "A":
+            level += val
+            if current is not None:
+                peaks[current] = max(peaks[current], level)
+        elif kind == "B" and val.startswith("gs::backward::") and current is None:
+            current = int(val.rsplit("::", 1)[1])
+            peaks[current] = max(peaks[current], level)
+        elif kind == "E" and val.startswith("gs::optimizer::"):
+            current = None
     return {"steps": [base - g + p for p, g in zip(peaks, gone)], "prediction": prediction}
 
 
-def _pre_grads(model, tensors) -> dict:
-    """The ``.grad`` tensors of ``model``'s parameters and of ``tensors`` that exist now, by tensor, with the
-    bytes of their storage (a storage shared by several counted once)."""
-    out, seen = {}, set()
+def _pre_grads(model, tensors) -> list:
+    """``(owner, .grad, bytes of its storage)`` of each ``.grad`` of ``model``'s parameters and of ``tensors``
+    that exists now (a storage shared by several counted once)."""
+    out, seen = [], set()
     for t in list(model.parameters()) + [t for t in tensors if isinstance(t, torch.Tensor)]:
         g = t.grad
         if g is None or g.device.type != "cpu":
@@ -216,5 +211,5 @@ def _pre_grads(model, tensors) -> dict:
         if st.data_ptr() in seen:
             continue
         seen.add(st.data_ptr())
-        out[g] = st.nbytes()
+        out.append((t, g, st.nbytes()))
     return out

@@ -10,7 +10,8 @@ from __future__ import annotations
 import difflib
 
 from gradscope._format import one_line
-from gradscope.checks.unused import checkpointed, cut_fix, cuts_by_param, describe_cut, opaque_nodes
+from gradscope._wrappers import user_name
+from gradscope.checks.unused import checkpoint_inputs, checkpointed, cut_fix, cuts_by_param, describe_cut, opaque_nodes
 from gradscope.errors import UnknownParameterError
 from gradscope.findings import INPLACE_HAZARD
 from gradscope.graph import CALLED_MODULES, PARAMS
@@ -27,6 +28,9 @@ def explain(report, param: str) -> str:
     if not isinstance(param, str):
         raise UnknownParameterError(f"explain() takes a parameter name (str), got {type(param).__name__}.")
     info = params.get(param)
+    if info is None and user_name(param) in params:  # "_orig_mod.a.weight" names the user's "a.weight"
+        param = user_name(param)
+        info = params[param]
     if info is None:
         if not params:
             raise UnknownParameterError(
@@ -43,6 +47,9 @@ def explain(report, param: str) -> str:
     inside = checkpointed(g)
     if inside is not None and param in inside:
         region = inside[param]
+        passed = checkpoint_inputs(g).get(param) if region is None else None
+        if passed is not None:
+            return _cut(g, param, passed)
         if region is None:
             return (
                 f"{param} is used only inside a reentrant checkpoint region whose inputs do not require "

@@ -21,7 +21,7 @@ from gradscope.checks._nodes import node_items
 from gradscope.findings import DETACHED_BRANCH, ERROR, UNUSED_PARAMETER, WARNING, Finding
 from gradscope.graph import CALLED_MODULES, CHECKPOINT_PARAMS, EVENTS, PARAMS, ROOTS
 
-__all__ = ["check", "opaque_nodes", "describe_cut", "cut_fix", "cuts_by_param", "checkpointed"]
+__all__ = ["check", "opaque_nodes", "describe_cut", "cut_fix", "cuts_by_param", "checkpointed", "checkpoint_inputs"]
 
 _CUT_WORDS = {
     "detach": "cut by .detach()",
@@ -63,6 +63,13 @@ def check(graph, nodes=None) -> Iterator[Finding]:
     if inside is not None:
         dead_region = [n for n in missing if n in inside and inside[n] is None]
         missing = [n for n in missing if n not in inside]
+        passed = checkpoint_inputs(graph)
+        by_input: dict = {}
+        for n in [n for n in dead_region if n in passed]:
+            by_input.setdefault(id(passed[n]), (passed[n], []))[1].append(n)
+        for ev, names in by_input.values():
+            yield _detached(ev, names)
+        dead_region = [n for n in dead_region if n not in passed]
         if dead_region:
             yield _dead_region(dead_region)
     cuts = cuts_by_param(graph)
@@ -98,6 +105,18 @@ def check(graph, nodes=None) -> Iterator[Finding]:
 def describe_cut(ev: dict) -> str:
     """``"cut by .detach() at model.py:42"``: what a trace event did and where (op named when it adds)."""
     where = f"at {ev['location']}" if ev.get("location") else "at an unknown location"
+    if ev["kind"] == "checkpoint-input":  # NOTE [cuts that show after a Function returns]
+        how = "inside a tuple, list, dict or dataclass argument" if ev.get("nested") else "from outside its arguments"
+        return (
+            f"passed to checkpoint(..., use_reentrant=True) {how} {where}: the reentrant checkpoint "
+            "differentiates only its top-level tensor arguments, so no input of the region required grad and "
+            "its output has no graph"
+        )
+    if ev.get("function"):
+        return (
+            f"returned without a gradient by the custom autograd.Function {ev['function']} {where}: its forward "
+            "marked that output with ctx.mark_non_differentiable(), and the loss uses it"
+        )
     if "op_location" in ev:
         # NOTE [inference-mode regions]: the location is the region's
         return (
@@ -122,6 +141,16 @@ def cut_fix(ev: dict) -> str:
         return (
             "Run that part outside torch.inference_mode() (under torch.no_grad() it gets no gradient either), "
             "or freeze its parameters (requires_grad_(False)) if that is intended."
+        )
+    if ev["kind"] == "checkpoint-input":
+        return (
+            "Pass the tensors as top-level arguments (checkpoint(fn, h, x, use_reentrant=True)), or use "
+            "checkpoint(..., use_reentrant=False), which follows tensors inside containers."
+        )
+    if ev.get("function"):
+        return (
+            "Do not mark an output the loss needs as non-differentiable (return its gradient from backward()), "
+            "or compute it outside the Function."
         )
     if ev.get("hook"):
         return (
@@ -228,6 +257,16 @@ def checkpointed(graph) -> dict | None:
     return {name: next((regions[s] for s in seqs if s in regions), None) for name, seqs in used.items()}
 
 
+def checkpoint_inputs(graph) -> dict:
+    """parameter -> the ``checkpoint-input`` event whose tensor, behind it, a reentrant checkpoint did not see."""
+    out: dict = {}
+    for ev in graph.graph.get(EVENTS, ()):
+        if ev["kind"] == "checkpoint-input":
+            for p in ev.get("params", ()):
+                out.setdefault(p, ev)
+    return out
+
+
 def cuts_by_param(graph) -> dict:
     """parameter -> the recorded event that severed its path.
 
@@ -244,7 +283,9 @@ def cuts_by_param(graph) -> dict:
     in_graph = sorted(d["seq"] for _, d in graph.nodes(data=True) if d.get("kind") == "op" and d.get("seq") is not None)
     out: dict = {}
     for ev in graph.graph.get(EVENTS, ()):
-        if ev["kind"] == "inplace" or (last is not None and ev.get("seq") is not None and ev["seq"] > last):
+        if ev["kind"] in ("inplace", "checkpoint-input") or (
+            last is not None and ev.get("seq") is not None and ev["seq"] > last
+        ):
             continue
         joined = _joined(ev, in_graph)
         key = (0 if joined else 1, _RANK.get(ev["kind"], 9))

@@ -181,6 +181,8 @@ class TraceEvent(TypedDict, total=False):
     hook: str  # a cut inside a forward hook: the hook's name (NOTE [cuts in forward hooks])
     hook_module: str | None  # ... and the module it is registered on
     op_location: str | None  # a cut under inference_mode: the op's own line (``location`` is the region's)
+    function: str  # an output a custom Function returned without a gradient: the Function's class name
+    nested: bool  # checkpoint-input: the tensor sat inside a container argument (else captured from outside)
 
 
 class GraphAttrs(TypedDict, total=False):

@@ -24,11 +24,14 @@ MAX_FOLLOWED = 4096  # cut results followed at once
 class CutFollower:
     """``cut``: ``id(tensor) -> (weakref, event index)``; joins go to ``rec.join_event``."""
 
-    __slots__ = ("cut", "rec")
+    __slots__ = ("cut", "rec", "on_pending")
 
     def __init__(self, rec):
         self.cut: dict = {}
         self.rec = rec
+        # a followed result whose event is not recorded yet (NOTE [cuts that show after a Function returns]):
+        # on_pending(pending, tensor) -> the event index, or None when the tensor turned out to have a graph
+        self.on_pending = None
 
     def join(self, args, kwargs, seq: int, end: int) -> None:
         """An op that made the nodes ``[seq, end)`` took ``args``: note the followed results among them."""
@@ -38,11 +41,20 @@ class CutFollower:
                 for t in a:
                     entry = cut.get(id(t))
                     if entry is not None and entry[0]() is t:
-                        self.rec.join_event(entry[1], seq, end)
+                        self._joined(entry[1], t, seq, end)
                 continue
             entry = cut.get(id(a))
             if entry is not None and entry[0]() is a:
-                self.rec.join_event(entry[1], seq, end)
+                self._joined(entry[1], a, seq, end)
+
+    def _joined(self, index, t, seq: int, end: int) -> None:
+        if type(index) is not int:  # pending
+            index = self.on_pending(index, t) if self.on_pending is not None else None
+            if index is None:
+                self.cut.pop(id(t), None)
+                return
+            self.cut[id(t)] = (self.cut[id(t)][0], index)
+        self.rec.join_event(index, seq, end)
 
     def carry(self, args, kwargs, out) -> None:
         """``out`` (no grad) was computed from a followed result: follow it for the same event."""
@@ -53,7 +65,7 @@ class CutFollower:
                 self.track(out, entry[1])
                 return
 
-    def track(self, out, index: int) -> None:
+    def track(self, out, index) -> None:
         """Follow ``out``, the result of the event at ``index``."""
         cut = self.cut
         if len(cut) >= MAX_FOLLOWED:

@@ -29,6 +29,7 @@ from gradscope._torch import ACCUMULATE_GRAD, TENSOR_DATA, TENSOR_DTYPE, impl_ke
 from gradscope._torch import version as tensor_version
 from gradscope.tracing.dtypeflow import CAST_NAMES
 from gradscope.tracing.follow import CutFollower
+from gradscope.tracing.inside import InsideFunctions
 from gradscope.tracing.probes import (
     INPLACE_FLAG,
     SAVES_OUTPUT,
@@ -116,6 +117,8 @@ class CutMode(TorchFunctionMode):
         self.rec = rec
         self._detached: Any = None  # (weakref to the last detach() output, its event index)
         self._follow = CutFollower(rec)  # NOTE [where a cut joins]
+        self._inside = InsideFunctions(rec, self._follow, param_ids, _leaf)
+        self._follow.on_pending = self._inside.returned
         self._made = {}  # NOTE [in-place inside reentrant checkpoint]: id -> (weakref, op)
         self._ckpt_seen = False
         self._views_written = False  # NOTE [in-place on a slice]
@@ -276,15 +279,9 @@ class CutMode(TorchFunctionMode):
     def _record(self, kind, op, inputs, shape=None, version=None, extra=None, out=None) -> int | None:
         rec = self.rec
         if kind != "inplace" and inside_function():
-            seq = in_checkpoint()
-            if seq is not None:  # NOTE [parameters inside reentrant checkpoint]
-                self._ckpt_seen = True
-                for t in inputs:
-                    while t.grad_fn is None and t._base is not None:
-                        t = t._base  # a view taken in the body (under no_grad) of a parameter
-                    if t.grad_fn is None:
-                        _leaf(t, {}, rec.leaf_refs)
-                        rec.checkpoint_params.setdefault(id(t), set()).add(seq)
+            region = in_checkpoint()
+            self._ckpt_seen = self._ckpt_seen or region is not None
+            self._inside.note(inputs, out, region)  # NOTE [cuts that show after a Function returns]
             return None  # NOTE [cuts inside autograd.Function]
         if rec.full():
             rec.drop_event()

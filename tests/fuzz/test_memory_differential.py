@@ -3,7 +3,8 @@ torch.profiler measured (``_memoracle``).
 
 The fast profile (``make test``) checks a fixed set of programs known to match, each to the per-program
 tolerances: the engine's node order, every level after a node within 4 KiB, the backward peak within 1%,
-the absolute step peak within 2% (the batch passed as ``inputs=``). The slow profile (``--slow``) runs
+the absolute step peak within 2% (the batch passed as ``inputs=``): of the step measured alone, of step 1
+and of the highest of three real steps of the loop (the steady state). The slow profile (``--slow``) runs
 ``GRADSCOPE_MEMFUZZ`` seeds (500 by default), prints the fractions and the misses, and asserts floors at
 the level measured when they were last raised, so that a regression fails.
 """
@@ -44,17 +45,18 @@ def test_memory_differential_fractions():
     n = int(os.environ.get("GRADSCOPE_MEMFUZZ", 500))
     outs = [check(generate(seed)) for seed in range(n)]
     valid = [o for o in outs if o.valid]
-    modelled = [o for o in valid if not o.unmodelled]
+    modelled = [o for o in valid if not o.labelled]  # a lower bound said as one is not held to the floors
     frac = {"peak": sum(o.peak_ok for o in modelled) / len(modelled),
             "levels": sum(o.levels_ok for o in modelled) / len(modelled),
             "step": sum(o.step_ok for o in modelled) / len(modelled)}
-    under = [o for o in modelled if o.peak_err < -0.01]
+    under = [o for o in modelled if o.peak_err < -0.01 or min(o.step_err, o.first_err, o.steady_err) < -0.02]
     print(f"\n{n} programs, {len(valid)} valid, {len(modelled)} modelled: backward peak within 1% "
           f"{frac['peak']:.1%}, levels within 4 KiB {frac['levels']:.1%}, absolute step peak within 2% "
-          f"{frac['step']:.1%}; under-predicted beyond 1%: {len(under)}")
+          f"{frac['step']:.1%} (alone, step 1 and the highest of 3 steps); under-predicted beyond 1% (2% for the "
+          f"step): {len(under)}")
     for o in modelled:
         if not (o.peak_ok and o.levels_ok and o.step_ok):
             print(" ", o.line(), [s[0] for s in o.prog.steps])
     for key, floor in FLOORS.items():
         assert frac[key] >= floor, f"{key}: {frac[key]:.1%} below the floor {floor:.0%}"
-    assert not under, f"{len(under)} modelled programs under-predicted beyond 1%"
+    assert not under, f"{len(under)} programs under-predicted and not said to be lower bounds"

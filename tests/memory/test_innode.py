@@ -227,6 +227,7 @@ def test_large_tensors_are_extrapolated_from_small_sizes(monkeypatch):
     model, f = _dwconv()
     direct = _truth(_dwconv)
     monkeypatch.setattr(measure_mod, "LIMIT", 256 * 1024)  # the 490 KiB input is measured at 1/4 and 1/2
+    monkeypatch.setattr(measure_mod, "WINDOW_LIMIT", 0)  # a window op too (its 7x7 window is not divided)
     workspace._MEMO.clear()
     monkeypatch.setenv("GRADSCOPE_CACHE", os.environ["GRADSCOPE_CACHE"] + "-small")
     bm = gradscope.inspect(f(), model=model).backward_memory()
@@ -321,3 +322,25 @@ def test_an_inplace_write_through_a_view_frees_its_hidden_saved_tensor():
     i = bm.order.index(node)
     assert truth.order[i] == "CopySlices"
     assert bm.levels == truth.levels and bm.inner[i] == truth.inner[i]
+
+
+def _patch_embedding():  # a ViT-B/32 patch embedding: kernel and stride 32, a 9 MiB weight
+    m = nn.Sequential(nn.Conv2d(3, 768, 32, stride=32), nn.Flatten(2))
+    x = torch.randn(2, 3, 64, 64)
+    return m, lambda: m(x).pow(2).mean()
+
+
+def test_a_window_op_above_the_limit_is_measured_at_full_size(monkeypatch):
+    """A convolution's signature is not shrunk (its window would shrink with it): measured at full size up
+    to WINDOW_LIMIT, the peak is the profiler's; extrapolated from a kernel of 8 and 16 it was 4x high."""
+    truth = _truth(_patch_embedding)
+    bm = truth.prediction
+    assert abs(bm.peak - truth.peak) <= 0.01 * truth.peak, (bm.peak, truth.peak)
+    assert not any("extrapolated" in n for n in bm.notes)
+    assert measure_mod.has_window({"attrs": {"stride": [32, 32]}}) and not measure_mod.has_window({"attrs": {}})
+    monkeypatch.setattr(measure_mod, "WINDOW_LIMIT", 0)  # the shrunk copies: another problem for the kernel
+    monkeypatch.setenv("GRADSCOPE_CACHE", os.environ["GRADSCOPE_CACHE"] + "-shrunk")
+    workspace._MEMO.clear()
+    shrunk = _truth(_patch_embedding).prediction
+    assert any("extrapolated" in n for n in shrunk.notes)
+    assert shrunk.peak > 1.5 * truth.peak, (shrunk.peak, truth.peak)

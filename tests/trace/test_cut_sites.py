@@ -7,6 +7,7 @@ exactly the flagged parameters), and each has a healthy twin that must come out 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect as pyinspect
 import os
 import warnings
@@ -14,6 +15,7 @@ import warnings
 import pytest
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 import gradscope
 from tests.conftest import grads_none
@@ -354,3 +356,123 @@ def test_a_no_grad_op_that_feeds_the_loss_is_still_the_cut():
     # a.weight was used directly (module a never called), and its no_grad result feeds the loss
     cut = _assert_cut(Gate, _line(Gate.forward, "CUT"), "torch.no_grad()", params={"a.weight", "a.bias"})
     assert cut.params == ("a.weight",)
+
+
+# -- outputs a custom Function returns without a gradient -------------------------------------------
+class SplitMarked(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, mark):
+        kept, scaled = x * 2, x * 3
+        if mark:
+            ctx.mark_non_differentiable(scaled)
+        return kept, scaled
+
+    @staticmethod
+    def backward(ctx, g_kept, g_scaled):
+        g = g_kept * 2
+        return (g if g_scaled is None else g + g_scaled * 3), None
+
+
+class GateMarked(torch.autograd.Function):
+    """One output, marked: a soft gate someone declared constant."""
+
+    @staticmethod
+    def forward(ctx, x, mark):
+        gate = torch.sigmoid(x).mean(0)
+        if mark:
+            ctx.mark_non_differentiable(gate)
+        ctx.save_for_backward(x)
+        return gate
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        s = torch.sigmoid(x)
+        return g.expand_as(x) * s * (1 - s) / x.shape[0], None
+
+
+class UsesSecond(nn.Module):
+    def __init__(self, mark=True):
+        super().__init__()
+        self.a, self.b, self.mark = nn.Linear(4, 4), nn.Linear(4, 1), mark
+
+    def forward(self, x):
+        kept, scaled = SplitMarked.apply(self.a(x), self.mark)  # CUT
+        return self.b(scaled).sum() + 0 * x.sum()
+
+
+class UsesGate(nn.Module):
+    def __init__(self, mark=True):
+        super().__init__()
+        self.a, self.b, self.mark = nn.Linear(4, 4), nn.Linear(4, 4), mark
+
+    def forward(self, x):
+        gate = GateMarked.apply(self.a(x), self.mark)  # CUT
+        return (self.b(x) * gate).sum()
+
+
+@pytest.mark.parametrize("cls,fn", [(UsesSecond, "SplitMarked"), (UsesGate, "GateMarked")], ids=["split", "gate"])
+def test_a_function_output_marked_non_differentiable_is_the_cut(cls, fn):
+    cut = _assert_cut(cls, _line(cls.forward, "CUT"), f"custom autograd.Function {fn}", "mark_non_differentiable",
+                      params={"a.weight", "a.bias"})
+    assert "return its gradient from backward()" in cut.message
+
+
+@pytest.mark.parametrize("cls", [UsesSecond, UsesGate], ids=["split", "gate"])
+def test_the_same_functions_unmarked_are_clean(cls):
+    _assert_clean(lambda: cls(mark=False))
+
+
+# -- reentrant checkpoint with its tensors inside a container ----------------------------------------
+@dataclasses.dataclass
+class Pair:
+    h: torch.Tensor
+    x: torch.Tensor
+
+
+def _mix(pair):
+    h, x = pair
+    return torch.tanh(h) * x
+
+
+def _mix_dc(pair: Pair):
+    return torch.tanh(pair.h) * pair.x
+
+
+def _mix_args(h, x):
+    return torch.tanh(h) * x
+
+
+class TupleCheckpoint(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        mixed = checkpoint(_mix, (h, x), use_reentrant=True)  # CUT
+        return (self.b(x) + mixed).sum()
+
+
+class DataclassCheckpoint(TupleCheckpoint):
+    def forward(self, x):
+        h = self.a(x)
+        mixed = checkpoint(_mix_dc, Pair(h, x), use_reentrant=True)  # CUT
+        return (self.b(x) + mixed).sum()
+
+
+class ArgsCheckpoint(TupleCheckpoint):  # the healthy twin: the tensors as top-level arguments
+    def forward(self, x):
+        h = self.a(x)
+        return (self.b(x) + checkpoint(_mix_args, h, x, use_reentrant=True)).sum()
+
+
+@pytest.mark.parametrize("cls", [TupleCheckpoint, DataclassCheckpoint], ids=["tuple", "dataclass"])
+def test_a_reentrant_checkpoint_does_not_see_tensors_inside_containers(cls):
+    cut = _assert_cut(cls, _line(cls.forward, "CUT"), "use_reentrant=True) inside a tuple, list, dict or dataclass",
+                      "top-level", params={"a.weight", "a.bias"})
+    assert "use_reentrant=False" in cut.message
+
+
+def test_a_reentrant_checkpoint_with_top_level_tensors_is_clean():
+    _assert_clean(ArgsCheckpoint)

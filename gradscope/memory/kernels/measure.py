@@ -3,10 +3,11 @@
 ``measure(sigs)`` runs each signature's backward (``rebuild.prepare``) under a ``record_function`` marker
 inside one profiler session with ``profile_memory=True``, and reads the marker's allocator events: the
 highest point above what the backward leaves behind (its gradients) is the node's in-node memory. A
-signature with a tensor above :data:`LIMIT` is measured at two smaller sizes (its large dimensions
-divided) and extrapolated in the total bytes of its tensors: linearly, or with the power the two
-measurements show (at most 2), never below linear. The profiler's own start/stop lines on stderr are
-silenced by pointing file descriptor 2 at the null device for the two calls only, and restoring it.
+signature with a tensor above :data:`LIMIT` (a window op's, :func:`has_window`: above :data:`WINDOW_LIMIT`)
+is measured at two smaller sizes (its large dimensions divided) and extrapolated in the total bytes of its
+tensors: linearly, or with the power the two measurements show (at most 2), never below linear. The
+profiler's own start/stop lines on stderr are silenced by pointing file descriptor 2 at the null device
+for the two calls only, and restoring it.
 
 When a torch.profiler is already running in this process (the user's), a second one cannot start: the
 built-in ops are measured in a fresh Python process (``python -m gradscope.memory.kernels.measure``).
@@ -29,10 +30,27 @@ from gradscope.memory.kernels.formula import is_formula, prepare_formula
 from gradscope.memory.kernels.rebuild import SAME_FORMULA, Unmeasurable, prepare
 from gradscope.memory.kernels.signature import tensors_of
 
-__all__ = ["measure", "LIMIT", "quiet"]
+__all__ = ["measure", "LIMIT", "WINDOW_LIMIT", "has_window", "quiet"]
 
 #: A signature with a tensor larger than this is measured at smaller sizes and extrapolated.
 LIMIT = 1024 * 1024
+#: A window op's signature (a convolution's, a pooling's: :func:`has_window`) is measured at full size up
+#: to this largest tensor: a shrunk copy is another problem for its kernel.
+WINDOW_LIMIT = 64 * 1024 * 1024
+#: Saved values that make an op a window op.
+WINDOW = ("kernel_size", "stride", "dilation")
+
+
+def has_window(sig: dict) -> bool:
+    """Whether the node's op slides a window (a convolution, a pooling): its saved values hold one of
+    :data:`WINDOW`. Dividing its sizes divides the window (the weight's spatial dimensions, the stride)
+    with them, which is another problem for the kernel, not a smaller copy of this one: a ViT's patch
+    embedding (kernel and stride 32) allocates 4x its weight in its backward at full size, and the
+    extrapolation from a 8 and a 16 window said 16x (docs/memory.md, "In-node memory")."""
+    attrs = sig.get("attrs") or {}
+    return any(k in attrs for k in WINDOW)
+
+
 _MARK = "gs::innode:"
 
 
@@ -221,6 +239,8 @@ def _plan(sig: dict) -> list:
     choose the algorithm they choose at full size more often than at tiny ones)."""
     top = _largest(sig)
     if top <= LIMIT or is_formula(sig):  # a recorded formula's sizes are in its calls too: full size
+        return [sig]
+    if top <= WINDOW_LIMIT and has_window(sig):
         return [sig]
     f = 2.0
     small = shrink(sig, f)
