@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gradscope.memory.replay.subprogram import UPPER
+from gradscope.memory.kernels.regions import UPPER
 from tests._compiled_mem import run_case
 
 _TOL = {"aot_eager": 0.01, "inductor": 0.05}

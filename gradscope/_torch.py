@@ -28,7 +28,7 @@ __all__ = ["fsdp2_groups", "peek_sequence_nr", "sequence_nr", "NO_SEQUENCE_NR", 
            "storage_key_and_bytes", "foreach_mul", "foreach_sub_", "anomaly_state", "set_anomaly",
            "on_next_backward", "cancel_next_backward", "profiler_enabled", "PROFILER_ALLOCATION", "func_key",
            "resolve_func", "no_torch_function", "sdp_choice", "SDPA_KEY", "cpu_flash_attention",
-           "fake_tensor_mode", "compiled_backward_graph", "compiled_by_inductor"]  # fmt: skip
+           "fake_tensor_mode", "compiled_by_inductor"]  # fmt: skip
 
 check_torch()  # one sentence naming a missing private API, before the reads below
 
@@ -77,30 +77,9 @@ def forward_cls(node: Any) -> type | None:
     return getattr(node, "_forward_cls", None)
 
 
-def compiled_backward_graph(node: Any) -> tuple[Any, str | None]:
-    """``(graph module, None)`` for a ``torch.compile`` region's node: ``node._forward_cls._lazy_backward_info
-    .bw_module``, the AOT backward FX graph before the backward compiler lowers it (torch keeps it after the
-    first backward and lowers a copy), or on a hit of torch's AOT compile cache the graph its
-    ``bw_module_fn()`` deserializes; each FX node's ``meta["val"]`` is a FakeTensor with the value's shape,
-    strides and storage. ``(None, why)`` when a piece is missing. docs/internals.md#compiled-region-memory."""
-    info = getattr(forward_cls(node), "_lazy_backward_info", None)
-    if info is None:
-        return None, f"torch {torch.__version__} keeps no backward graph on this compiled region"
-    gm = getattr(info, "bw_module", None)
-    if gm is None and callable(getattr(info, "bw_module_fn", None)):
-        try:
-            gm = info.bw_module_fn()
-        except Exception:  # noqa: BLE001 - a cache entry this torch cannot read back: not readable
-            gm = None
-    if gm is None or not hasattr(gm, "graph"):
-        return None, f"the backward graph of this compiled region is not readable on torch {torch.__version__}"
-    return gm, None
-
-
 def compiled_by_inductor(node: Any) -> bool:
-    """Whether a ``torch.compile`` region's forward was lowered by inductor (``_forward_cls.compiled_fw`` is
-    inductor's ``CompiledFxGraph``; ``aot_eager`` keeps a plain function running the FX graph), so its
-    backward runs fused kernels, not the FX graph op by op. docs/internals.md#compiled-region-memory."""
+    """Whether inductor lowered a compiled region (``_forward_cls.compiled_fw`` is its ``CompiledFxGraph``;
+    ``aot_eager`` keeps a plain function): its backward runs fused kernels. docs/internals.md#compiled-region-memory."""
     fw = getattr(forward_cls(node), "compiled_fw", None)
     return type(fw).__module__.startswith("torch._inductor")
 

@@ -68,7 +68,8 @@ MODELS = {
 
 def run_case(name: str, backend: str, grad_set: bool, optimizer: bool = True):
     """``(truth, prediction)`` for one compiled model: truth from tests/_memtruth.measure, the prediction
-    ``report.backward_memory(optimizer=opt)`` made inside the profiled run, before backward."""
+    ``report.backward_memory(optimizer=opt, inputs=[x])`` (the batch the caller holds) made inside the
+    profiled run, before backward."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     make, data = MODELS[name]
@@ -79,12 +80,12 @@ def run_case(name: str, backend: str, grad_set: bool, optimizer: bool = True):
     if grad_set:
         cm(x).sum().backward()
     # warm the in-node workspace cache (it does not measure while a profiler runs)
-    gradscope.inspect(cm(x).sum(), model=cm).backward_memory(optimizer=opt)
+    gradscope.inspect(cm(x).sum(), model=cm).backward_memory(optimizer=opt, inputs=[x])
     truth = measure(
         lambda: (cm(x).sum(), cm),
         before=[x],
         optimizer=opt,
         inspect=lambda loss, m: gradscope.inspect(loss, model=m),
-        predict=lambda r, o: r.backward_memory(optimizer=o),
+        predict=lambda r, o: r.backward_memory(optimizer=o, inputs=[x]),
     )
     return truth, truth.prediction

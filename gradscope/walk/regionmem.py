@@ -19,7 +19,7 @@ The steps are plain data, kept in the node's ``attrs["region_steps"]`` as ``{"st
 FX node that allocates or frees, ``[allocs, frees, releases, call, tangents]``, ``allocs`` as ``[bytes,
 shape, dtype]`` and ``call`` the aten call as ``[op, args, kwargs, tensor specs, outputs]`` for measuring
 the kernel's own workspace (memory/kernels/fxops.py), or None. The replay's sub-program hook
-(``memory/replay/subprogram.py``) runs them in place when the engine reaches the node.
+(``run_steps`` in memory/replay/steps.py) runs them in place when the engine reaches the node.
 
 Inductor (``"fused": true``) runs the same graph as fused kernels that keep fewer intermediates and reuse
 buffers: replayed op by op, the region's peak is then an upper bound of what its generated code keeps (its
@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import torch
 
-from gradscope._torch import compiled_backward_graph, compiled_by_inductor, storage_key_and_bytes
+from gradscope._torch import compiled_by_inductor, fake_tensor_mode, input_metadata, storage_key_and_bytes
+from gradscope.walk.compiled import compiled_region
 from gradscope.walk.values import dtype_str
 
 __all__ = ["region_steps", "STEPS", "UNREAD"]
@@ -54,14 +55,43 @@ def region_steps(node, saved_storages: list) -> dict:
     ``saved_storages``: per entry of the node's ``saved_tensors``, its storage id as the walk numbered it
     (None for a slot the walk does not hold).
     """
-    gm, why = compiled_backward_graph(node)
-    if gm is None:
-        return {UNREAD: why}
+    got = compiled_region(node)
+    if isinstance(got, str):
+        return {UNREAD: got}
+    gm = got[1]
     try:
+        if not _has_values(gm.graph):
+            why = _propagate(gm, node)
+            if why is not None:
+                return {UNREAD: why}
         steps, tangents = _steps(gm.graph, saved_storages)
         return {STEPS: {"steps": steps, "tangents": tangents, "fused": compiled_by_inductor(node)}}
     except Exception as exc:  # noqa: BLE001 - a graph this reader does not know: say so, never guess
         return {UNREAD: f"its backward graph could not be read ({type(exc).__name__}: {exc})"}
+
+
+def _has_values(graph) -> bool:
+    return all(n.op == "output" or "val" in n.meta for n in graph.nodes)
+
+
+def _propagate(gm, node) -> str | None:
+    """Fill a graph without ``meta["val"]`` (one that torch's compile cache rebuilt from its code) by running
+    it on fake tensors: the node's saved tensors and one dense gradient per forward output. None when done,
+    else why not (nothing real runs either way)."""
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    mode, _ = fake_tensor_mode()
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    saved = node.saved_tensors
+    meta = input_metadata(node)
+    if mode is None or len(phs) != len(saved) + len(meta):
+        return "its backward graph, rebuilt by torch's compile cache, carries no shapes"
+    mode.allow_non_fake_inputs = True  # the graph's constants (a 0-d tensor) are real
+    with torch.no_grad(), mode:
+        fakes = [mode.from_tensor(t) for t in saved]
+        fakes += [torch.empty(tuple(m.shape), dtype=m.dtype, device=m.device) for m in meta]
+        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
+    return None
 
 
 def _call(n):
@@ -142,6 +172,8 @@ def _steps(graph, saved_storages: list) -> tuple[list, list]:
                     else:
                         rec = storage[key] = [0, "g", len(tangents)]
                         tangents.append([int(nbytes), list(t.shape), dtype_str(t.dtype)])
+                elif n.op != "call_function":  # a constant of the graph (get_attr): there before, kept
+                    rec = storage[key] = [0, "c", None]
                 else:
                     rec = storage[key] = [0, "t", n_alloc]
                     allocs.append([int(nbytes), list(t.shape), dtype_str(t.dtype)])

@@ -95,7 +95,7 @@ def read_saved(node, info: NodeType, storages: StorageIds) -> tuple[list[dict], 
     saved: list[dict] = []
     attrs: dict = {}
     if info.custom:
-        _read_custom(node, saved, attrs, storages)
+        _read_custom(node, saved, attrs, storages, info.compiled)
         return saved, attrs
     if info.name == COPY_SLICES:  # NOTE [CopySlices formula]
         return read_copyslices(node, storages)
@@ -127,7 +127,7 @@ def read_saved(node, info: NodeType, storages: StorageIds) -> tuple[list[dict], 
     return saved, attrs
 
 
-def _read_custom(node, saved: list, attrs: dict, storages: StorageIds) -> None:
+def _read_custom(node, saved: list, attrs: dict, storages: StorageIds, compiled: bool = False) -> None:
     try:
         raws = node._raw_saved_tensors or ()
     except RuntimeError as exc:
@@ -148,7 +148,7 @@ def _read_custom(node, saved: list, attrs: dict, storages: StorageIds) -> None:
         if e is not None:
             saved.append(e)
         sids.append(e.get("storage") if e is not None else None)
-    if type(node).__name__ == "CompiledFunctionBackward":  # NOTE [compiled region memory]
+    if compiled:  # NOTE [compiled region memory]
         from gradscope.walk.regionmem import region_steps
 
         attrs.update(region_steps(node, sids))

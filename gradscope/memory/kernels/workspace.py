@@ -263,7 +263,7 @@ __all__ += ["scaled"]
 
 def cache_entries() -> dict:
     """The in-node cache's entries (read from the file once per path): other measurers keep theirs here too,
-    under keys of their own (``memory/kernels/fxops.py``)."""
+    under keys of their own (``memory/kernels/regions.py``)."""
     return _load()
 
 

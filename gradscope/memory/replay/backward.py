@@ -48,6 +48,7 @@ from typing import Any
 
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.findings import FREED_GRAPH
+from gradscope.memory.kernels.regions import fused_note, region_subprograms
 from gradscope.memory.kernels.workspace import InNode, innode, scaled
 from gradscope.memory.replay.accounting import (
     Overrides,
@@ -63,7 +64,6 @@ from gradscope.memory.replay.replayed import Replayed
 from gradscope.memory.replay.result import BackwardMemory
 from gradscope.memory.replay.simulate import Trace, simulate
 from gradscope.memory.replay.steady import grad_variants
-from gradscope.memory.replay.subprogram import fused_note, region_subprograms
 from gradscope.memory.targets import Target, resolve
 
 __all__ = [

@@ -29,9 +29,9 @@ from gradscope.memory.replay.steps import (
     leaf_step,
     recompute_node,
     region_grads,
+    run_steps,
     seed_gradients,
 )
-from gradscope.memory.replay.subprogram import run_steps
 
 __all__ = ["simulate", "Trace", "VIEW_OPS", "PASS_OPS"]
 
@@ -100,8 +100,7 @@ def simulate(
             that node's highest point, and ``trace.origin`` the node that made each gradient storage.
         held_seeds: the roots' gradients exist already and are held outside (a reentrant checkpoint's
             nested backward: the outer node's incoming gradients): not counted, never freed or stolen.
-        subprograms: node index -> ``[subprogram.Step]``, the node's own program run in place of its
-            workspace (NOTE [node sub-programs]).
+        subprograms: node index -> ``[steps.Step]``, run in place of its workspace (NOTE [node sub-programs]).
     """
     sizes = prog.storages if storage_bytes is None else storage_bytes
     mem = Memory()

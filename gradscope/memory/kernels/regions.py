@@ -1,37 +1,29 @@
-"""A node whose backward is a program of its own, replayed in place when the engine reaches it
-(NOTE [node sub-programs]).
+"""A compiled region's backward as the replay's sub-program steps (NOTE [compiled region memory] in
+walk/regionmem.py; NOTE [node sub-programs] in memory/replay/steps.py), each aten call's own workspace
+measured.
 
-NOTE [node sub-programs] (docs/memory.md#compiled-regions)
-Most nodes run one formula: outputs, then workspace freed before they return (simulate.py NOTE [what one
-node does to memory]). A node that runs a whole graph of ops, a ``torch.compile`` region
-(``CompiledFunctionBackward``, whose steps the walk reads from its backward graph: walk/regionmem.py NOTE
-[compiled region memory]) or a custom ``autograd.Function`` traced on fake tensors, instead gives the
-replay a list of :class:`Step`, one per op in the order its code runs them: the bytes the op allocates,
-the bytes of the node's own temporaries that die after it, and the saved storages whose last use inside
-the node it was (one reference each, freed when nothing else holds them: shared storages and
-``retain_graph=True`` are the replay's business, as for any node). At the node the replay runs the steps
-on its level (the node's highest point is the highest step), takes off what the steps left (the output
-gradients, which the engine's usual step then makes per edge, so views, stealing and InputBuffer sums
-stay as for any node) and releases the saved storages no step released. The hook is
-``simulate(..., subprograms={node index: [Step, ...]})``; :func:`from_region` builds the steps of a
-compiled region.
+The workspace of one call: the call run alone on fresh CPU tensors of the recorded layouts, under the
+profiler, as a one-call recorded formula (``formula.py``): its highest point minus the outputs it returns
+is the bytes the kernel allocates and frees inside (an ``mm`` none, ``convolution_backward`` its column
+buffers). Results are kept per call signature (in the in-node cache); a call that cannot be measured (not
+an aten operator here, a tensor above the formula limit) has none, and its region is then a lower bound.
 """
 
 from __future__ import annotations
 
+import json
 from typing import NamedTuple
 
-from gradscope.memory.replay.gradients import EXPANDED
+from gradscope.memory.kernels.measure import measure
+from gradscope.memory.kernels.workspace import cache_entries, save_cache
 
-__all__ = ["Step", "from_region", "run_steps", "region_subprograms", "fused_note", "STEPS", "UNREAD", "UPPER"]
-
-#: The words a note carries when the peak is an upper bound.
-UPPER = "upper bound"
+__all__ = ["Step", "call_workspaces", "from_region", "region_subprograms", "fused_note", "STEPS", "UNREAD", "UPPER"]
 
 #: The node attributes (in ``attrs``) the walk writes for a compiled region (walk/regionmem.py): its steps,
-#: or why it has none.
+#: or why it has none; the words a note carries when the peak is an upper bound.
 STEPS = "region_steps"
 UNREAD = "region_unread"
+UPPER = "upper bound"
 
 
 class Step(NamedTuple):
@@ -43,6 +35,59 @@ class Step(NamedTuple):
     workspace: int = 0  # bytes the op allocates and frees before it returns
     copy: tuple = ()  # (input nr, bytes): a dense copy of that incoming gradient made here when it is expanded
     uncopy: tuple = ()  # (input nr, bytes): that copy freed after this step
+
+
+_PREFIX = "fxcall:"
+
+
+def _signature(call: list) -> dict:
+    op, args, kwargs, specs, n_out = call
+    first = specs[0] if specs else ["hidden[0]", [1], [1], "float32"]
+    return {
+        "op": op,
+        "attrs": {"formula": {"calls": [[op, args, kwargs]], "hidden": len(specs), "out": _outs(n_out)}},
+        "saved": specs,
+        "grads": [[0, first[1], first[2], first[3]]],
+        "inputs": [],
+    }
+
+
+def _outs(n: int) -> list:
+    return [{"t": "v", "i": 0, "j": j} for j in range(n)]  # every output the call returns
+
+
+def call_workspaces(calls: list) -> tuple[list, dict]:
+    """``(bytes or None per call, {call index: why not measured})`` for ``[op, args, kwargs, specs, outputs]`` calls."""
+    memo = cache_entries()
+    keys = [_PREFIX + json.dumps(c, sort_keys=True) for c in calls]
+    todo = {}
+    for i, k in enumerate(keys):
+        if k not in memo and k not in todo:
+            todo[k] = calls[i]
+    if todo:
+        got, _ = measure([_signature(c) for c in todo.values()])
+        wrote = False
+        for k, r in zip(todo, got):
+            if "error" not in r:
+                memo[k] = r
+                wrote = True
+            else:
+                _FAILED[k] = r["error"]
+        if wrote:
+            save_cache()
+    out: list[int | None] = []
+    why: dict = {}
+    for i, k in enumerate(keys):
+        r = memo.get(k)
+        if r is None:
+            out.append(None)
+            why[i] = _FAILED.get(k, "not measured")
+        else:
+            out.append(int(r.get("bytes", 0)))
+    return out, why
+
+
+_FAILED: dict = {}  # failures, for this process only (never written)
 
 
 def _sized(nbytes, shape, dtype, scale, alloc) -> int:
@@ -83,8 +128,6 @@ def region_subprograms(prog, extras: list, scale=None, alloc=None) -> tuple[dict
     """``({node index: [Step, ...]}, {node index: why it is a lower bound}, fused)`` for every node whose attrs
     carry region steps (a region whose steps could not be read is in the second dict only; ``fused``: the
     regions inductor lowered, whose replayed peak is an upper bound)."""
-    from gradscope.memory.kernels.fxops import call_workspaces
-
     cached = prog.__dict__.setdefault("_region_workspaces", {})
     out, why = {}, {}
     fused: set = set()
@@ -129,48 +172,3 @@ def fused_note(n: int) -> str:
         f"{n} compiled region(s) run inductor's fused kernels: replayed op by op from the backward graph, "
         "the peak is an upper bound (fused code keeps fewer intermediates; measured +0% to +115% on small models)"
     )
-
-
-def run_steps(run, v: int, steps: list, inputs: dict, level: int, high: int) -> tuple[int, int, set]:
-    """Run node ``v``'s ``steps`` (``run``: the replay's ``steps.Run``) from ``level``: ``(level, high,
-    released)``, the level without what the steps left (the node's outputs, made next by the engine's usual
-    step) and the saved keys let go. At a snapshot node, ``mem.snap`` gets what is alive at the node's
-    highest point (the node's own bytes under ``("w", v)``)."""
-    mem, release, snapshot = run.mem, run.release, v == run.snapshot_at
-    st_refs, st_bytes = mem.st_refs, mem.st_bytes
-    own = 0
-    released: set = set()
-    copied: set = set()
-    view = mem.impl_view
-    for step in steps:
-        for j, b in step.copy:
-            if view and view.get(inputs.get(j)) in EXPANDED:
-                copied.add(j)
-                own += b
-                level += b
-        own += step.alloc
-        level += step.alloc
-        if level + step.workspace > high:
-            high = level + step.workspace
-            if snapshot:
-                mem.snap = {**st_bytes, ("w", v): own + step.workspace}
-        own -= step.free
-        level -= step.free
-        for j, b in step.uncopy:
-            if j in copied:
-                own -= b
-                level -= b
-        if release:
-            for k in step.release:
-                released.add(k)
-                n = st_refs.get(k)
-                if n is None:
-                    continue
-                if n > 1:
-                    st_refs[k] = n - 1
-                else:
-                    del st_refs[k]
-                    freed = st_bytes.pop(k, 0)
-                    level -= freed
-                    run.saved_freed += freed
-    return level - own, high, released
