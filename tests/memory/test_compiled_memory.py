@@ -1,8 +1,8 @@
 """backward_memory() of torch.compile'd models against torch.profiler (tests/_memtruth.measure, CPU): the
 region's backward replayed from its AOT backward graph (NOTE [compiled region memory], NOTE [node
-sub-programs]). Targets: aot_eager within 1%, inductor within 5% or labelled a bound; never more than 1% low
-without the lower-bound label. The default profile runs the tiny models on aot_eager; the rest are slow
-(compiling takes seconds)."""
+sub-programs]). Targets: aot_eager within 1%; inductor, replayed unfused, a labelled upper bound (never
+low); never more than 1% low without the lower-bound label. The default profile runs the tiny models on
+aot_eager; the rest are slow (compiling takes seconds)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import gradscope
+from gradscope.memory.kernels.regions import UPPER
 from tests._compiled_mem import MODELS, run_case
 
 pytestmark = pytest.mark.usefixtures("module_cache_dir")
@@ -30,6 +31,9 @@ def _check(name: str, backend: str, grad_set: bool, tol: float) -> None:
     step = (bm.first_step.absolute_peak - truth.absolute_peak) / truth.absolute_peak
     if bm.unmodelled:  # a labelled lower bound may be low, never high
         assert err <= tol and step <= tol, (bm.peak, truth.peak)
+        return
+    if any(UPPER in n for n in bm.notes):  # inductor's fused code: a labelled upper bound, never low
+        assert err >= -0.01 and step >= -0.01, (bm.peak, truth.peak, bm.first_step.absolute_peak, truth.absolute_peak)
         return
     assert abs(err) <= tol, (bm.peak, truth.peak, bm.inner, truth.inner)
     assert abs(step) <= tol, (bm.first_step.absolute_peak, truth.absolute_peak)
