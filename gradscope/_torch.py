@@ -22,7 +22,7 @@ from gradscope._torchcheck import check_torch
 
 __all__ = ["fsdp2_groups", "peek_sequence_nr", "sequence_nr", "NO_SEQUENCE_NR", "ACCUMULATE_GRAD",
            "SAVED_TENSOR", "SAVED_PREFIX", "RAW_SAVED_PREFIX", "input_metadata", "forward_cls", "storage_key",
-           "version", "TENSOR_DATA", "is_function_forward", "register_module_forward_pre_hook",
+           "version", "TENSOR_DATA", "register_module_forward_pre_hook",
            "register_module_forward_hook", "current_graph_task_id", "current_autograd_node",
            "queue_engine_callback", "foreach_norm", "is_checkpoint_holder", "sparse_values",
            "storage_key_and_bytes", "foreach_mul", "foreach_sub_", "anomaly_state", "set_anomaly",
@@ -117,48 +117,6 @@ def version(t: torch.Tensor) -> int:
 #: docs/internals.md#the-data-property-in-a-torchfunctionmode.
 TENSOR_DATA: Any = torch._C.TensorBase.__dict__["data"]
 TENSOR_DTYPE: Any = torch._C.TensorBase.__dict__["dtype"]  #: ``.dtype``, the same way (docs/internals.md#dtype-flow)
-
-# -- custom Function forwards on the stack -----------------------------------------------------------
-# A frame running the ``forward`` of an ``autograd.Function`` subclass means we are inside a custom
-# Function's forward (grad disabled by autograd, not by the user). Up to torch 2.14 ``Function.apply`` is
-# a Python classmethod whose frame sits between the caller and ``forward``; from 2.15 it is a builtin with
-# no frame, so the signal is the ``forward`` frame itself, on every release:
-# docs/internals.md#custom-functions-on-the-stack.
-_FORWARDS: dict[int, tuple[Any, bool]] = {}  # id(code) -> (code, is a Function forward); codes are few
-
-
-def _function_forward_codes() -> set:
-    """The code objects of ``forward`` of every ``autograd.Function`` subclass alive now (inherited ones
-    included: a subclass without its own ``forward`` runs its base's)."""
-    codes: set = set()
-    seen: set = set()
-    stack: list = [torch.autograd.Function]
-    while stack:
-        cls = stack.pop()
-        for sub in type.__subclasses__(cls):
-            if sub not in seen:
-                seen.add(sub)
-                stack.append(sub)
-        fn = cls.__dict__.get("forward")
-        code = getattr(getattr(fn, "__func__", fn), "__code__", None)
-        if code is not None:
-            codes.add(code)
-    return codes
-
-
-def is_function_forward(code: Any) -> bool:
-    """Whether ``code`` (a frame's ``f_code``) is the ``forward`` of an ``autograd.Function`` subclass:
-    a frame running it is inside ``Function.apply``. One lookup per code object after its first sight."""
-    if code.co_name != "forward":
-        return False
-    known = _FORWARDS.get(id(code))
-    if known is None or known[0] is not code:
-        if len(_FORWARDS) > 4096:  # bounded: forward code objects are few in any real program
-            _FORWARDS.clear()
-        known = (code, code in _function_forward_codes())
-        _FORWARDS[id(code)] = known
-    return known[1]
-
 
 # -- torch functions by name (a traced reentrant region's calls, replayed on ``meta``) -----------------
 _TENSOR_BASE: Any = torch._C.TensorBase

@@ -13,6 +13,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
 from gradscope import _torch
+from gradscope.tracing.probes import is_function_forward
 
 
 def test_accumulate_grad():
@@ -599,14 +600,14 @@ def test_a_custom_functions_forward_is_on_the_stack_under_grad_off():
     x = torch.ones(2, requires_grad=True)
     Old.apply(x), New.apply(x), Inherits.apply(x)
     assert [grad for _, grad in seen] == [False, False, False]
-    assert all(_torch.is_function_forward(code) for code, _ in seen)
+    assert all(is_function_forward(code) for code, _ in seen)
     assert seen[0][0] is seen[2][0]  # the inherited forward is the base's code
 
     def forward(x):  # a plain function named forward, and an nn.Module's forward, are not
         return sys._getframe(0).f_code
 
-    assert not _torch.is_function_forward(forward(x))
-    assert not _torch.is_function_forward(torch.nn.Linear.forward.__code__)
+    assert not is_function_forward(forward(x))
+    assert not is_function_forward(torch.nn.Linear.forward.__code__)
 
 
 def test_a_tuple_of_saved_tensors_refuses_to_be_read_once_freed():
