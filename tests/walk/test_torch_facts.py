@@ -613,3 +613,19 @@ def test_a_custom_functions_forward_is_on_the_stack_under_grad_off():
 
     assert not is_function_forward(forward(x))
     assert not is_function_forward(torch.nn.Linear.forward.__code__)
+
+
+def test_a_tuple_of_saved_tensors_refuses_to_be_read_once_freed():
+    buf = torch.zeros(4, 2)
+    x = torch.randn(2, 2, requires_grad=True)
+    buf[torch.tensor([0, 1])] = x * 2
+    node = buf.grad_fn
+    assert type(node).__name__ == "IndexPutBackward0"
+    assert isinstance(getattr(node, _torch.RAW_SAVED_PREFIX + "indices"), tuple)  # a tuple, not one SavedTensor
+    buf.sum().backward()
+    try:
+        getattr(node, _torch.RAW_SAVED_PREFIX + "indices")
+    except RuntimeError as exc:
+        assert "backward through the graph a second time" in str(exc)
+    else:
+        raise AssertionError("torch read a freed tuple of saved tensors")
