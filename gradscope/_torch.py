@@ -28,7 +28,7 @@ __all__ = ["fsdp2_groups", "peek_sequence_nr", "sequence_nr", "NO_SEQUENCE_NR", 
            "storage_key_and_bytes", "foreach_mul", "foreach_sub_", "anomaly_state", "set_anomaly",
            "on_next_backward", "cancel_next_backward", "profiler_enabled", "PROFILER_ALLOCATION", "func_key",
            "resolve_func", "no_torch_function", "sdp_choice", "SDPA_KEY", "cpu_flash_attention",
-           "fake_tensor_mode", "fsdp2_mp_policy", "compiled_by_inductor"]  # fmt: skip
+           "fake_tensor_mode", "fsdp2_mp_policy"]  # fmt: skip
 
 check_torch()  # one sentence naming a missing private API, before the reads below
 
@@ -75,13 +75,6 @@ def forward_cls(node: Any) -> type | None:
     nodes); tells checkpoint (``CheckpointFunction``) and ``torch.compile`` (``CompiledFunction``) apart.
     docs/internals.md#custom-functions."""
     return getattr(node, "_forward_cls", None)
-
-
-def compiled_by_inductor(node: Any) -> bool:
-    """Whether inductor lowered a compiled region (``_forward_cls.compiled_fw`` is its ``CompiledFxGraph``;
-    ``aot_eager`` keeps a plain function): its backward runs fused kernels. docs/internals.md#compiled-region-memory."""
-    fw = getattr(forward_cls(node), "compiled_fw", None)
-    return type(fw).__module__.startswith("torch._inductor")
 
 
 def is_checkpoint_holder(value: Any) -> bool:

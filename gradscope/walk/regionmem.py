@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from gradscope._torch import compiled_by_inductor, fake_tensor_mode, input_metadata, storage_key_and_bytes
+from gradscope._torch import fake_tensor_mode, forward_cls, input_metadata, storage_key_and_bytes
 from gradscope.walk.compiled import compiled_region
 from gradscope.walk.values import dtype_str
 
@@ -68,6 +68,13 @@ def region_steps(node, saved_storages: list) -> dict:
         return {STEPS: {"steps": steps, "tangents": tangents, "fused": compiled_by_inductor(node)}}
     except Exception as exc:  # noqa: BLE001 - a graph this reader does not know: say so, never guess
         return {UNREAD: f"its backward graph could not be read ({type(exc).__name__}: {exc})"}
+
+
+def compiled_by_inductor(node) -> bool:
+    """Whether inductor lowered a compiled region (``_forward_cls.compiled_fw`` is its ``CompiledFxGraph``;
+    ``aot_eager`` keeps a plain function): its backward runs fused kernels. docs/internals.md#compiled-region-memory."""
+    fw = getattr(forward_cls(node), "compiled_fw", None)
+    return type(fw).__module__.startswith("torch._inductor")
 
 
 def _has_values(graph) -> bool:
