@@ -2,8 +2,9 @@
 
 Each model (HF ``transformers`` tiny configs with random weights, the project's sweep and bench models,
 hand-built vision blocks: ConvNeXt-like depthwise channels-last, MobileNet-like, DenseNet-like) runs one
-training step under ``torch.profiler`` (tests/_memtruth.py); ``report.backward_memory(run_custom=True)``
-is taken inside that step, its in-node memory measured before (cache in a fresh temporary folder). A model
+training step under ``torch.profiler`` (tests/_memtruth.py); ``report.backward_memory()`` (custom
+Functions on fake tensors, the default; ``GRADSCOPE_SWEEP_REAL_CUSTOM=1``: ``run_custom=True``) is taken
+inside that step, its in-node memory measured before (cache in a fresh temporary folder). A model
 counts as a miss when its peak is more than 1% off; a low miss whose nodes are all listed in
 ``bm.unmodelled`` is "listed" (the output says the peak is a lower bound).
 
@@ -181,7 +182,8 @@ def cases() -> dict:
 def run(name: str, build) -> dict:
     torch.manual_seed(0)
     model, make_loss = build()
-    kw = {"run_custom": True} if "run_custom" in gradscope.Report.backward_memory.__code__.co_varnames else {}
+    real = os.environ.get("GRADSCOPE_SWEEP_REAL_CUSTOM") == "1"  # custom Functions on real tensors
+    kw = {"run_custom": True} if real and "run_custom" in gradscope.Report.backward_memory.__code__.co_varnames else {}
     gradscope.inspect(make_loss(), model=model).backward_memory(**kw)  # measured outside the profiled step
     t0 = time.perf_counter()
     truth = measure(lambda: (make_loss(), model), inspect=lambda loss, m: gradscope.inspect(loss, model=m),

@@ -22,13 +22,13 @@ from gradscope._torchcheck import check_torch
 
 __all__ = ["fsdp2_groups", "peek_sequence_nr", "sequence_nr", "NO_SEQUENCE_NR", "ACCUMULATE_GRAD",
            "SAVED_TENSOR", "SAVED_PREFIX", "RAW_SAVED_PREFIX", "input_metadata", "forward_cls", "storage_key",
-           "version", "TENSOR_DATA", "is_function_forward", "register_module_forward_pre_hook",
+           "version", "TENSOR_DATA", "register_module_forward_pre_hook",
            "register_module_forward_hook", "current_graph_task_id", "current_autograd_node",
            "queue_engine_callback", "foreach_norm", "is_checkpoint_holder", "sparse_values",
            "storage_key_and_bytes", "foreach_mul", "foreach_sub_", "anomaly_state", "set_anomaly",
            "on_next_backward", "cancel_next_backward", "profiler_enabled", "PROFILER_ALLOCATION", "func_key",
            "resolve_func", "no_torch_function", "sdp_choice", "SDPA_KEY", "cpu_flash_attention",
-           "fake_tensor_mode"]  # fmt: skip
+           "fake_tensor_mode", "fsdp2_mp_policy"]  # fmt: skip
 
 check_torch()  # one sentence naming a missing private API, before the reads below
 
@@ -118,48 +118,6 @@ def version(t: torch.Tensor) -> int:
 TENSOR_DATA: Any = torch._C.TensorBase.__dict__["data"]
 TENSOR_DTYPE: Any = torch._C.TensorBase.__dict__["dtype"]  #: ``.dtype``, the same way (docs/internals.md#dtype-flow)
 
-# -- custom Function forwards on the stack -----------------------------------------------------------
-# A frame running the ``forward`` of an ``autograd.Function`` subclass means we are inside a custom
-# Function's forward (grad disabled by autograd, not by the user). Up to torch 2.14 ``Function.apply`` is
-# a Python classmethod whose frame sits between the caller and ``forward``; from 2.15 it is a builtin with
-# no frame, so the signal is the ``forward`` frame itself, on every release:
-# docs/internals.md#custom-functions-on-the-stack.
-_FORWARDS: dict[int, tuple[Any, bool]] = {}  # id(code) -> (code, is a Function forward); codes are few
-
-
-def _function_forward_codes() -> set:
-    """The code objects of ``forward`` of every ``autograd.Function`` subclass alive now (inherited ones
-    included: a subclass without its own ``forward`` runs its base's)."""
-    codes: set = set()
-    seen: set = set()
-    stack: list = [torch.autograd.Function]
-    while stack:
-        cls = stack.pop()
-        for sub in type.__subclasses__(cls):
-            if sub not in seen:
-                seen.add(sub)
-                stack.append(sub)
-        fn = cls.__dict__.get("forward")
-        code = getattr(getattr(fn, "__func__", fn), "__code__", None)
-        if code is not None:
-            codes.add(code)
-    return codes
-
-
-def is_function_forward(code: Any) -> bool:
-    """Whether ``code`` (a frame's ``f_code``) is the ``forward`` of an ``autograd.Function`` subclass:
-    a frame running it is inside ``Function.apply``. One lookup per code object after its first sight."""
-    if code.co_name != "forward":
-        return False
-    known = _FORWARDS.get(id(code))
-    if known is None or known[0] is not code:
-        if len(_FORWARDS) > 4096:  # bounded: forward code objects are few in any real program
-            _FORWARDS.clear()
-        known = (code, code in _function_forward_codes())
-        _FORWARDS[id(code)] = known
-    return known[1]
-
-
 # -- torch functions by name (a traced reentrant region's calls, replayed on ``meta``) -----------------
 _TENSOR_BASE: Any = torch._C.TensorBase
 
@@ -225,6 +183,9 @@ def cpu_flash_attention(
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         attn_mask = torch.where(attn_mask.logical_not(), float("-inf"), 0.0).to(query.dtype)
     op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    if query.dim() == 3:  # torch 2.15 runs 3-d inputs on the flash kernel too, unsqueezed to 4-d and back
+        query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
+        return op(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0].squeeze(0)
     return op(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
 
 
@@ -371,3 +332,14 @@ def fsdp2_groups(module) -> list:
         info = [(fp._module_info, fp.sharded_param, getattr(fp, "_unsharded_param", None)) for fp in g.fsdp_params]
         out.append((g, [(i.module, i.param_name, sharded, unsharded) for i, sharded, unsharded in info]))
     return out
+
+
+def fsdp2_mp_policy(group) -> Any:
+    """The ``MixedPrecisionPolicy`` of an FSDP2 parameter group: ``group.mp_policy`` up to torch 2.14; from
+    2.15 each ``FSDPParam`` holds its own (the group's, or one resolved for that parameter): the first's.
+    docs/internals.md#fsdp2s-settings-on-a-wrapped-model."""
+    policy = getattr(group, "mp_policy", None)
+    if policy is None:
+        params = getattr(group, "fsdp_params", None) or ()
+        policy = getattr(params[0], "mp_policy", None) if params else None
+    return policy

@@ -104,6 +104,21 @@ def _curve(traced, marker: str) -> dict:
     return {"peak": peak, "start": at_start or level, "end": level}
 
 
+def _step_peaks(traced, marker: str) -> list[int]:
+    """The running sum's highest point within each ``marker`` window (each step, to the next one's start)."""
+    events, mem = traced
+    starts = sorted(e["ts"] for e in events if e.get("name") == marker) + [float("inf")]
+    level, peaks, i = 0, [], -1
+    for e in mem:
+        while e["ts"] >= starts[i + 1]:
+            i += 1
+            peaks.append(level)
+        level += int(e["args"]["Bytes"])
+        if i >= 0:
+            peaks[i] = max(peaks[i], level)
+    return peaks + [level] * (len(starts) - 1 - len(peaks))
+
+
 def _one(rank: int, world: int, model_name: str, model_kw: dict, cfg: dict, n: int) -> dict:
     gc.collect()  # the previous run's model (DDP and FSDP2 objects hold reference cycles) goes now
     gc.disable()  # and no collection runs inside the step
@@ -111,18 +126,24 @@ def _one(rank: int, world: int, model_name: str, model_kw: dict, cfg: dict, n: i
         model = _wrap(build(model_name, **model_kw), cfg, world)
         opt = torch.optim.AdamW(model.parameters()) if cfg.get("opt", True) else None
         x = batch(model_name, n, seed=1 + rank, **model_kw)
-        with record_function("gradscope-test::step"):
-            loss = loss_of(model(x))
-            loss.backward()
-            held = _host_held(model, opt)
-            stepped = opt is not None
-            if stepped:
-                with record_function("gradscope-test::optstep"):
-                    opt.step()
-        del loss, model, opt
+        for k in range(cfg.get("steps", 1)):  # a job of several steps: zero_grad(set_to_none=True) between
+            if k:
+                opt.zero_grad(set_to_none=True)
+            with record_function("gradscope-test::step"):
+                loss = loss_of(model(x))
+                loss.backward()
+                held = _host_held(model, opt)
+                stepped = opt is not None
+                if stepped:
+                    with record_function("gradscope-test::optstep"):
+                        opt.step()
+            del loss
+        del model, opt
     gc.enable()
     traced = trace_events(prof)
     out = _curve(traced, "gradscope-test::step")
+    if cfg.get("steps", 1) > 1:  # each step's own peak (from its start to the next one's)
+        out["steps"] = _step_peaks(traced, "gradscope-test::step")
     if stepped:  # the host's peak under CPU offload: what it holds at the step's start plus the step's rise
         step = _curve(traced, "gradscope-test::optstep")
         out["host"] = held + step["peak"] - step["start"]

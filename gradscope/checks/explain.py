@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 
 from gradscope._format import one_line
+from gradscope._wrappers import user_name
 from gradscope.checks.unused import checkpoint_inputs, checkpointed, cut_fix, cuts_by_param, describe_cut, opaque_nodes
 from gradscope.errors import UnknownParameterError
 from gradscope.findings import INPLACE_HAZARD
@@ -27,6 +28,9 @@ def explain(report, param: str) -> str:
     if not isinstance(param, str):
         raise UnknownParameterError(f"explain() takes a parameter name (str), got {type(param).__name__}.")
     info = params.get(param)
+    if info is None and user_name(param) in params:  # "_orig_mod.a.weight" names the user's "a.weight"
+        param = user_name(param)
+        info = params[param]
     if info is None:
         if not params:
             raise UnknownParameterError(

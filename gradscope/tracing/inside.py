@@ -29,8 +29,8 @@ from types import FrameType
 import torch
 
 from gradscope._frames import frame_location, user_frame
-from gradscope._torch import is_function_forward, peek_sequence_nr
-from gradscope.tracing.probes import checkpoint_region
+from gradscope._torch import peek_sequence_nr
+from gradscope.tracing.probes import checkpoint_region, is_function_forward
 
 __all__ = ["Pending", "InsideFunctions", "MAX_NESTED"]
 

@@ -8,14 +8,16 @@ from __future__ import annotations
 import os
 import sys
 from types import FrameType
+from typing import Any
 
 import torch
 
 from gradscope._frames import frame_location, user_frame
-from gradscope._torch import is_function_forward, sequence_nr, version
+from gradscope._torch import sequence_nr, version
 
 __all__ = [
     "user_location",
+    "is_function_forward",
     "user_frame",
     "apply_caller",
     "in_checkpoint",
@@ -30,6 +32,48 @@ __all__ = [
 ]
 
 _Tensor = torch.Tensor
+
+
+# NOTE [custom Function forwards on the stack]
+# A frame running the ``forward`` of an ``autograd.Function`` subclass means we are inside a custom
+# Function's forward (grad disabled by autograd, not by the user). Up to torch 2.14 ``Function.apply`` is
+# a Python classmethod whose frame sits between the caller and ``forward``; from 2.15 it is a builtin with
+# no frame, so the signal is the ``forward`` frame itself, on every release:
+# docs/internals.md#custom-functions-on-the-stack.
+_FORWARDS: dict[int, tuple[Any, bool]] = {}  # id(code) -> (code, is a Function forward); codes are few
+
+
+def _function_forward_codes() -> set:
+    """The code objects of ``forward`` of every ``autograd.Function`` subclass alive now (inherited ones
+    included: a subclass without its own ``forward`` runs its base's)."""
+    codes: set = set()
+    seen: set = set()
+    stack: list = [torch.autograd.Function]
+    while stack:
+        cls = stack.pop()
+        for sub in type.__subclasses__(cls):
+            if sub not in seen:
+                seen.add(sub)
+                stack.append(sub)
+        fn = cls.__dict__.get("forward")
+        code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+        if code is not None:
+            codes.add(code)
+    return codes
+
+
+def is_function_forward(code: Any) -> bool:
+    """Whether ``code`` (a frame's ``f_code``) is the ``forward`` of an ``autograd.Function`` subclass:
+    a frame running it is inside ``Function.apply``. One lookup per code object after its first sight."""
+    if code.co_name != "forward":
+        return False
+    known = _FORWARDS.get(id(code))
+    if known is None or known[0] is not code:
+        if len(_FORWARDS) > 4096:  # bounded: forward code objects are few in any real program
+            _FORWARDS.clear()
+        known = (code, code in _function_forward_codes())
+        _FORWARDS[id(code)] = known
+    return known[1]
 
 
 def user_location(depth: int = 1) -> str | None:

@@ -23,7 +23,7 @@ import torch
 
 from gradscope import _torch
 from gradscope._format import one_line
-from gradscope._wrappers import unwrap_parallel
+from gradscope._wrappers import unwrap
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.graph import CALLED_MODULES, CHECKPOINT_PARAMS, EVENTS, EVENTS_DROPPED, MODULE_CALLS, PARAMS
 from gradscope.tracing.calls import annotate_batch, call_names, live_modules, module_calls, note_batch
@@ -79,7 +79,7 @@ class Trace:
                 f"gradscope.trace(model) takes an nn.Module (or nothing), got {type(model).__name__} "
                 f"{one_line(model)}. Call gradscope.trace() without arguments and pass model= to inspect()."
             )
-        self._model = None if model is None else weakref.ref(unwrap_parallel(model))
+        self._model = None if model is None else weakref.ref(unwrap(model))
         self._active = False
         self._handles: list = []
         self._mode = None
@@ -322,10 +322,10 @@ class Trace:
         return call_names(self._calls, self._refs, self._live_map(model) if live is None else live)
 
     def _live_map(self, model) -> dict:
-        return live_modules(unwrap_parallel(model) if model is not None else self._live_model())
+        return live_modules(unwrap(model) if model is not None else self._live_model())
 
     def _param_names(self, model, names) -> dict[int, str]:
-        model = unwrap_parallel(model) if model is not None else self._live_model()
+        model = unwrap(model) if model is not None else self._live_model()
         tensors: dict[int, tuple[str, torch.Tensor]] = {}
         if names:
             tensors.update(names)

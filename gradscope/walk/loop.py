@@ -26,6 +26,7 @@ from __future__ import annotations
 from array import array
 from itertools import accumulate
 
+from gradscope.walk.compiled import dead_inputs
 from gradscope.walk.fast import fast_reader, uncount
 from gradscope.walk.records import Records, node_id
 from gradscope.walk.saved import read_saved
@@ -102,11 +103,13 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
         ids[node] = i = n
         n += 1
         nexts = node.next_functions
+        spec = specs_get(type(node)) or class_spec(node)
+        if spec.info.compiled:  # edges the region's backward sends no gradient along: NOTE in walk/compiled.py
+            nexts = dead_inputs(node, nexts)
         visit(nexts)
         for child, _ in reversed(nexts):
             if child not in ids:
                 push(child)
-        spec = specs_get(type(node)) or class_spec(node)
         types_add(spec.info)
         if spec.code == LEAF:
             read_leaf(node, i)

@@ -30,7 +30,7 @@ import torch
 
 from gradscope._format import one_line
 from gradscope._torch import fsdp2_groups
-from gradscope._wrappers import is_fsdp2, unwrap_parallel
+from gradscope._wrappers import is_fsdp2, unwrap
 from gradscope.errors import InputTypeError, InputValueError
 
 __all__ = ["param_names", "model_buffers", "names_and_buffers"]
@@ -55,7 +55,7 @@ def names_and_buffers(model=None, params=None) -> tuple[dict[int, tuple[str, tor
         return param_names(None, params), []
     if not isinstance(model, _MODULE):
         raise InputTypeError(f"model= must be a torch.nn.Module, got {describe(model)}.")
-    inner = unwrap_parallel(model)
+    inner = unwrap(model)
     hit = _cached(inner)
     if hit is None:
         names, buffers = _named(inner), _buffers(inner)

@@ -32,6 +32,7 @@ class NodeType:
     function: str | None
     opaque: bool
     leaf: bool
+    compiled: bool  # a torch.compile region (AOTAutograd's CompiledFunction): walk/compiled.py
     template: dict  # the constant part of an op node's attributes, copied per node
 
 
@@ -78,7 +79,10 @@ def _make_type(node, cls) -> NodeType:
     }
     if function is not None:
         template["function"] = function
-    return NodeType(name, tensor_slots, value_slots, custom, function, opaque, name == "AccumulateGrad", template)
+    compiled = fwd is not None and fwd.__name__ == "CompiledFunction"
+    return NodeType(
+        name, tensor_slots, value_slots, custom, function, opaque, name == "AccumulateGrad", compiled, template
+    )
 
 
 def read_saved(node, info: NodeType, storages: StorageIds) -> tuple[list[dict], dict]:

@@ -24,6 +24,7 @@ import torch
 from gradscope import _torch
 from gradscope._frames import is_user_file
 from gradscope.walk.traverse import traverse
+from gradscope.watching.lossorigin import loss_origin
 
 __all__ = ["Origin", "Birth"]
 
@@ -206,13 +207,18 @@ class Origin:
                 and r.is_floating_point()
                 and not bool(torch.isfinite(r.detach()).all())
             ):
+                made = loss_origin(roots, _traceback_location, traverse)  # NOTE [a non-finite loss]
                 self._birth = (
-                    "the forward",
-                    -1,
-                    "Likely cause: the loss itself is already NaN/Inf, so the "
-                    "forward produced it (bad input data, an overflow, a log or division in the "
-                    "loss); check the inputs and the loss with torch.isfinite before backward.",
-                    None,
+                    ("the forward", made[1], made[2], made[3])
+                    if made is not None
+                    else (
+                        "the forward",
+                        -1,
+                        "Likely cause: the loss itself is already NaN/Inf, so the "
+                        "forward produced it (bad input data, an overflow, a log or division in the "
+                        "loss); check the inputs and the loss with torch.isfinite before backward.",
+                        None,
+                    )
                 )
         hook = self._node_hook
 

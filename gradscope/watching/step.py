@@ -107,10 +107,12 @@ def birth_text(birth) -> str:
     if birth.op == "the forward":
         anomaly = (
             f" (torch.autograd.detect_anomaly() would name {birth.nan_op}, the first backward op that returned "
-            f"NaN, since the loss it starts from is NaN already)"
+            f"NaN, since the loss it starts from is not finite already)"
             if birth.nan_op
             else ""
         )
+        if birth.cause.startswith("The loss itself is"):  # NOTE [a non-finite loss]: say that first
+            return f"{birth.cause} The non-finite value was born in the forward, before backward{anomaly}."
         return f"The non-finite value was born in the forward, before backward{anomaly}. {birth.cause}"
     module = (
         f"in module {birth.module!r}"

@@ -28,6 +28,7 @@ from fnmatch import fnmatchcase
 from math import prod
 
 from gradscope._format import one_line
+from gradscope._wrappers import user_name
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.graph import CALLED_MODULES, PARAMS
 from gradscope.graph.attribution import seq_order
@@ -70,6 +71,7 @@ def resolve(graph, value, arg: str, names: list[str]) -> list[str]:
     """
     hits: list[str] = []
     for pat in _patterns(value, arg):
+        pat = user_name(pat)  # "_orig_mod.blocks.*" names the user's "blocks.*"
         found = [n for n in names if n == pat or fnmatchcase(n, pat)]
         if not found:
             close = difflib.get_close_matches(pat, names, n=3, cutoff=0.5)

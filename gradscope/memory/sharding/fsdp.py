@@ -35,7 +35,7 @@ from gradscope.graph.attribution import node_modules, seq_order, storage_uses
 from gradscope.memory.sharding.layout import ROOT, Group, group_of, groups, shard_rows
 from gradscope.memory.sharding.offload import host_parts, offload_notes
 from gradscope.memory.sharding.optstep import sharded_step
-from gradscope.memory.sharding.precision import follows_casts, params_dtype
+from gradscope.memory.sharding.precision import params_dtype, precision_note
 from gradscope.memory.sharding.result import ShardedStep
 from gradscope.memory.sharding.specs import FSDP, dtype_bytes
 
@@ -287,16 +287,24 @@ def fsdp_step(
     held = parts.get("buffers", 0) + parts.get("leaf inputs", 0) + parts.get("batch", 0)
     if device == "cpu":  # the rank's DeviceMesh: its ranks as one int32 tensor, kept (on the host)
         held += MESH_RANK_BYTES * world
-    ranks, all_parts, phase, host = [], [], [], []
-    for rank in range(world):
-        step = sharded_step(optimizer, graph, world, rank)
-        state = step.state_before if step is not None else 0
+    ranks, all_parts, phase, host, later = [], [], [], [], []
+
+    def run(step, state: int) -> _Peak:
         base = held + (0 if apart else sharded + state)
         peak = _Peak()
         kept = _forward(spec, by, names, acts, base, peak, apart)
         end = _backward(spec, by, names, bm, node_group, base + kept + acts_total, peak, apart, start)
         if step is not None and not apart:
             peak.at(end + step.peak, f"{step.name}.step()")
+        return peak
+
+    for rank in range(world):
+        step = sharded_step(optimizer, graph, world, rank)
+        state = step.state_before if step is not None else 0
+        if step is not None:  # later steps: the state the first one creates, alive from their start
+            again = run(sharded_step(optimizer, graph, world, rank, later=True), state + step.state_new).value
+            later.append((again, again + ceiling))
+        peak = run(step, state)  # the step as inspected: the first (replay/steady.py NOTE [first and later steps])
         low = peak.value
         ranks.append((low, low + ceiling))
         p = {"buffers and inputs": held}
@@ -312,7 +320,7 @@ def fsdp_step(
         f"module(s) ({names[0]}{', ...' if len(names) > 1 else ''})",
     ]
     if spec.param_dtype and spec.param_dtype != orig:
-        notes.append(_precision_note(graph, spec.param_dtype, orig))
+        notes.append(precision_note(graph, spec.param_dtype, orig))
     if ceiling:
         notes.append(
             "high adds one reduce-scatter input per group: gloo's worker thread may release a collective's "
@@ -322,20 +330,16 @@ def fsdp_step(
         notes.append("NCCL's buffers and the streams holding blocks on the device: modelled, not measured")
     notes += offload_notes(spec, device)
     return ShardedStep(
-        spec, ranks, all_parts, before, single, change, device, notes, phase, groups=names, host_parts=host
-    )
-
-
-def _precision_note(graph, param_dtype: str, orig: str) -> str:
-    """What the replay in ``param_dtype`` assumed (NOTE [FSDP2 mixed precision], NOTE [dtype flow])."""
-    if follows_casts(graph):
-        return (
-            f"the forward replayed in {param_dtype}, with what the traced forward casts to float32 (its "
-            f".float() / .to(torch.float32) / dtype= and type promotion, followed by gradscope.trace) in float32"
-        )
-    return (
-        f"the forward replayed in {param_dtype}: every {orig} activation and gradient of the step "
-        f"taken as {param_dtype}; what the model computes in {orig} on purpose (an upcast that is a no-op "
-        f"in a {orig} trace) is not seen, so where it is alive the peak is a lower bound (trace the forward "
-        "again with this version's gradscope.trace() to follow its casts)"
+        spec,
+        ranks,
+        all_parts,
+        before,
+        single,
+        change,
+        device,
+        notes,
+        phase,
+        groups=names,
+        host_parts=host,
+        later=later,
     )

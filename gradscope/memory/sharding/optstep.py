@@ -19,8 +19,10 @@ def _local(t: torch.Tensor, world: int, rank: int) -> torch.Tensor:
     return torch.empty(shape, dtype=t.dtype, device="meta")
 
 
-def sharded_step(optimizer, graph, world: int, rank: int) -> StepBudget | None:
-    """The step budget of ``optimizer`` on rank ``rank``'s local shards (None without an optimizer)."""
+def sharded_step(optimizer, graph, world: int, rank: int, later: bool = False) -> StepBudget | None:
+    """The step budget of ``optimizer`` on rank ``rank``'s local shards (None without an optimizer);
+    ``later``: a step after the first, every updated shard's state alive (replay/steady.py NOTE [first
+    and later steps])."""
     if optimizer is None:
         return None
     params = graph.graph.get(PARAMS, {})
@@ -43,4 +45,4 @@ def sharded_step(optimizer, graph, world: int, rank: int) -> StepBudget | None:
         groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": metas})
     meta_opt = type(optimizer)(groups)
     meta_opt.state.update(state)
-    return step_budget(meta_opt, None)
+    return step_budget(meta_opt, None, later=later)

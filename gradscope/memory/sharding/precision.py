@@ -37,7 +37,7 @@ from gradscope.graph import DTYPE_FLOW, PARAMS
 from gradscope.memory.replay.dtypes import DTYPE_BYTES
 from gradscope.memory.replay.engine import node_dtype
 
-__all__ = ["in_param_dtype", "cast_ratio", "params_dtype", "follows_casts", "F32_SLOTS"]
+__all__ = ["in_param_dtype", "cast_ratio", "params_dtype", "follows_casts", "precision_note", "F32_SLOTS"]
 
 #: Saved slots an op keeps in float32 whatever its inputs' dtype: scaled_dot_product_attention's
 #: ``logsumexp`` (docs/internals.md#float32-saved-slots).
@@ -198,3 +198,18 @@ def _with_casts(prog, full: list, graph, k: float):
         if opaque:
             opaque.append(False)
     return replace(prog, **cols, opaque=opaque, index=index, dtype_change=(orig, to, kept))
+
+
+def precision_note(graph, param_dtype: str, orig: str) -> str:
+    """What the replay in ``param_dtype`` assumed (NOTE [FSDP2 mixed precision], NOTE [dtype flow])."""
+    if follows_casts(graph):
+        return (
+            f"the forward replayed in {param_dtype}, with what the traced forward casts to float32 (its "
+            f".float() / .to(torch.float32) / dtype= and type promotion, followed by gradscope.trace) in float32"
+        )
+    return (
+        f"the forward replayed in {param_dtype}: every {orig} activation and gradient of the step "
+        f"taken as {param_dtype}; what the model computes in {orig} on purpose (an upcast that is a no-op "
+        f"in a {orig} trace) is not seen, so where it is alive the peak is a lower bound (trace the forward "
+        "again with this version's gradscope.trace() to follow its casts)"
+    )

@@ -28,6 +28,10 @@ class ShardedStep:
             without offload. ``host`` sums them per rank.
         rank: with ``inspect(model=m)`` on a rank of a DDP / FSDP2 model, that rank (its peak:
             ``ranks[rank]``); None from one process.
+        later: FSDP2 with an optimizer: one ``(low, high)`` per rank for the steps after the first (the
+            optimizer's state, created in the first ``step()``, alive from their start; replay/steady.py
+            NOTE [first and later steps]); ``ranks`` is the first step. Empty otherwise (DDP's ``ranks``
+            are already the higher of the two).
     """
 
     spec: Any
@@ -43,6 +47,7 @@ class ShardedStep:
     groups: list[str] = field(default_factory=list)  # FSDP2: the modules fully_shard wraps before the root
     host_parts: list[dict[str, int]] = field(default_factory=list)
     rank: int | None = None  # the rank the report was inspected on (a wrapped model), else None
+    later: list[tuple[int, int]] = field(default_factory=list)  # FSDP2: per rank, the later steps' range
 
     @property
     def host(self) -> list[int]:
@@ -97,6 +102,12 @@ class ShardedStep:
             if self.host_parts:
                 lines.append(f"  {label} on the host (CPU offload): {b(host[first])}")
                 lines += _part_lines(self.host_parts[first])
+        if self.later:
+            lo2, hi2 = max(lo for lo, _ in self.later), max(hi for _, hi in self.later)
+            lines.append(
+                f"  later steps (the optimizer's state alive from their start), highest rank: "
+                f"{b(lo2) if lo2 == hi2 else f'{b(lo2)} .. {b(hi2)}'}"
+            )
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
