@@ -28,7 +28,7 @@ __all__ = ["fsdp2_groups", "peek_sequence_nr", "sequence_nr", "NO_SEQUENCE_NR", 
            "storage_key_and_bytes", "foreach_mul", "foreach_sub_", "anomaly_state", "set_anomaly",
            "on_next_backward", "cancel_next_backward", "profiler_enabled", "PROFILER_ALLOCATION", "func_key",
            "resolve_func", "no_torch_function", "sdp_choice", "SDPA_KEY", "cpu_flash_attention",
-           "fake_tensor_mode"]  # fmt: skip
+           "fake_tensor_mode", "fsdp2_mp_policy"]  # fmt: skip
 
 check_torch()  # one sentence naming a missing private API, before the reads below
 
@@ -183,6 +183,9 @@ def cpu_flash_attention(
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         attn_mask = torch.where(attn_mask.logical_not(), float("-inf"), 0.0).to(query.dtype)
     op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    if query.dim() == 3:  # torch 2.15 runs 3-d inputs on the flash kernel too, unsqueezed to 4-d and back
+        query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
+        return op(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0].squeeze(0)
     return op(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
 
 
@@ -329,3 +332,14 @@ def fsdp2_groups(module) -> list:
         info = [(fp._module_info, fp.sharded_param, getattr(fp, "_unsharded_param", None)) for fp in g.fsdp_params]
         out.append((g, [(i.module, i.param_name, sharded, unsharded) for i, sharded, unsharded in info]))
     return out
+
+
+def fsdp2_mp_policy(group) -> Any:
+    """The ``MixedPrecisionPolicy`` of an FSDP2 parameter group: ``group.mp_policy`` up to torch 2.14; from
+    2.15 each ``FSDPParam`` holds its own (the group's, or one resolved for that parameter): the first's.
+    docs/internals.md#fsdp2s-settings-on-a-wrapped-model."""
+    policy = getattr(group, "mp_policy", None)
+    if policy is None:
+        params = getattr(group, "fsdp_params", None) or ()
+        policy = getattr(params[0], "mp_policy", None) if params else None
+    return policy

@@ -30,6 +30,7 @@ from gradscope.errors import GradientError
 from gradscope.findings import CARRIED_GRAPH, ERROR, Finding
 from gradscope.watching.holders import frame_location, user_frame
 from gradscope.watching.walks import graph_stats
+from gradscope.watching.writers import written_at
 
 __all__ = ["tensors_in", "state_tensors", "CarriedChecks"]
 
@@ -97,7 +98,9 @@ _MODULE_KEYS = frozenset(torch.nn.Module().__dict__)  # what every module holds:
 
 def _said(what: str, key: str, name: str, m: torch.nn.Module) -> str:
     owner = f"of module {name!r} ({type(m).__name__})" if name else f"of the model ({type(m).__name__})"
-    return f"the {what} {key!r} {owner}"
+    line = written_at(type(m), key.partition("[")[0])  # NOTE [the line that wrote it]
+    how = "written in place" if what == "buffer" else "written"
+    return f"the {what} {key!r} {owner}{f', {how} at {line},' if line else ''}"
 
 
 _FREED = (

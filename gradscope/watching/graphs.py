@@ -10,9 +10,10 @@ module do the rest, at a few microseconds per forward:
   RNN hidden state that was not detached). A tensor from another model (a GAN's ``fake``) does not reach
   them and is left alone;
 - the post-hook records each forward that built a graph (sequence range, ``model.training``, the caller's
-  line) and puts one pre-hook on each output's ``grad_fn``: it fires when a backward runs that forward's
-  graph (``used``), and since the node owns the hook function, a weak reference to that function tells
-  whether the graph is still alive. No tensor and no node is kept.
+  line; its output read at any depth, as the inputs are: NOTE [carried state]) and puts one pre-hook on
+  each output's ``grad_fn``: it fires when a backward runs that forward's graph (``used``), and since the
+  node owns the hook function, a weak reference to that function tells whether the graph is still alive.
+  No tensor and no node is kept.
 At each boundary, forwards whose graph is still alive from steps before the previous one are graphs the
 user keeps (``total_loss += loss``, ``losses.append(loss)``); forwards that no backward used are graphs
 built for nothing (an eval loop without ``torch.no_grad()``), reported once per run of such forwards.
@@ -42,7 +43,7 @@ from gradscope._format import human_bytes
 from gradscope._frames import location_text
 from gradscope._torch import peek_sequence_nr, storage_key
 from gradscope.findings import Finding
-from gradscope.watching.carried import CarriedChecks
+from gradscope.watching.carried import CarriedChecks, tensors_in
 from gradscope.watching.holders import find_holders, holder_text, user_frame
 from gradscope.watching.safety import InertCopy
 from gradscope.watching.walks import graph_stats
@@ -75,15 +76,12 @@ class ForwardRec:
         return self.alive is not None and self.alive() is not None
 
 
-def _tensors(value, depth=1):
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif depth and isinstance(value, (tuple, list)):
-        for v in value[:64]:
-            yield from _tensors(v, depth - 1)
-    elif depth and isinstance(value, dict):
-        for v in list(value.values())[:64]:
-            yield from _tensors(v, depth - 1)
+def _outputs(output) -> list:
+    """The ``grad_fn`` of each tensor in a forward's output, at any depth (a detector's list of dicts, a
+    dataclass of tuples), within the bounded read of NOTE [carried state]."""
+    if isinstance(output, torch.Tensor):
+        return [] if output.grad_fn is None else [output.grad_fn]
+    return [t.grad_fn for _, t in tensors_in(output, "output") if t.grad_fn is not None]
 
 
 class GraphWatch(CarriedChecks):
@@ -169,7 +167,7 @@ class GraphWatch(CarriedChecks):
     def _post(self, module, args, output):
         if not torch.is_grad_enabled() or not (self._enabled or self.on_outputs):
             return None
-        outs = [t.grad_fn for t in _tensors(output) if t.grad_fn is not None]
+        outs = _outputs(output)
         if not outs:
             return None
         if self.on_outputs is not None:

@@ -47,7 +47,17 @@ def _walk(starts, param_ids, param_storages, select, through, limit=_WALK_LIMIT)
             for t in saved:
                 held += _bytes(t, skip)
         for _slot, raw_attr, attr in info.tensor_slots:
-            raw = getattr(n, raw_attr, None)
+            try:
+                raw = getattr(n, raw_attr, None)
+            except RuntimeError:  # a tuple of saved tensors (index_put's indices) refuses to be read once freed
+                freed = True
+                continue
+            if isinstance(raw, (tuple, list)):  # a list slot (index_put's indices): each one's tensor
+                for r in raw:
+                    d = getattr(r, "data", None)
+                    if isinstance(d, torch.Tensor):
+                        held += _bytes(d, skip)
+                continue
             data = None if raw is None else raw.data
             if isinstance(data, torch.Tensor):
                 held += _bytes(data, skip)

@@ -187,7 +187,7 @@ MISTAKES = [
     ("{d}/targets.py", r"does not name a function"),
     ("{d}/targets.py:nope", r"has no function 'nope'; it defines: make, buggy, clean"),
     ("{d}/targets.py:not_a_function", r"is an int, not a function"),
-    ("{d}/targets.py:raises", r"raised RuntimeError: mat1 and mat2 shapes cannot be multiplied "
+    ("{d}/targets.py:raises", r"raised RuntimeError: (mm: )?mat1 and mat2 shapes cannot be multiplied "
                               r"\(2x3 and 4x5\) \(at .*targets\.py:\d+\)"),
     ("{d}/targets.py:exits", r"raised SystemExit: 3"),
     ("{d}/targets.py:returns_float", r"returned float 3\.0; it must return the loss tensor"),

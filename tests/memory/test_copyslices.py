@@ -29,7 +29,8 @@ class _Mix(nn.Module):
         self.t = nn.Parameter(torch.randn(32, 128))
 
     def forward(self, x):
-        h = self.a(x)  # (2, 32, 256): linear's 3-d output is a view of its 2-d matmul
+        # (2, 32, 256), a view of the 2-d matmul: linear's own 3-d output is one on torch 2.13, not on 2.15
+        h = self.a(x.flatten(0, 1)).view(*x.shape[:-1], 256)
         if self.kind == "relu_":
             h = torch.relu_(h)  # ReLU(inplace=True): saves its result, which is the base's storage
         elif self.kind == "slice sigmoid_":

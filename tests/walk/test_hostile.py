@@ -404,13 +404,13 @@ def test_cli_nested_tensor_graph_is_one_line_not_a_traceback(tmp_path):
     import subprocess
     import sys
 
-    (tmp_path / "nt.py").write_text(
+    (tmp_path / "nested_target.py").write_text(
         "import torch\n"
         "def f():\n"
         "    a = torch.randn(2, 3, requires_grad=True)\n"
         "    nt = torch.nested.as_nested_tensor([a * 2, a[:1] * 3])\n"
         "    return torch.nested.to_padded_tensor(nt.sin(), 0.0).sum()\n")
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-m", "gradscope", "check", "nt.py:f"],
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-m", "gradscope", "check", "nested_target.py:f"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.returncode in (0, 1, 2)     # a report (once the walk reads nested tensors) or one line

@@ -258,7 +258,12 @@ def test_attention_kernel_choice():
     assert _torch.sdp_choice([q, q, q, mask], {}) == 1 and _torch.sdp_choice([q, q, q, mask.float()], {}) == 1
     assert _torch.sdp_choice([q, kv, kv, None], {"enable_gqa": True}) == 1
     assert _torch.sdp_choice([q, q, q, None], {"dropout_p": 0.1}) == 0
-    assert _torch.sdp_choice([q[0], q[0], q[0], None], {}) == 0
+    three_d = torch.nn.functional.scaled_dot_product_attention(q[0], q[0], q[0]).grad_fn
+    if _torch.sdp_choice([q[0], q[0], q[0], None], {}) == 0:  # up to torch 2.14: 3-d inputs run math
+        assert type(three_d).__name__ != "SqueezeBackward1"
+    else:  # torch 2.15: flash on the inputs unsqueezed to 4-d, squeezed back
+        assert type(three_d).__name__ == "SqueezeBackward1"
+        assert type(three_d.next_functions[0][0]).__name__ == "ScaledDotProductFlashAttentionForCpuBackward0"
     out = torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
     assert type(out.grad_fn).__name__ == "ScaledDotProductFlashAttentionForCpuBackward0"
     m = q.detach().to("meta").requires_grad_()
@@ -608,3 +613,19 @@ def test_a_custom_functions_forward_is_on_the_stack_under_grad_off():
 
     assert not is_function_forward(forward(x))
     assert not is_function_forward(torch.nn.Linear.forward.__code__)
+
+
+def test_a_tuple_of_saved_tensors_refuses_to_be_read_once_freed():
+    buf = torch.zeros(4, 2)
+    x = torch.randn(2, 2, requires_grad=True)
+    buf[torch.tensor([0, 1])] = x * 2
+    node = buf.grad_fn
+    assert type(node).__name__ == "IndexPutBackward0"
+    assert isinstance(getattr(node, _torch.RAW_SAVED_PREFIX + "indices"), tuple)  # a tuple, not one SavedTensor
+    buf.sum().backward()
+    try:
+        getattr(node, _torch.RAW_SAVED_PREFIX + "indices")
+    except RuntimeError as exc:
+        assert "backward through the graph a second time" in str(exc)
+    else:
+        raise AssertionError("torch read a freed tuple of saved tensors")

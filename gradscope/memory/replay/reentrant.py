@@ -84,6 +84,24 @@ class _Builder:
         return i
 
 
+_VIEW_NAMES: dict[bool, str] = {}
+
+
+def _out_view(with_bias: bool) -> str:
+    """The view node ``F.linear`` leaves over its ``addmm`` (``mm`` without bias) for a 3-d input on this
+    torch: ``ViewBackward0`` with bias, ``UnsafeViewBackward0`` without, on torch 2.13; torch 2.15 records
+    ``UnsafeViewBackward0`` for both. Asked of torch once per case, on ``meta`` (nothing is computed)."""
+    name = _VIEW_NAMES.get(with_bias)
+    if name is None:
+        import torch
+
+        x = torch.empty(2, 2, 3, device="meta", requires_grad=True)
+        w = torch.empty(4, 3, device="meta")
+        bias = torch.empty(4, device="meta") if with_bias else None
+        name = _VIEW_NAMES[with_bias] = type(torch.nn.functional.linear(x, w, bias).grad_fn).__name__
+    return name
+
+
 def _linear(b: _Builder, spec, x, shape, save):
     """``F.linear`` as autograd records it: ``t()``, ``addmm`` (``mm`` without bias), views around it for
     inputs of more than two dimensions. Returns ``(producer, output shape)``."""
@@ -102,7 +120,7 @@ def _linear(b: _Builder, spec, x, shape, save):
     else:
         mm = b.node("MmBackward0", rows, [src, t], saved=save)
     if nd:
-        mm = b.node("ViewBackward0" if with_bias else "UnsafeViewBackward0", rows, [mm])
+        mm = b.node(_out_view(with_bias), rows, [mm])
     return mm, out_shape
 
 

@@ -10,7 +10,7 @@ model's (``walk/named.py``).
 
 from __future__ import annotations
 
-from gradscope._torch import fsdp2_groups
+from gradscope._torch import fsdp2_groups, fsdp2_mp_policy
 from gradscope._wrappers import is_fsdp2
 from gradscope.errors import InputValueError
 from gradscope.memory.sharding.specs import DDP, FSDP
@@ -64,14 +64,14 @@ def wrapped_spec(model) -> tuple[DDP | FSDP, int] | None:
     settings = set()
     for _, m in named[1:]:
         for g, _ in fsdp2_groups(m):
-            settings.add((_reshard(g), g.mp_policy, type(g.offload_policy).__name__))
+            settings.add((_reshard(g), fsdp2_mp_policy(g), type(g.offload_policy).__name__))
     root = ([g for g, _ in fsdp2_groups(model)] or [g for _, m in named[1:] for g, _ in fsdp2_groups(m)])[0]
     if len(settings) > 1:
         raise InputValueError(
             f"model='s fully_shard-ed modules differ in reshard_after_forward / mp_policy / offload_policy "
             f"({len(settings)} settings); gradscope.FSDP takes one setting for all of them."
         )
-    reshard, mp, _ = settings.pop() if settings else (True, root.mp_policy, "")
+    reshard, mp, _ = settings.pop() if settings else (True, fsdp2_mp_policy(root), "")
     mp = mp if getattr(mp, "param_dtype", None) is not None else None
     off = root.offload_policy if type(root.offload_policy).__name__ == "CPUOffloadPolicy" else None
     mesh = root.mesh_info
