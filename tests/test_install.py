@@ -53,3 +53,32 @@ def test_make_test_installs_the_browser_for_the_viewer_tests():
 
 def test_the_makefile_pins_the_cpu_wheel():
     assert "torch==2.13.0" in (ROOT / "Makefile").read_text()
+
+
+def test_make_test_torch_builds_its_venv_outside_the_checkout_and_is_not_in_make_test():
+    """`make test-torch TORCH=X` installs torch==X (2.15.0 with the machine's pip configuration off, above
+    its cap) into a venv under ~/.cache, runs the suite there with this checkout first on the path, and
+    refuses a venv holding another torch; `make test` never builds or runs it."""
+    if shutil.which("make") is None:
+        pytest.skip("no make on this machine")
+
+    def dry(*args: str) -> str:
+        done = subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    venv = "/nonexistent-torch-venv"
+    out = dry("test-torch", "TORCH=2.15.0", f"TORCH_VENV={venv}")
+    assert f"-m venv {venv}" in out
+    assert f"PIP_CONFIG_FILE=/dev/null {venv}/bin/pip install -q --disable-pip-version-check torch==2.15.0" in out
+    assert "'networkx>=3.0'" in out and "'pytest>=7'" in out and " -e " not in out  # the checkout is not installed
+    assert f"PYTHONPATH={ROOT} {venv}/bin/python -m pytest" in out
+    assert "not 2.15.0" in out  # the torch check before the run
+    older = dry("test-torch", "TORCH=2.14.1", f"TORCH_VENV={venv}")
+    assert f"{venv}/bin/pip install -q --disable-pip-version-check torch==2.14.1" in older
+    assert "PIP_CONFIG_FILE" not in older
+    default = dry("test-torch", "TORCH=2.14.1")
+    assert str(pathlib.Path.home() / ".cache" / "gradscope-torch" / "2.14.1") in default
+    assert not str(pathlib.Path.home() / ".cache").startswith(str(ROOT))
+    plain = dry("test", "VENV=/nonexistent-venv")
+    assert "gradscope-torch" not in plain and "2.15" not in plain and "torch==2.13.0" in plain
