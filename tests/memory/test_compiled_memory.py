@@ -45,6 +45,23 @@ def test_aot_eager_tiny_matches_the_profiler(name, grad_set):
     _check(name, "aot_eager", grad_set, 0.01)
 
 
+@pytest.mark.parametrize("name", ["mlp-tiny", "attn-tiny"])
+def test_retain_graph_keeps_the_regions_saved_tensors(name):
+    """With retain_graph=True the node keeps its saved tensors (no step releases them): every level, the
+    peak and the end as measured."""
+    from tests._memtruth import measure
+
+    torch.manual_seed(0)
+    model = torch.compile(MODELS[name][0](), backend="aot_eager")
+    x = MODELS[name][1]()
+    gradscope.inspect(model(x).sum(), model=model).backward_memory(retain_graph=True)  # warm the cache
+    truth = measure(lambda: (model(x).sum(), model), before=[x], retain_graph=True,
+                    inspect=lambda loss, m: gradscope.inspect(loss, model=m),
+                    predict=lambda r, _: r.backward_memory(retain_graph=True))
+    bm = truth.prediction
+    assert bm.levels == truth.levels and bm.peak == truth.peak and bm.end == truth.end
+
+
 def test_the_region_is_modelled_not_a_lower_bound():
     """Before, the region's in-node memory was unknown (a custom Function's backward): now its steps are read."""
     truth, bm = run_case("mlp-tiny", "aot_eager", False)
