@@ -95,7 +95,7 @@ def read_saved(node, info: NodeType, storages: StorageIds) -> tuple[list[dict], 
     saved: list[dict] = []
     attrs: dict = {}
     if info.custom:
-        _read_custom(node, saved, attrs, storages)
+        _read_custom(node, saved, attrs, storages, info.compiled)
         return saved, attrs
     if info.name == COPY_SLICES:  # NOTE [CopySlices formula]
         return read_copyslices(node, storages)
@@ -127,7 +127,7 @@ def read_saved(node, info: NodeType, storages: StorageIds) -> tuple[list[dict], 
     return saved, attrs
 
 
-def _read_custom(node, saved: list, attrs: dict, storages: StorageIds) -> None:
+def _read_custom(node, saved: list, attrs: dict, storages: StorageIds, compiled: bool = False) -> None:
     try:
         raws = node._raw_saved_tensors or ()
     except RuntimeError as exc:
@@ -137,6 +137,7 @@ def _read_custom(node, saved: list, attrs: dict, storages: StorageIds) -> None:
             saved.append(blank("saved_tensors", "freed"))
         raws = ()
     written = False
+    sids: list = []
     for i, raw in enumerate(raws):
         slot = f"saved_tensors[{i}]"
         if raw.unpack_hook is None and raw.data is None:
@@ -146,6 +147,11 @@ def _read_custom(node, saved: list, attrs: dict, storages: StorageIds) -> None:
             written = written or (e["status"] == "live" and raw.data._version > 0)
         if e is not None:
             saved.append(e)
+        sids.append(e.get("storage") if e is not None else None)
+    if compiled:  # NOTE [compiled region memory]
+        from gradscope.walk.regionmem import region_steps
+
+        attrs.update(region_steps(node, sids))
     if written:
         _check_custom_versions(node, saved)
     if any(e["status"] == "recomputed" for e in saved):  # NOTE [checkpoint inputs]

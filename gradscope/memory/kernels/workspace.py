@@ -259,3 +259,17 @@ def scaled(res: InNode, v: int, grad_scale) -> int:
 
 
 __all__ += ["scaled"]
+
+
+def cache_entries() -> dict:
+    """The in-node cache's entries (read from the file once per path): other measurers keep theirs here too,
+    under keys of their own (``memory/kernels/regions.py``)."""
+    return _load()
+
+
+def save_cache() -> None:
+    """Write the in-node cache's entries to its file."""
+    _save()
+
+
+__all__ += ["cache_entries", "save_cache"]

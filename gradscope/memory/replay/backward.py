@@ -48,6 +48,7 @@ from typing import Any
 
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.findings import FREED_GRAPH
+from gradscope.memory.kernels.regions import fused_note, region_subprograms
 from gradscope.memory.kernels.workspace import InNode, innode, scaled
 from gradscope.memory.replay.accounting import (
     Overrides,
@@ -56,7 +57,7 @@ from gradscope.memory.replay.accounting import (
     storage_sizes,
 )
 from gradscope.memory.replay.compile import PROGRAM_KEY, Lazy, program
-from gradscope.memory.replay.engine import Program, reentrant_nodes
+from gradscope.memory.replay.engine import Program, node_extras, reentrant_nodes
 from gradscope.memory.replay.gradients import VIEW_OPS
 from gradscope.memory.replay.optimizer import step_budget
 from gradscope.memory.replay.replayed import Replayed
@@ -147,7 +148,10 @@ def replay(
         prog = dataclasses.replace(prog, root_bytes=[alloc(b) for b in prog.root_bytes])
     drop = offloaded_keys(prog, ov)
     has_grad = _has_grad(prog, ov)
-    inn = _innode(prog, run_custom) if workspace else InNode()
+    subs, partial, fused = region_subprograms(prog, node_extras(prog), ov.scale, alloc)  # NOTE [node sub-programs]
+    inn = _innode(prog, run_custom, subs, partial) if workspace else InNode()
+    if fused - set(partial):
+        inn = dataclasses.replace(inn, notes=(*inn.notes, fused_note(len(fused - set(partial)))))
     ws = {v: (alloc(w) if alloc else w) for v in inn.bytes if (w := scaled(inn, v, grad_scale))}
     sim = functools.partial(
         simulate,
@@ -158,6 +162,7 @@ def replay(
         grad_scale=grad_scale,
         workspace=ws or None,
         drop=drop,
+        subprograms=subs or None,
     )
     tr: Trace = sim()
     step = later = None
@@ -259,16 +264,20 @@ def _locations(prog: Program, tr: Trace) -> dict:
     return locs
 
 
-def _innode(prog: Program, run_custom: bool) -> InNode:
-    """In-node memory of every op node but views (their gradient is a view of the incoming one) and reentrant
-    checkpoint regions (their recompute and nested backward: reentrant.py, or listed as unmodelled)."""
-    regions = {v for v, _ in reentrant_nodes(prog)}
+def _innode(prog: Program, run_custom: bool, subs: dict, partial: dict) -> InNode:
+    """In-node memory of every op node but views (their gradient is a view of the incoming one), reentrant
+    checkpoint regions (their recompute and nested backward: reentrant.py, or listed as unmodelled) and nodes
+    replayed as a sub-program of their own (NOTE [node sub-programs])."""
+    regions = {v for v, _ in reentrant_nodes(prog)} | set(subs) | set(partial)
     nodes = [
         v
         for v, (lf, name) in enumerate(zip(prog.leaf, prog.name))
         if not lf and name not in VIEW_OPS and v not in regions
     ]
-    return innode(prog, nodes, run_custom)
+    inn = innode(prog, nodes, run_custom)
+    if partial:  # a region whose steps or some op's workspace are not known: a lower bound, said why
+        inn = dataclasses.replace(inn, unmodelled={**inn.unmodelled, **partial})
+    return inn
 
 
 def backward_memory(

@@ -29,6 +29,7 @@ from gradscope.memory.replay.steps import (
     leaf_step,
     recompute_node,
     region_grads,
+    run_steps,
     seed_gradients,
 )
 
@@ -81,6 +82,7 @@ def simulate(
     recompute: dict | None = None,
     snapshot_at: int | None = None,
     held_seeds: bool = False,
+    subprograms: dict | None = None,
 ) -> Trace:
     """Replay backward over ``prog`` (see NOTE [what one node does to memory]).
 
@@ -98,6 +100,7 @@ def simulate(
             that node's highest point, and ``trace.origin`` the node that made each gradient storage.
         held_seeds: the roots' gradients exist already and are held outside (a reentrant checkpoint's
             nested backward: the outer node's incoming gradients): not counted, never freed or stolen.
+        subprograms: node index -> ``[steps.Step]``, run in place of its workspace (NOTE [node sub-programs]).
     """
     sizes = prog.storages if storage_bytes is None else storage_bytes
     mem = Memory()
@@ -113,6 +116,7 @@ def simulate(
         has_grad=prog.has_grad if has_grad is None else has_grad,
         snapshot_at=snapshot_at,
         workspace=workspace,
+        subprograms=subprograms,
     )
     run.release = not retain_graph
     seeds = seed_gradients(prog, mem, run.buffers, held_seeds)
@@ -165,7 +169,10 @@ def _op_step(run: Run, v: int, inputs: dict, level: int, high: int) -> tuple[int
     extra_attrs = run.ext[v]
     es = prog.edges[v]
     nested = None
-    if extra_attrs is not None and "region_recompute" in extra_attrs:
+    released = None
+    if run.subs is not None and v in run.subs:  # NOTE [node sub-programs]
+        level, high, released = run_steps(run, v, run.subs[v], inputs, level, high)
+    elif extra_attrs is not None and "region_recompute" in extra_attrs:
         nested = _nested(prog, v, extra_attrs, run.given)
         if nested is not None:  # NOTE [reentrant checkpoint backward]
             level, high = _nested_step(run, v, nested, level, high)
@@ -180,7 +187,7 @@ def _op_step(run: Run, v: int, inputs: dict, level: int, high: int) -> tuple[int
         level, high = mem.level, mem.high
         pending = [(u, k, g) for (u, k), g in zip(es, sent) if g is not None]
     wsd = run.wsd
-    extra = wsd.get(v, 0) if wsd is not None else 0
+    extra = wsd.get(v, 0) if wsd is not None and released is None else 0
     if mem.impl_view and not run.kind[v]:
         extra += expanded_copy(run, v, es, inputs.get(0))
     if extra:
@@ -192,7 +199,8 @@ def _op_step(run: Run, v: int, inputs: dict, level: int, high: int) -> tuple[int
         level, high = region_grads(run, v, extra_attrs["region_params"], level, high)
     level = _drop_inputs(mem, inputs, level)
     if run.release:
-        level = _release_saved(run, prog.saved[v], level)
+        keys = prog.saved[v] if not released else [k for k in prog.saved[v] if k not in released]
+        level = _release_saved(run, keys, level)
     elif run.track_done:  # retain_graph: a recomputed tensor still dies at its last unpack (NOTE above)
         for key in prog.saved[v]:
             if key[0] == "r" and key in mem.st_refs:

@@ -7,6 +7,21 @@ returns, the workspace per node, and the parameters a traced reentrant region sh
 The pieces that run at every node take the current ``level`` and ``high`` and return them (the replay keeps
 both in locals); a piece that calls :class:`~gradscope.memory.replay.gradients.Memory` writes them to ``mem``
 first and reads them back after.
+
+NOTE [node sub-programs] (docs/memory.md#compiled-regions)
+Most nodes run one formula: outputs, then workspace freed before they return (simulate.py NOTE [what one
+node does to memory]). A node that runs a whole graph of ops, a ``torch.compile`` region
+(``CompiledFunctionBackward``, whose steps the walk reads from its backward graph: walk/regionmem.py NOTE
+[compiled region memory]) or a custom ``autograd.Function`` traced on fake tensors, instead gives the
+replay a list of :class:`Step` (defined in memory/kernels/regions.py, where the steps of a compiled region
+are built; re-exported here), one per op in the order its code runs them: the bytes the op allocates,
+the bytes of the node's own temporaries that die after it, and the saved storages whose last use inside
+the node it was (one reference each, freed when nothing else holds them: shared storages and
+``retain_graph=True`` are the replay's business, as for any node). At the node the replay runs the steps
+on its level (the node's highest point is the highest step), takes off what the steps left (the output
+gradients, which the engine's usual step then makes per edge, so views, stealing and InputBuffer sums
+stay as for any node) and releases the saved storages no step released. The hook is
+``simulate(..., subprograms={node index: [Step, ...]})``, run by :func:`run_steps`.
 """
 
 from __future__ import annotations
@@ -14,6 +29,7 @@ from __future__ import annotations
 from itertools import repeat
 
 from gradscope.memory.kernels.layout import layout_clones, reshape_views
+from gradscope.memory.kernels.regions import Step
 from gradscope.memory.replay.engine import Program, node_extras, numel_bytes, reentrant_nodes
 from gradscope.memory.replay.gradients import EXPANDED, OUTPUT_KINDS, READS_EXPANDED, Memory
 from gradscope.memory.replay.recompute import recompute_high
@@ -30,6 +46,8 @@ __all__ = [
     "after_formula",
     "by_node",
     "shared_leaves",
+    "Step",
+    "run_steps",
 ]
 
 
@@ -60,10 +78,22 @@ class Run:
         "saved_freed",
         "as_view",
         "clones",
+        "subs",
     )
 
     def __init__(
-        self, prog: Program, mem: Memory, *, sizes, drop, recompute, grad_scale, has_grad, snapshot_at, workspace
+        self,
+        prog: Program,
+        mem: Memory,
+        *,
+        sizes,
+        drop,
+        recompute,
+        grad_scale,
+        has_grad,
+        snapshot_at,
+        workspace,
+        subprograms=None,
     ) -> None:
         self.prog, self.mem, self.sizes, self.drop = prog, mem, sizes, drop
         self.recompute, self.grad_scale, self.has_grad, self.snapshot_at = recompute, grad_scale, has_grad, snapshot_at
@@ -82,6 +112,7 @@ class Run:
         self.saved_freed = 0
         self.as_view = reshape_views(prog)  # NOTE [gradient layout]: the reshapes that copy, or view a piece
         self.clones = layout_clones(prog)  # gradients AccumulateGrad clones into their parameter's layout
+        self.subs = subprograms or None  # node index -> [Step]: NOTE [node sub-programs]
 
 
 def hold_saved(prog: Program, mem: Memory, sizes: dict, drop) -> None:
@@ -234,3 +265,48 @@ def shared_leaves(prog: Program) -> dict | None:
     found = {i: n for i, (kind, n) in prog.leaves().items() if kind == "param" and n in names} if names else {}
     prog.__dict__["_shared_leaves"] = found or None
     return found or None
+
+
+def run_steps(run, v: int, steps: list, inputs: dict, level: int, high: int) -> tuple[int, int, set]:
+    """Run node ``v``'s ``steps`` (``run``: the replay's ``steps.Run``) from ``level``: ``(level, high,
+    released)``, the level without what the steps left (the node's outputs, made next by the engine's usual
+    step) and the saved keys let go. At a snapshot node, ``mem.snap`` gets what is alive at the node's
+    highest point (the node's own bytes under ``("w", v)``)."""
+    mem, release, snapshot = run.mem, run.release, v == run.snapshot_at
+    st_refs, st_bytes = mem.st_refs, mem.st_bytes
+    own = 0
+    released: set = set()
+    copied: set = set()
+    view = mem.impl_view
+    for step in steps:
+        for j, b in step.copy:
+            if view and view.get(inputs.get(j)) in EXPANDED:
+                copied.add(j)
+                own += b
+                level += b
+        own += step.alloc
+        level += step.alloc
+        if level + step.workspace > high:
+            high = level + step.workspace
+            if snapshot:
+                mem.snap = {**st_bytes, ("w", v): own + step.workspace}
+        own -= step.free
+        level -= step.free
+        for j, b in step.uncopy:
+            if j in copied:
+                own -= b
+                level -= b
+        if release:
+            for k in step.release:
+                released.add(k)
+                n = st_refs.get(k)
+                if n is None:
+                    continue
+                if n > 1:
+                    st_refs[k] = n - 1
+                else:
+                    del st_refs[k]
+                    freed = st_bytes.pop(k, 0)
+                    level -= freed
+                    run.saved_freed += freed
+    return level - own, high, released
