@@ -14,7 +14,8 @@ NOTE [inference-mode regions]
 Under ``torch.inference_mode()`` every op of the region records a cut at its own line, but the cause is
 the region: the decorated function's call (``@torch.inference_mode()`` wraps it in torch's
 ``decorate_context``, whose ``ctx_factory`` is the ``clone`` method of an ``inference_mode`` object; its
-code object is the ``__code__`` of any function torch decorated so, one of our own here) or
+code is that of any function torch decorated so, one of our own here: the same code object up to torch
+2.14, a copy renamed after the context manager, at the same file and first line, from 2.15) or
 the ``with torch.inference_mode():`` line (found with ``ast`` in the source of the innermost user frame
 whose current line lies in such a block). Cloning the region's output afterwards makes a normal tensor
 without a graph: the clone is not the cut.
@@ -83,7 +84,9 @@ def inference_region(f: FrameType | None) -> str | None:
         if f is None:
             return None
         code = f.f_code
-        if code is _DECORATE_CODE:
+        if code is _DECORATE_CODE or (
+            code.co_firstlineno == _DECORATE_CODE.co_firstlineno and code.co_filename == _DECORATE_CODE.co_filename
+        ):
             if isinstance(getattr(f.f_locals.get("ctx_factory"), "__self__", None), torch.inference_mode):
                 caller = f.f_back
                 while caller is not None and not is_user_file(caller.f_code.co_filename):
