@@ -267,6 +267,16 @@ def checkpoint_inputs(graph) -> dict:
     return out
 
 
+def _op_seqs(graph) -> list[int]:
+    """The sorted sequence numbers of the graph's op nodes, read from the compact records when the graph
+    is the compact view (no node dict made), else from the node dicts."""
+    records = getattr(graph, "compact", None)
+    if records is not None:
+        leaves, seqs = records.leaves, records.seqs
+        return sorted(seqs[i] for i in range(len(records)) if i not in leaves)
+    return sorted(d["seq"] for _, d in graph.nodes(data=True) if d.get("kind") == "op" and d.get("seq") is not None)
+
+
 def cuts_by_param(graph) -> dict:
     """parameter -> the recorded event that severed its path.
 
@@ -280,7 +290,7 @@ def cuts_by_param(graph) -> dict:
     seqs = [graph.nodes[r].get("seq") for r in graph.graph.get(ROOTS, ())]
     last = max((s for s in seqs if s is not None), default=None)
     called = graph.graph.get(CALLED_MODULES)
-    in_graph = sorted(d["seq"] for _, d in graph.nodes(data=True) if d.get("kind") == "op" and d.get("seq") is not None)
+    in_graph = _op_seqs(graph)
     out: dict = {}
     for ev in graph.graph.get(EVENTS, ()):
         if ev["kind"] in ("inplace", "checkpoint-input") or (

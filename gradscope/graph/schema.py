@@ -203,6 +203,7 @@ class GraphAttrs(TypedDict, total=False):
     root_storage_bytes: list[int | None]
     external: list[int]
     buffers: list[list]
+    batch: list[list]  # traced: [storage key, bytes, shape, dtype, storage id or None] per batch storage
     input_storages: dict[str, int]  # input leaf node id -> the storage id an op saved it under
     hf_checkpointing: dict[str, Any]  # traced, Hugging Face model=: {"layers": [...], "method": "..."}
     dtype_flow: dict[str, Any]  # traced, lower-precision parameters: {"nodes": {...}, "casts": [...]}
