@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+from gradscope._format import plural
 from gradscope.errors import RenderError
 from gradscope.views.collapse import MIN_OPS, MIN_REPS, build_view, depth, infer_modules
 from gradscope.views.dot import FINDING_FONT, draw
@@ -284,9 +285,9 @@ def _settle(report, options, best, passed, pipe, budget):
         view, direction = min(passed, key=lambda v: _elements(graph, v)), options.rankdir or "TB"
         _guard(graph, view, False)
     why = (
-        f" The layout budget ({budget.seconds:g} s, {budget.layouts} layouts) was spent after {budget.used} "
-        "layouts: this is the best drawing found so far; render(path, collapse=N) draws one depth without "
-        "the search, or open the .html view."
+        f" The layout budget ({budget.seconds:g} s, at most {plural(budget.layouts, 'layout')}) was spent after "
+        f"{plural(budget.used, 'layout')}: this is the best drawing found so far; render(path, collapse=N) "
+        "draws one depth without the search, or open the .html view."
         if budget.spent
         else " No drawing of this graph fits one page: zoom in, or open the .html view."
     )

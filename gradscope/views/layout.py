@@ -9,7 +9,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import graphviz
 import networkx as nx
@@ -80,8 +80,8 @@ class _Crash(RenderError):
 class Budget:
     """What one search may still spend: seconds and layouts (see NOTE [layout budget])."""
 
-    seconds: float = LAYOUT_SECONDS
-    layouts: int = MAX_LAYOUTS
+    seconds: float = field(default_factory=lambda: LAYOUT_SECONDS)
+    layouts: int = field(default_factory=lambda: MAX_LAYOUTS)
     used: int = 0
     start: float = 0.0
     spent: bool = False  # a layout was stopped, or the search ended for want of budget
