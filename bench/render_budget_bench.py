@@ -51,7 +51,7 @@ def _build(name: str):
     from tests import _dense_models as own
 
     try:
-        import torchvision.models as tv  # noqa: F401
+        import torchvision.models as tv
     except Exception:  # noqa: BLE001 - torchvision missing or broken against this torch: our own builders
         tv = None
     if name == "random-dag":

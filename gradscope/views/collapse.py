@@ -104,9 +104,9 @@ def cut_site(graph, finding, order=None) -> tuple[dict | None, str | None]:
     """A ``detached-branch`` finding's cut event (from ``trace()``) and the op it sits before.
 
     The op is the first node of the graph created after the cut (a later sequence number) that reads the
-    cut value (when the trace recorded which ops did), in the module call where the cut was made (the cut value is read there: ResNet's residual add after a detached
-    ``downsample``); else the first one anywhere. The drawing links the cut's octagon to it, and never
-    folds or boxes it away.
+    cut value (when the trace recorded which ops did: a random wiring's next cell), in the module call
+    where the cut was made (ResNet's residual add after a detached ``downsample``); else the first one.
+    The drawing links the cut's octagon to it, and never folds or boxes it away.
     """
     events = [e for e in graph.graph.get(EVENTS, ()) if e.get("kind") != "inplace"]
     ev = next((e for e in events if set(finding.params) & set(e.get("params", ()))), None)

@@ -294,6 +294,4 @@ def draw(
     ``safe`` leaves out every rank constraint (no ``newrank``, no leaf beside its op, no wrapped columns)
     and ``dropped`` says in the caption what a retry after a Graphviz crash left out (NOTE [dot crashes]).
     """
-    return _Builder(
-        report, view, show_saved, clusters, legend, limit, rankdir, context, columns, safe, dropped
-    ).build()
+    return _Builder(report, view, show_saved, clusters, legend, limit, rankdir, context, columns, safe, dropped).build()

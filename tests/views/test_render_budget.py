@@ -22,7 +22,7 @@ import gradscope
 from gradscope.errors import RenderError
 from gradscope.views import drawing as drawing_module
 from gradscope.views import layout
-from gradscope.views.fit import PAGE_PT, draw_with, legible, svg_size
+from gradscope.views.fit import draw_with, legible, svg_size
 from gradscope.views.layout import RANK_LR, RANK_TB, estimate
 from gradscope.views.options import RenderOptions
 from tests._dense_models import random_dag
