@@ -191,39 +191,7 @@ def build_view(
     depth_kept = None if collapse is None or collapse is False else int(collapse)
     if depth_kept is not None:
         _dissolve_boxed_folds(owner, groups, depth_kept, keep_open)
-        calls: dict = {}
-        last = None  # (box, gid) of the previous op in forward order
-        for n in order:
-            m = module_of.get(n)
-            box = None
-            if not (n in owner or n in roots or n in protected or depth(m) <= depth_kept):
-                k = depth_kept + 1  # the module holding a finding stays open
-                while k <= depth(m) and truncate(m, k) in keep_open:
-                    k += 1
-                box = truncate(m, k) if k <= depth(m) else None
-            if box is None:
-                last = None
-                continue
-            # NOTE [one box per call]: a box holds one contiguous run of ops in forward order (a module
-            # called twice, like torchvision's shared ReLU, gets one box per call); contracting a
-            # contiguous run cannot create a cycle (NOTE [folding repetition]).
-            # NOTE [runs of calls]: with `spans`, consecutive calls of sibling modules inside a module
-            # opened for a finding share one box ("denselayer1 - denselayer9"): a dense block whose every
-            # layer reads every earlier one draws as a few boxes around the finding's layer, not 48 boxes
-            # joined by 1,128 edges. Still one contiguous run of the forward order.
-            parent = truncate(box, depth(box) - 1)
-            if spans and last is not None and last[0] != box and last[2] == parent and depth(box) > depth_kept + 1:
-                grp = groups[last[1]]  # NOTE [runs of calls]
-                grp.title = f"{grp.module} \u2013 {box.rpartition('.')[2]}"
-                grp.reps += 1
-                last = (box, last[1], parent)
-            elif last is None or last[0] != box:
-                calls[box] = calls.get(box, 0) + 1
-                gid = f"module:{box}" if calls[box] == 1 else f"module:{box}#{calls[box]}"
-                groups[gid] = Group(gid, "module", box, box)
-                last = (box, gid, parent)
-            groups[last[1]].members.append(n)
-            owner[n] = last[1]
+        _box_modules(order, module_of, owner, groups, roots | protected, depth_kept, keep_open, spans)
     if chains:
         _chains(graph, order, module_of, owner, groups, roots | protected, chains)
     _absorb_leaves(graph, owner, groups)
@@ -235,6 +203,44 @@ def build_view(
         if g.kind in ("fold", "chain") and depth_kept is not None:
             g.module = _open_ancestor(g.module, depth_kept, keep_open)
     return View(module_of, owner, groups, depth_kept, keep_open=keep_open)
+
+
+def _box_modules(order, module_of, owner, groups, fixed, depth_kept, keep_open, spans) -> None:
+    """Every module deeper than ``depth_kept`` (and not kept open) as one box per call; ``fixed`` nodes
+    (roots, findings' nodes) stay drawn as themselves."""
+    calls: dict = {}
+    last = None  # (box, gid, parent module) of the previous op in forward order
+    for n in order:
+        m = module_of.get(n)
+        box = None
+        if not (n in owner or n in fixed or depth(m) <= depth_kept):
+            k = depth_kept + 1  # the module holding a finding stays open
+            while k <= depth(m) and truncate(m, k) in keep_open:
+                k += 1
+            box = truncate(m, k) if k <= depth(m) else None
+        if box is None:
+            last = None
+            continue
+        # NOTE [one box per call]: a box holds one contiguous run of ops in forward order (a module
+        # called twice, like torchvision's shared ReLU, gets one box per call); contracting a
+        # contiguous run cannot create a cycle (NOTE [folding repetition]).
+        # NOTE [runs of calls]: with `spans`, consecutive calls of sibling modules inside a module
+        # opened for a finding share one box ("denselayer1 - denselayer9"): a dense block whose every
+        # layer reads every earlier one draws as a few boxes around the finding's layer, not 48 boxes
+        # joined by 1,128 edges. Still one contiguous run of the forward order.
+        parent = truncate(box, depth(box) - 1)
+        if spans and last is not None and last[0] != box and last[2] == parent and depth(box) > depth_kept + 1:
+            grp = groups[last[1]]  # NOTE [runs of calls]
+            grp.title = f"{grp.module} \u2013 {box.rpartition('.')[2]}"
+            grp.reps += 1
+            last = (box, last[1], parent)
+        elif last is None or last[0] != box:
+            calls[box] = calls.get(box, 0) + 1
+            gid = f"module:{box}" if calls[box] == 1 else f"module:{box}#{calls[box]}"
+            groups[gid] = Group(gid, "module", box, box)
+            last = (box, gid, parent)
+        groups[last[1]].members.append(n)
+        owner[n] = last[1]
 
 
 def _dissolve_boxed_folds(owner: dict, groups: dict, depth_kept: int, keep_open: set) -> None:
