@@ -60,10 +60,10 @@ def region_steps(node, saved_storages: list) -> dict:
         return {UNREAD: got}
     gm = got[1]
     try:
-        if not _has_values(gm.graph):
-            why = _propagate(gm, node)
-            if why is not None:
-                return {UNREAD: why}
+        if not _has_values(gm.graph) or _symbolic(gm.graph):
+            gm = _propagate(gm, node)
+            if isinstance(gm, str):
+                return {UNREAD: gm}
         steps, tangents = _steps(gm.graph, saved_storages)
         return {STEPS: {"steps": steps, "tangents": tangents, "fused": compiled_by_inductor(node)}}
     except Exception as exc:  # noqa: BLE001 - a graph this reader does not know: say so, never guess
@@ -81,24 +81,45 @@ def _has_values(graph) -> bool:
     return all(n.op == "output" or "val" in n.meta for n in graph.nodes)
 
 
-def _propagate(gm, node) -> str | None:
-    """Fill a graph without ``meta["val"]`` (one that torch's compile cache rebuilt from its code) by running
-    it on fake tensors: the node's saved tensors and one dense gradient per forward output. None when done,
-    else why not (nothing real runs either way)."""
+def _symbolic(graph) -> bool:
+    """Whether the graph was traced with symbolic sizes (``dynamic=True``, or a size dynamo marked dynamic on a
+    recompile): its values' sizes are then the traced example's, not this run's."""
+    for n in graph.nodes:
+        if n.op != "placeholder":
+            break
+        v = n.meta.get("val")
+        if isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and not all(type(d) is int for d in v.shape)):
+            return True
+    return False
+
+
+def _propagate(gm, node):
+    """A copy of the backward graph whose ``meta["val"]`` are this run's fake tensors: the graph run on fake
+    copies of the node's saved tensors, one dense gradient per forward output and, for a graph traced with
+    symbolic sizes, the sizes this run's forward bound them to (``node.symints``, what the prologue hands the
+    graph first). Needed for a graph without values (one torch's compile cache rebuilt from its code) and
+    for one traced with symbolic sizes (its values carry the traced example's). torch's own graph is left as
+    it is (the copy's nodes get new ``meta`` dicts); nothing real runs. A sentence when it cannot be done."""
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
     mode, _ = fake_tensor_mode()
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
     saved = node.saved_tensors
     meta = input_metadata(node)
-    if mode is None or len(phs) != len(saved) + len(meta):
-        return "its backward graph, rebuilt by torch's compile cache, carries no shapes"
+    syms = getattr(node, "symints", None)  # set by AOTAutograd's forward on the node (its ctx)
+    syms = [int(s) for s in syms] if isinstance(syms, (list, tuple)) and all(isinstance(s, int) for s in syms) else []
+    if mode is None or len(phs) != len(syms) + len(saved) + len(meta):
+        return "its backward graph (rebuilt by torch's compile cache, or traced with symbolic sizes) carries no shapes"
+    graph = torch.fx.Graph()
+    out = graph.graph_copy(gm.graph, {})
+    graph.output(out)
+    copy = torch.fx.GraphModule(gm, graph)
     mode.allow_non_fake_inputs = True  # the graph's constants (a 0-d tensor) are real
     with torch.no_grad(), mode:
         fakes = [mode.from_tensor(t) for t in saved]
         fakes += [torch.empty(tuple(m.shape), dtype=m.dtype, device=m.device) for m in meta]
-        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
-    return None
+        FakeTensorProp(copy, mode).propagate_dont_convert_inputs(*syms, *fakes)
+    return copy
 
 
 def _call(n):
@@ -113,6 +134,8 @@ def _call(n):
     def enc(a):
         if isinstance(a, torch.fx.Node):
             t = a.meta.get("val")
+            if type(t) is int:  # a size the graph computes (sym_size): this run's value
+                return t
             if not isinstance(t, torch.Tensor):
                 raise ValueError("not a tensor")
             specs.append(
