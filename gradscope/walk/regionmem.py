@@ -28,6 +28,8 @@ saved tensors and returned gradients, what the engine sees, are the same).
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from gradscope._torch import fake_tensor_mode, forward_cls, input_metadata, storage_key_and_bytes
@@ -49,6 +51,11 @@ def _tensors(val) -> list:
     return []
 
 
+#: backward graph -> {shape key: (steps with releases as saved-tensor positions, tangents)}: a training loop's
+#: next step inspects a new node of the same region, whose graph is the same object (nothing is read twice).
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def region_steps(node, saved_storages: list) -> dict:
     """``{STEPS: [...]}`` for a compiled region's node, or ``{UNREAD: why}``.
 
@@ -60,14 +67,36 @@ def region_steps(node, saved_storages: list) -> dict:
         return {UNREAD: got}
     gm = got[1]
     try:
-        if not _has_values(gm.graph) or _symbolic(gm.graph):
-            gm = _propagate(gm, node)
-            if isinstance(gm, str):
-                return {UNREAD: gm}
-        steps, tangents = _steps(gm.graph, saved_storages)
+        memo = _CACHE.get(gm)
+        if memo is None:
+            memo = _CACHE[gm] = {"redo": not _has_values(gm.graph) or _symbolic(gm.graph)}
+        redo = memo["redo"]
+        key = (_shape_key(node) if redo else None, len(saved_storages))
+        done = memo.get(key)
+        if done is None:
+            if redo:
+                gm = _propagate(gm, node)
+                if isinstance(gm, str):
+                    return {UNREAD: gm}
+            done = memo[key] = _steps(gm.graph, len(saved_storages))
+        template, tangents = done
+        steps = [
+            [a, f, [saved_storages[j] for j in r if j < len(saved_storages) and saved_storages[j] is not None], c, d]
+            for a, f, r, c, d in template
+        ]
         return {STEPS: {"steps": steps, "tangents": tangents, "fused": compiled_by_inductor(node)}}
     except Exception as exc:  # noqa: BLE001 - a graph this reader does not know: say so, never guess
         return {UNREAD: f"its backward graph could not be read ({type(exc).__name__}: {exc})"}
+
+
+def _shape_key(node) -> tuple:
+    """What a propagated graph's values depend on: this run's sizes, the saved tensors' layouts."""
+    syms = getattr(node, "symints", None)
+    return (
+        tuple(syms) if isinstance(syms, (list, tuple)) else None,
+        tuple((tuple(t.shape), tuple(t.stride()), t.dtype) for t in node.saved_tensors),
+        tuple(tuple(m.shape) for m in input_metadata(node)),
+    )
 
 
 def compiled_by_inductor(node) -> bool:
@@ -163,7 +192,7 @@ def _call(n):
     return [str(target), args, kwargs, specs, len(val) if isinstance(val, (list, tuple)) else 1]
 
 
-def _steps(graph, saved_storages: list) -> tuple[list, list]:
+def _steps(graph, n_saved: int) -> tuple[list, list]:
     nodes = list(graph.nodes)
     pos = {n: i for i, n in enumerate(nodes)}
     out_node = next(n for n in reversed(nodes) if n.op == "output")
@@ -197,8 +226,8 @@ def _steps(graph, saved_storages: list) -> tuple[list, list]:
             if rec is None:
                 if n.op == "placeholder":
                     j = n_tensor_ph
-                    if j < len(saved_storages):
-                        rec = storage[key] = [0, "s", saved_storages[j]]
+                    if j < n_saved:
+                        rec = storage[key] = [0, "s", j]
                     else:
                         rec = storage[key] = [0, "g", len(tangents)]
                         tangents.append([int(nbytes), list(t.shape), dtype_str(t.dtype)])
@@ -220,7 +249,7 @@ def _steps(graph, saved_storages: list) -> tuple[list, list]:
                 if rec[0] == 0 and key not in held:
                     if rec[1] == "t":
                         frees.append(rec[2])
-                    elif rec[1] == "s" and rec[2] is not None:
+                    elif rec[1] == "s":
                         releases.append(rec[2])
                     elif rec[1] == "g":
                         dead.append(rec[2])
