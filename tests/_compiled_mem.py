@@ -11,7 +11,8 @@ profiled run, before backward. :func:`run_steps` measures three real optimizer s
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn as nn

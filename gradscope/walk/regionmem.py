@@ -8,12 +8,20 @@ into one argument list that the boxed graph empties, and the graph's code drops 
 use (``x = None``). So each FX node is one step: it allocates the storages of its ``meta["val"]`` that no
 earlier value has (a view, ``detach``, ``_unsafe_view`` or ``getitem`` shares its input's fake storage and
 allocates nothing), then the values whose last use it was are dropped; a storage goes with its last value:
-an intermediate is freed, a saved tensor's reference is released (freed when nothing else holds it), an
-incoming gradient stays with the engine until the node returns. What the graph returns is the node's
-output gradients. An incoming gradient whose layout is not the traced one (``sum()``'s expanded gradient)
-is first copied to a dense tensor by the prologue (``process_runtime_tangent``), held by the argument list
-and so freed at the tangent's last use: the ``tangents`` (``[bytes, shape, dtype]``, the j-th tangent taken
-as the node's j-th incoming gradient) and, per step, the tangents whose last use it was.
+an intermediate is freed, a saved tensor's reference is released (freed when nothing else holds it), and
+so is an incoming gradient: torch 2.13 hands the compiled backward its gradients as one list that the
+prologue clears (``flat_args.clear()``), so the engine no longer holds them. What the graph returns is the
+node's output gradients. An incoming gradient whose layout is not the traced one (``sum()``'s expanded
+gradient) is first copied to a dense tensor by the prologue (``process_runtime_tangent``), and one that
+never arrives (an output no gradient reaches: HF GPT-2's past key/values) is materialized as zeros
+(``aten::empty`` per tangent, measured); either is held by the argument list and freed at the tangent's
+last use: the ``tangents`` (``[bytes, shape, dtype]``, the j-th tangent taken as the node's j-th incoming
+gradient) and, per step, the tangents whose last use it was (memory/replay/steps.py ``run_steps``).
+
+A graph traced with symbolic sizes (``dynamic=True``) has values of the traced example's sizes: it is
+re-run on fake tensors in a copy, with this run's sizes (``node.symints``, what the prologue passes first)
+bound to its size placeholders. The steps are read once per graph (and per run's sizes) and mapped to each
+node's saved storages.
 
 The steps are plain data, kept in the node's ``attrs["region_steps"]`` as ``{"steps", "tangents"}``: per
 FX node that allocates or frees, ``[allocs, frees, releases, call, tangents]``, ``allocs`` as ``[bytes,
