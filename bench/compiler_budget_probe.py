@@ -11,8 +11,14 @@ its forward run on meta inputs under ``gradscope.memory.kernels_on_meta("cpu")``
 torch.profiler (tests/_memtruth.measure). Target: the predicted backward peak and absolute peak equal to
 the measured ones within 1%, and the meta region saving the same tensors as the real one; exit 1 on a miss.
 
+``--fake``: the other route, the model's forward traced by ``aot_function`` (``torch.func.functional_call``
+over CPU fake tensors, ``FakeTensorMode``: no real compute) with a partition function that records what
+``min_cut_rematerialization_partition`` saves at the budget, against the tensors the real compiled region
+saves (``node.saved_tensors``). Target: the same saved bytes; exit 1 on a miss.
+
     python bench/compiler_budget_probe.py               # mlp and attn at budgets 1.0, 0.5, 0.0
     python bench/compiler_budget_probe.py mlp 0.3       # one model, one budget
+    python bench/compiler_budget_probe.py --fake        # the aot_function route: saved tensors only
 """
 
 from __future__ import annotations
@@ -65,7 +71,67 @@ def probe(name: str, budget: float) -> tuple[int, int, int, int, bool]:
     return pred.peak, truth.peak, pred.absolute_peak, truth.absolute_peak, meta_saved == real_saved
 
 
+def fake_saved(name: str, budget: float) -> tuple[list, list]:
+    """``(saved shapes the partitioner picks on CPU fake tensors, saved shapes of the real compiled region)``."""
+    from torch._functorch.aot_autograd import aot_function
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.func import functional_call
+
+    model, _, inputs, loss = build(name, "aot_eager")
+    got: dict = {}
+
+    def partition(joint, joint_inputs, **kw):
+        fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, **kw)
+        got["bw"] = bw
+        return fw, bw
+
+    mode = FakeTensorMode()
+    names = [k for k, _ in model.named_parameters()] + [k for k, _ in model.named_buffers()]
+    state = [mode.from_tensor(p).requires_grad_(True) for _, p in model.named_parameters()]
+    state += [mode.from_tensor(b) for _, b in model.named_buffers()]  # BatchNorm's running stats, fake too
+    fakes = [mode.from_tensor(t) for t in inputs]
+
+    def forward(*args):
+        n = len(names)
+        return functional_call(model, dict(zip(names, args[:n])), tuple(args[n:])).sum()
+
+    with torch._functorch.config.patch(activation_memory_budget=budget):
+        fn = aot_function(forward, fw_compiler=lambda g, _: g, partition_fn=partition)
+        with mode:
+            fn(*state, *fakes)
+    phs = [n for n in got["bw"].graph.nodes if n.op == "placeholder" and not n.name.startswith("tangents")]
+    predicted = [tuple(n.meta["val"].shape) for n in phs if isinstance(n.meta.get("val"), torch.Tensor)]
+    torch._dynamo.reset()
+    with torch._functorch.config.patch(activation_memory_budget=budget):
+        real = torch.compile(model, backend="aot_eager")
+        measured = _saved(_region(loss(real, *inputs)))
+    return predicted, [shape for shape, _ in measured]
+
+
+def _numel_bytes(shapes: list) -> int:
+    return sum(4 * int(torch.Size(s).numel()) for s in shapes)  # the probe's models are float32
+
+
+def main_fake(runs: list) -> int:
+    missed = 0
+    print(f"{'model':6} {'budget':>6} {'saved (fake)':>13} {'saved (real)':>13}  same shapes  verdict")
+    for name, budget in runs:
+        predicted, real = fake_saved(name, budget)
+        ok = _numel_bytes(predicted) == _numel_bytes(real)
+        missed += not ok
+        print(f"{name:6} {budget:6.2f} {_numel_bytes(predicted):11d} B {_numel_bytes(real):11d} B  "
+              f"{str(sorted(predicted) == sorted(real)):11}  {'ok' if ok else 'MISS'}", flush=True)
+    print(f"{missed} missed target(s)")
+    return 1 if missed else 0
+
+
 def main(argv: list[str]) -> int:
+    fake = "--fake" in argv
+    argv = [a for a in argv if a != "--fake"]
+    if fake:
+        return main_fake([(argv[0], float(argv[1]))] if len(argv) == 2
+                         else [(n, b) for n in ("mlp", "attn", "conv") for b in (1.0, 0.5, 0.0)])
     runs = [(argv[0], float(argv[1]))] if len(argv) == 2 else [(n, b) for n in ("mlp", "attn") for b in (1.0, 0.5, 0.0)]
     missed = 0
     print(f"{'model':6} {'budget':>6} {'pred peak':>10} {'measured':>10} {'err':>8} {'pred abs':>10} {'measured':>10} "
