@@ -38,6 +38,8 @@ _COPY_OPS = {
     "tensor itself, or .to()/.clone() for another dtype or a copy)",
     "as_tensor": "copied by torch.as_tensor(), which drops the graph (use torch.stack()/torch.cat() of the tensors)",
     "asarray": "copied by torch.asarray(), which drops the graph",
+    "Parameter": "wrapped in a new leaf by nn.Parameter(), which detaches the tensor it is given (use the "
+    "computed tensor itself; make a Parameter once, in __init__, for a weight that should train)",
 }
 # When several recorded events fed the same parameters, the one that severed the path is the strongest
 # kind: a comparison or .item() next to a real .detach() is usually a logged value or a mask.
