@@ -47,7 +47,7 @@ class LeafMode(CutMode):
     def __enter__(self):
         out = super().__enter__()
         if not _active:
-            _Parameter.__new__ = _WRAPPED  # type: ignore[assignment]
+            _Parameter.__new__ = _WRAPPED  # type: ignore[method-assign]
         _active.append((_get_ident(), self))
         return out
 
