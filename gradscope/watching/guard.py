@@ -25,6 +25,7 @@ NaN was born in :mod:`gradscope.watching.origin`; every private torch API they u
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
@@ -130,7 +131,8 @@ class Watch(ParamHooks):
         history: per checked step, ``{qualified module name: L2 norm of its own parameters' gradients}``.
         flags: ``(backward, module, "vanishing" | "exploding", norm)`` for modules past the thresholds.
         update_ratios: per measured optimizer step, ``{module: ||update|| / ||weight||}``.
-        options: the :class:`~gradscope.watching.options.WatchOptions` it was built with (frozen).
+        options: the :class:`~gradscope.watching.options.WatchOptions` it was built with (frozen; after
+            ``remove()`` without its optimizer, which holds the parameters).
     """
 
     def __init__(self, model: torch.nn.Module, options: WatchOptions) -> None:
@@ -138,6 +140,7 @@ class Watch(ParamHooks):
         if not isinstance(options, WatchOptions):
             raise InputTypeError(f"Watch(model, options) takes a WatchOptions, got {type(options).__name__}.")
         self.options = opts = options
+        self._text = opts.text()  # for the repr, also after remove()
         patterns = opts.ignore
         inner, ddp, chosen = select(model, patterns)
         self._params = [WatchedParam(n, p, *self._owner(inner, n)) for n, p in chosen]
@@ -320,6 +323,7 @@ class Watch(ParamHooks):
         late = self._graphs.close()
         self._watched = len(self._params)
         self._params, self._slots, self._param_ids, self._index, self._root = [], [], {}, {}, None
+        self.options = dataclasses.replace(self.options, optimizer=None)  # its optimizer holds the parameters
         try:
             if late:
                 self._deliver(late)
@@ -338,6 +342,6 @@ class Watch(ParamHooks):
         state = "removed" if self._removed else "active"
         n = self._watched if self._removed else len(self._params)
         return (
-            f"<gradscope.watch {self._model_name}: {n} parameters, {self.options.text()}; "
+            f"<gradscope.watch {self._model_name}: {n} parameters, {self._text}; "
             f"{self.backwards} backwards, {self.checks} checks, {self._delivery.counts_text()}; {state}>"
         )
