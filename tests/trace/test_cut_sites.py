@@ -408,9 +408,39 @@ def test_parameters_not_used_by_this_forward_are_not_blamed_on_a_no_grad_op(cls,
     assert {f.kind for f in errors} == {"unused-parameter"}
     assert all(f.location is None and "not used by this forward" in f.message for f in errors)
     assert any(f"module {skipped} " in f.message for f in errors)
+    assert all("the forward of the root module ran and skipped it" in f.message for f in errors)
     assert not any("no_grad" in f.message for f in errors)
     param = sorted(none)[0]
-    assert "not used by this forward" in traced.explain(param)
+    assert "not used by this forward" in traced.explain(param) and "skipped it" in traced.explain(param)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.adapter, self.use_adapter = nn.Linear(4, 4), nn.Linear(4, 4), False
+
+    def forward(self, x):
+        h = self.body(x)
+        return h + self.adapter(h) if self.use_adapter else h
+
+
+class Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.Sequential(Block(), Block())
+        self.blocks[0].use_adapter = True  # the second block's adapter is off
+
+    def forward(self, x):
+        return self.blocks(x).sum()
+
+
+def test_a_skipped_module_names_the_module_whose_forward_skipped_it():
+    traced, plain, none = _judge(Stack)
+    assert none == _flagged(traced) == _flagged(plain) == {"blocks.1.adapter.weight", "blocks.1.adapter.bias"}
+    (f,) = [f for f in traced.findings if f.severity == "error"]
+    assert "module blocks.1.adapter was never called" in f.message
+    assert "the forward of module blocks.1 ran and skipped it" in f.message
+    assert "the forward of module blocks.1 ran and skipped it" in traced.explain("blocks.1.adapter.weight")
 
 
 def test_the_adapter_before_its_merge_is_clean():
