@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect as pyinspect
 import os
+import threading
 import warnings
 
 import pytest
@@ -167,6 +168,19 @@ def test_a_parameter_made_outside_the_trace_is_not_recorded():
         pass
     nn.Parameter(torch.randn(2, requires_grad=True) * 2)
     assert tr.events == []
+
+
+def test_a_parameter_made_on_another_thread_is_not_recorded_and_nested_traces_both_see_one():
+    t = torch.randn(2, requires_grad=True)
+    with gradscope.trace() as outer:
+        other = threading.Thread(target=lambda: nn.Parameter(t * 2))
+        other.start()
+        other.join()
+        assert outer.events == []
+        with gradscope.trace() as inner:
+            nn.Parameter(t * 3)
+    assert [e["op"] for e in inner.events] == [e["op"] for e in outer.events] == ["Parameter"]
+    assert nn.Parameter.__dict__["__new__"].__func__.__module__ == "torch.nn.parameter"
 
 
 # -- detach_() in place -----------------------------------------------------------------------------
@@ -356,8 +370,15 @@ def test_an_inference_mode_region_is_located_at_the_region(cls):
     assert "outside torch.inference_mode()" in cut.message
 
 
-def test_a_frozen_backbone_under_inference_mode_is_clean():
-    _assert_clean(FrozenWithBackbone)
+class FrozenDecoratedBackbone(DecoratedBackbone):  # the decorator's twin: frozen too
+    def __init__(self):
+        super().__init__()
+        self.backbone.requires_grad_(False)
+
+
+@pytest.mark.parametrize("cls", [FrozenDecoratedBackbone, FrozenWithBackbone], ids=["decorator", "with"])
+def test_a_frozen_backbone_under_inference_mode_is_clean(cls):
+    _assert_clean(cls)
 
 
 # -- unused is not cut -------------------------------------------------------------------------------
