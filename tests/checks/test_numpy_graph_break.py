@@ -65,23 +65,27 @@ class NumpyOfInput(nn.Module):
         return self.head(h).square().mean()
 
 
-def _run(cls, traced: bool):
+def _run(cls):
+    """[(report, parameters whose .grad is None)] plain, then traced, of one compiled model (compiled once)."""
     torch.manual_seed(0)
     model = cls()
     compiled = torch.compile(model, backend="aot_eager")
     x = torch.randn(3, 4)
+    out = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if traced:
-            with gradscope.trace() as tr:
+        for traced in (False, True):
+            model.zero_grad(set_to_none=True)
+            if traced:
+                with gradscope.trace() as tr:
+                    loss = compiled(x)
+                report = gradscope.inspect(loss, model=compiled, trace=tr)
+            else:
                 loss = compiled(x)
-            report = gradscope.inspect(loss, model=compiled, trace=tr)
-        else:
-            loss = compiled(x)
-            report = gradscope.inspect(loss, model=compiled)
-    loss.backward()
-    none = {n for n, p in model.named_parameters() if p.grad is None}
-    return report, none
+                report = gradscope.inspect(loss, model=compiled)
+            loss.backward()
+            out.append((report, {n for n, p in model.named_parameters() if p.grad is None}))
+    return out
 
 
 def _flagged(report) -> set[str]:
@@ -89,25 +93,23 @@ def _flagged(report) -> set[str]:
     return {p for f in report.findings if f.kind in kinds and f.severity == "error" for p in f.params}
 
 
-@pytest.mark.parametrize("traced", [False, True], ids=["plain", "traced"])
 @pytest.mark.parametrize(
     "cls,lost",
     [(NumpyNorm, {"encoder.0.weight", "encoder.0.bias"}), (NumpyGate, {"gate.weight", "gate.bias"})],
     ids=["norm", "gate"],
 )
-def test_the_region_before_numpy_gets_no_gradient_and_inspect_says_so(cls, lost, traced):
-    report, none = _run(cls, traced)
-    assert none == lost == _flagged(report)
+def test_the_region_before_numpy_gets_no_gradient_and_inspect_says_so(cls, lost):
+    (plain, none_plain), (traced, none_traced) = _run(cls)
     param = sorted(lost)[0]
-    text = report.explain(param)
-    assert ("will stay None" in text or ".grad stays None" in text) and "_orig_mod" not in text
-    if traced:
-        cut = next(f for f in report.findings if param in f.params)
-        assert cut.kind == "detached-branch" and "numpy" in cut.message and cut.location
+    for report, none in ((plain, none_plain), (traced, none_traced)):
+        assert none == lost == _flagged(report)
+        text = report.explain(param)
+        assert ("will stay None" in text or ".grad stays None" in text) and "_orig_mod" not in text
+    cut = next(f for f in traced.findings if param in f.params)
+    assert cut.kind == "detached-branch" and "numpy" in cut.message and cut.location
 
 
-@pytest.mark.parametrize("traced", [False, True], ids=["plain", "traced"])
-def test_numpy_of_the_input_and_a_logged_value_is_clean(traced):
-    report, none = _run(NumpyOfInput, traced)
-    assert none == set() == _flagged(report)
-    assert [f for f in report.findings if f.severity == "error"] == []
+def test_numpy_of_the_input_and_a_logged_value_is_clean():
+    for report, none in _run(NumpyOfInput):
+        assert none == set() == _flagged(report)
+        assert [f for f in report.findings if f.severity == "error"] == []
