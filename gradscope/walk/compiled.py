@@ -22,6 +22,7 @@ __all__ = ["Region", "read_region", "dead_inputs"]
 
 
 _BACKWARDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # forward class -> its backward graph
+_READ: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # backward graph -> (gets None per input, ops)
 
 
 def _deserialized_backward(fwd: Any, info: Any) -> Any:
@@ -84,18 +85,22 @@ def read_region(node, edges) -> Region:
         return Region(frozenset(), (), got)
     meta, gm = got
     try:
-        out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-        grads = list(out) if isinstance(out, (tuple, list)) else [out]
+        read = _READ.get(gm)
+        if read is None:  # the graph is read once (a training loop's next step inspects the same region)
+            out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+            grads = [g is None for g in (list(out) if isinstance(out, (tuple, list)) else [out])]
+            ops = tuple(str(n.target).replace("aten.", "").replace(".default", "") for n in gm.graph.nodes
+                        if n.op == "call_function")  # fmt: skip
+            read = _READ[gm] = (grads, ops)
+        none, ops = read
         wants = [bool(i.requires_grad) for i in meta.input_info]
-        ops = tuple(str(n.target).replace("aten.", "").replace(".default", "") for n in gm.graph.nodes
-                    if n.op == "call_function")  # fmt: skip
     except (AttributeError, StopIteration, TypeError) as exc:
         return Region(frozenset(), (), f"the compiled region's backward graph is not readable ({exc})")
     live = [k for k, (child, _) in enumerate(edges) if child is not None]
     grad_inputs = [i for i, w in enumerate(wants) if w]
-    if len(grads) != len(wants) or len(grad_inputs) != len(live):
+    if len(none) != len(wants) or len(grad_inputs) != len(live):
         return Region(frozenset(), ops, "the compiled region's inputs do not match its node's edges")
-    dead = frozenset(k for k, i in zip(live, grad_inputs) if grads[i] is None)
+    dead = frozenset(k for k, i in zip(live, grad_inputs) if none[i])
     return Region(dead, ops)
 
 
