@@ -7,6 +7,7 @@ gradient; for the crash: the installed ``dot`` run on the drawing's DOT is kille
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import re
@@ -54,10 +55,12 @@ def _svg_text(svg: str) -> str:
     return " ".join(re.sub(r"<[^>]+>", " ", svg.replace("&#160;", " ")).split())
 
 
+@functools.cache
 def _dense_with_cut(where: str = "features.denseblock3.denselayer10"):
+    """One traced DenseNet-121-like forward with a cut, shared by the tests (they only draw it)."""
     model = DenseNet()  # DenseNet-121's blocks (6, 12, 24, 16), small widths
     with gradscope.trace() as tr:
-        loss = loss_of(model, 64, detach_at=where)
+        loss = loss_of(model, 32, detach_at=where)
     report = gradscope.inspect(loss, model=model, trace=tr)
     loss.backward()
     dead = {n for n, p in model.named_parameters() if p.grad is None}
