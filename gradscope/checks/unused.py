@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 from gradscope.checks._nodes import node_items
 from gradscope.findings import DETACHED_BRANCH, ERROR, UNUSED_PARAMETER, WARNING, Finding
-from gradscope.graph import CALLED_MODULES, CHECKPOINT_PARAMS, EVENTS, PARAMS, ROOTS
+from gradscope.graph import CALLED_MODULES, CHECKPOINT_PARAMS, COMPILED_CUTS, EVENTS, PARAMS, ROOTS
 
 __all__ = ["check", "opaque_nodes", "describe_cut", "cut_fix", "cuts_by_param", "checkpointed", "checkpoint_inputs"]
 
@@ -124,6 +124,12 @@ def describe_cut(ev: dict) -> str:
             f"{ev['op_location']}); its results are inference tensors without a graph, and a .clone() "
             "after the region copies the values, not the graph"
         )
+    if ev["kind"] == "compiled":  # NOTE [compiled region sources] in gradscope/walk/compiled.py
+        return (
+            f"cut inside the torch.compile region {ev['op']} ({ev.get('location') or 'location unknown'}): the "
+            "region's backward graph returns no gradient for it (a .detach(), .data or torch.no_grad() in the "
+            "compiled code; the compiled graph keeps no line for the cut itself)"
+        )
     if ev["op"] == "detach_":
         words = "cut by .detach_(), which detaches the tensor itself in place"
     else:
@@ -146,6 +152,11 @@ def cut_fix(ev: dict) -> str:
         return (
             "Pass the tensors as top-level arguments (checkpoint(fn, h, x, use_reentrant=True)), or use "
             "checkpoint(..., use_reentrant=False), which follows tensors inside containers."
+        )
+    if ev["kind"] == "compiled":
+        return (
+            "Record the forward with gradscope.trace() to see the line of the cut, then remove it, or freeze "
+            "the parameters (requires_grad_(False)) if that is intended."
         )
     if ev.get("function"):
         return (
@@ -306,6 +317,9 @@ def cuts_by_param(graph) -> dict:
                     continue  # not used by this forward, not cut
             if p not in out or key < out[p][0]:
                 out[p] = (key, ev)
+    for ev in graph.graph.get(COMPILED_CUTS, ()):  # NOTE [compiled region sources]: after any traced cut
+        for p in ev.get("params", ()):
+            out.setdefault(p, ((2, 9), ev))
     return {p: ev for p, (_, ev) in out.items()}
 
 

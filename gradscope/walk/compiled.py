@@ -10,16 +10,22 @@ docs/internals.md#torchcompile-regions.
 
 from __future__ import annotations
 
+import re
+import types
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from gradscope._frames import is_user_file, location_text
 from gradscope._torch import forward_cls
 
-__all__ = ["Region", "read_region", "dead_inputs"]
+__all__ = ["COMPILED_CUTS", "Region", "read_region", "dead_inputs", "region_source", "region_attrs", "cut_event"]
 
+
+#: The graph attribute the walk writes the regions' cuts to (``gradscope.graph.COMPILED_CUTS``).
+COMPILED_CUTS = "compiled_cuts"
 
 _BACKWARDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # forward class -> its backward graph
 
@@ -105,3 +111,108 @@ def dead_inputs(node, edges) -> tuple:
     if not dead:
         return edges
     return tuple((None, 0) if k in dead else e for k, e in enumerate(edges))
+
+
+# -- where the region came from (NOTE [compiled region sources], docs/internals.md#torchcompile-regions) ----
+# The forward graph AOTAutograd keeps carries no ``stack_trace`` on torch 2.13 (aot_eager's is stripped,
+# inductor keeps only generated code), and an input cut inside the region has no op in the backward graph:
+# the line of a cut is not in the region. What is: the code dynamo compiled (the first of the region's
+# ``_lazy_backward_info.saved_context.traced_code``, a resume function after a graph break), and per
+# backward op its ``meta["stack_trace"]`` and ``meta["fwd_nn_module_stack"]`` (the forward op it
+# differentiates: the user's line and module).
+
+_RESUME = re.compile(r"torch_dynamo_resume_in_(\w+)_at_(\d+)$")
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+_SELF = re.compile(r"^L\['self'\]\.?")
+_MAX_OPS = 400  # ops kept per region for the picture
+
+
+def region_source(node) -> tuple[str | None, str | None]:
+    """``(name, "file.py:LINE")`` of the Python function a region was compiled from (``"Net.forward"``,
+    ``"Net.forward (after the graph break at line 14)"``); ``(None, None)`` when torch does not say."""
+    info = getattr(forward_cls(node), "_lazy_backward_info", None)
+    codes = getattr(getattr(info, "saved_context", None), "traced_code", None)
+    code = codes[0] if isinstance(codes, list) and codes else None
+    if not isinstance(code, types.CodeType):
+        return None, None
+    qual = getattr(code, "co_qualname", code.co_name)
+    resumed = _RESUME.search(code.co_name)
+    if resumed:
+        owner = qual[: len(qual) - len(code.co_name)]
+        line = int(resumed[2])
+        return f"{owner}{resumed[1]} (after the graph break at line {line})", location_text(code.co_filename, line)
+    return qual, location_text(code.co_filename, code.co_firstlineno)
+
+
+def _user_line(trace: Any) -> str | None:
+    """The innermost user frame of an FX node's ``stack_trace`` as ``file.py:LINE``."""
+    if not isinstance(trace, str):
+        return None
+    frames = [(f, int(n)) for f, n in _FRAME.findall(trace) if is_user_file(f)]
+    return location_text(*frames[-1]) if frames else None
+
+
+def _module_of(stack: Any) -> str | None:
+    """The innermost module of ``fwd_nn_module_stack`` (``"L['self'].blocks.0.lin"`` -> ``blocks.0.lin``)."""
+    if not isinstance(stack, dict) or not stack:
+        return None
+    path = list(stack.values())[-1]
+    path = path[0] if isinstance(path, tuple) and path else path
+    if not isinstance(path, str):
+        return None
+    return _SELF.sub("", path) or None
+
+
+def region_attrs(node) -> dict:
+    """``{"compiled": {...}}``, the node attributes the picture draws a region from: ``name`` and
+    ``location`` (:func:`region_source`), ``ops`` (``[op, module, "file.py:LINE"]`` per backward op, in the
+    graph's order), ``inputs`` (how many region inputs get a gradient), ``why`` (a sentence when the
+    backward graph is not readable)."""
+    name, where = region_source(node)
+    out: dict = {"name": name, "location": where, "ops": [], "inputs": None, "why": None}
+    got = compiled_region(node)
+    if isinstance(got, str):
+        out["why"] = got
+        return {"compiled": out}
+    meta, gm = got
+    try:
+        for n in gm.graph.nodes:
+            if n.op == "call_function" and len(out["ops"]) < _MAX_OPS:
+                op = str(n.target).replace("aten.", "").replace(".default", "")
+                out["ops"].append([op, _module_of(n.meta.get("fwd_nn_module_stack")), _user_line(n.meta.get("stack_trace"))])
+        out["inputs"] = sum(1 for i in meta.input_info if i.requires_grad)
+    except (AttributeError, TypeError) as exc:
+        out["why"] = f"the compiled region's backward graph is not readable ({exc})"
+    return {"compiled": out}
+
+
+def _params_below(child, names: dict, limit: int = 100_000) -> list[str]:
+    """The named parameters whose AccumulateGrad is ``child`` or below it (the subtree a dead edge cuts)."""
+    seen, stack, out = set(), [child], []
+    while stack and len(seen) < limit:
+        n = stack.pop()
+        if n is None or n in seen:
+            continue
+        seen.add(n)
+        var = getattr(n, "variable", None)
+        if var is not None:
+            named = names.get(id(var))
+            if named:
+                out.append(named[0])
+            continue
+        stack.extend(c for c, _ in n.next_functions)
+    return out
+
+
+def cut_event(node, edges, kept, names: dict) -> dict | None:
+    """The cut a region's dead edges make, shaped as a trace event (``kind`` ``"compiled"``, ``op`` the
+    region's name, ``location`` its code's line, ``params`` the named parameters below the dead edges),
+    for ``graph["compiled_cuts"]``; None when no named parameter is below them."""
+    params: list[str] = []
+    for (child, _), (now, _) in zip(edges, kept):
+        if child is not None and now is None:
+            params.extend(p for p in _params_below(child, names) if p not in params)
+    if not params:
+        return None
+    name, where = region_source(node)
+    return {"kind": "compiled", "op": name or "(unnamed)", "location": where, "params": params, "seq": None}
