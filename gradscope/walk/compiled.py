@@ -123,6 +123,7 @@ def dead_inputs(node, edges) -> tuple:
 
 _RESUME = re.compile(r"torch_dynamo_resume_in_(\w+)_at_(\d+)$")
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+_FRAME_FN = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 _SELF = re.compile(r"^L\['self'\]\.?")
 _MAX_OPS = 400  # ops kept per region for the picture
 
@@ -134,7 +135,7 @@ def region_source(node) -> tuple[str | None, str | None]:
     codes = getattr(getattr(info, "saved_context", None), "traced_code", None)
     code = codes[0] if isinstance(codes, list) and codes else None
     if not isinstance(code, types.CodeType):
-        return None, None
+        return _output_source(node)
     qual = getattr(code, "co_qualname", code.co_name)
     resumed = _RESUME.search(code.co_name)
     if resumed:
@@ -142,6 +143,18 @@ def region_source(node) -> tuple[str | None, str | None]:
         line = int(resumed[2])
         return f"{owner}{resumed[1]} (after the graph break at line {line})", location_text(code.co_filename, line)
     return qual, location_text(code.co_filename, code.co_firstlineno)
+
+
+def _output_source(node) -> tuple[str | None, str | None]:
+    """A region served by AOTAutograd's cache keeps no TracingContext: name it after the outermost user
+    frame of its first output's forward stack (``metadata.tangent_source_stack_traces``) and that line."""
+    traces = getattr(getattr(forward_cls(node), "metadata", None), "tangent_source_stack_traces", None)
+    for trace in traces if isinstance(traces, list) else ():
+        frames = [(f, int(n), fn) for f, n, fn in _FRAME_FN.findall(trace or "") if is_user_file(f)]
+        if frames:
+            f, n, fn = frames[0]
+            return f"{fn} (its output at line {n})", location_text(f, n)
+    return None, None
 
 
 def _user_line(trace: Any) -> str | None:
