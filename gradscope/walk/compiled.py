@@ -93,8 +93,7 @@ def read_region(node, edges) -> Region:
         out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
         grads = list(out) if isinstance(out, (tuple, list)) else [out]
         wants = [bool(i.requires_grad) for i in meta.input_info]
-        ops = tuple(str(n.target).replace("aten.", "").replace(".default", "") for n in gm.graph.nodes
-                    if n.op == "call_function")  # fmt: skip
+        ops = tuple(_op_name(n.target) for n in gm.graph.nodes if n.op == "call_function")
     except (AttributeError, StopIteration, TypeError) as exc:
         return Region(frozenset(), (), f"the compiled region's backward graph is not readable ({exc})")
     live = [k for k, (child, _) in enumerate(edges) if child is not None]
@@ -157,6 +156,14 @@ def _output_source(node) -> tuple[str | None, str | None]:
     return None, None
 
 
+def _op_name(target: Any) -> str:
+    """``aten.mm.default`` -> ``mm``; a Python function (``operator.getitem``) by its name."""
+    text = str(target)
+    if text.startswith("<"):
+        return getattr(target, "__name__", text)
+    return text.replace("aten.", "").replace(".default", "")
+
+
 def _user_line(trace: Any) -> str | None:
     """The innermost user frame of an FX node's ``stack_trace`` as ``file.py:LINE``."""
     if not isinstance(trace, str):
@@ -178,23 +185,34 @@ def _module_of(stack: Any) -> str | None:
 
 def region_attrs(node) -> dict:
     """``{"compiled": {...}}``, the node attributes the picture draws a region from: ``name`` and
-    ``location`` (:func:`region_source`), ``ops`` (``[op, module, "file.py:LINE"]`` per backward op, in the
-    graph's order), ``inputs`` (how many region inputs get a gradient), ``why`` (a sentence when the
-    backward graph is not readable)."""
+    ``location`` (:func:`region_source`), ``ops`` (``[op, module, "file.py:LINE", [ops it reads]]`` per
+    backward op, in the graph's order; ops index into this list), ``grads`` (``{edge index: the op that
+    makes that input's gradient}``), ``why`` (a sentence when the backward graph is not readable)."""
     name, where = region_source(node)
-    out: dict = {"name": name, "location": where, "ops": [], "inputs": None, "why": None}
+    out: dict = {"name": name, "location": where, "ops": [], "grads": {}, "why": None}
     got = compiled_region(node)
     if isinstance(got, str):
         out["why"] = got
         return {"compiled": out}
     meta, gm = got
     try:
+        index: dict = {}
         for n in gm.graph.nodes:
             if n.op == "call_function" and len(out["ops"]) < _MAX_OPS:
-                op = str(n.target).replace("aten.", "").replace(".default", "")
-                out["ops"].append([op, _module_of(n.meta.get("fwd_nn_module_stack")), _user_line(n.meta.get("stack_trace"))])
-        out["inputs"] = sum(1 for i in meta.input_info if i.requires_grad)
-    except (AttributeError, TypeError) as exc:
+                index[n] = len(out["ops"])
+                op = _op_name(n.target)
+                reads = sorted({index[a] for a in n.all_input_nodes if a in index})
+                stack, trace = n.meta.get("fwd_nn_module_stack"), n.meta.get("stack_trace")
+                out["ops"].append([op, _module_of(stack), _user_line(trace), reads])
+        grads = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        wants = [i for i, info in enumerate(meta.input_info) if info.requires_grad]
+        live = [k for k, (child, _) in enumerate(node.next_functions) if child is not None]
+        if len(live) == len(wants):
+            for k, i in zip(live, wants):
+                made = grads[i] if i < len(grads) else None
+                if made in index:
+                    out["grads"][str(k)] = index[made]
+    except (AttributeError, TypeError, StopIteration) as exc:
         out["why"] = f"the compiled region's backward graph is not readable ({exc})"
     return {"compiled": out}
 
