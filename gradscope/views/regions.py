@@ -44,7 +44,7 @@ def with_regions(report):
     """``report``, or a report-like whose graph draws each readable compiled region as its ops."""
     graph = getattr(report, "graph", None)
     regions = _regions(graph) if graph is not None else []
-    if not regions:
+    if graph is None or not regions:
         return report
     g = graph.copy()
     for n, region in regions:

@@ -219,7 +219,8 @@ def region_attrs(node) -> dict:
 
 def _params_below(child, names: dict, limit: int = 100_000) -> list[str]:
     """The named parameters whose AccumulateGrad is ``child`` or below it (the subtree a dead edge cuts)."""
-    seen, stack, out = set(), [child], []
+    seen: set = set()
+    stack, out = [child], []
     while stack and len(seen) < limit:
         n = stack.pop()
         if n is None or n in seen:

@@ -128,7 +128,7 @@ def test_every_cut_says_where_and_what_to_do(case, report):
     for f in report.findings:
         if f.kind == "detached-branch":
             assert f.location and f.location.startswith(MODELS_FILE + ":"), (f.location, f.message)
-    for name, p in case.model.named_parameters():
+    for name, _ in case.model.named_parameters():
         if name not in case.truth:
             assert "reached from the root" in report.explain(name)
             break

@@ -127,7 +127,8 @@ def test_the_viewer_opens_the_region_box_and_goes_back(mlp, tmp_path):
         while scene() == "top" and time.monotonic() < end:
             time.sleep(0.05)
         assert scene() == "module:MLP (compiled)"
-        shown = {g.text.split("\n")[0] for g in driver.find_elements(By.CSS_SELECTOR, ".gs-scene:not([hidden]) g.gs-op")}
+        ops = driver.find_elements(By.CSS_SELECTOR, ".gs-scene:not([hidden]) g.gs-op")
+        shown = {g.text.split("\n")[0] for g in ops}
         assert {"mm", "threshold_backward"} <= shown, shown
         ActionChains(driver).send_keys(Keys.ESCAPE).perform()
         end = time.monotonic() + 5
