@@ -124,7 +124,8 @@ _RESUME = re.compile(r"torch_dynamo_resume_in_(\w+)_at_(\d+)$")
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 _FRAME_FN = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 _SELF = re.compile(r"^L\['self'\]\.?")
-_MAX_OPS = 400  # ops kept per region for the picture
+_MAX_OPS = 5000  # ops kept per region for the picture
+_ATTRS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # forward class -> (live edges, attrs)
 
 
 def region_source(node) -> tuple[str | None, str | None]:
@@ -187,13 +188,35 @@ def region_attrs(node) -> dict:
     """``{"compiled": {...}}``, the node attributes the picture draws a region from: ``name`` and
     ``location`` (:func:`region_source`), ``ops`` (``[op, module, "file.py:LINE", [ops it reads]]`` per
     backward op, in the graph's order; ops index into this list), ``grads`` (``{edge index: the op that
-    makes that input's gradient}``), ``why`` (a sentence when the backward graph is not readable)."""
+    makes that input's gradient}``), ``why`` (a sentence when the backward graph is not readable). Read
+    once per region and edge pattern (a region runs the same graph every call)."""
+    fwd = forward_cls(node)
+    live = tuple(k for k, (child, _) in enumerate(node.next_functions) if child is not None)
+    cached = _ATTRS.get(fwd) if fwd is not None else None
+    if cached is not None and cached[0] == live:
+        return {"compiled": _copy(cached[1])}
+    got = _region_attrs(node, live)
+    if fwd is not None:
+        try:
+            _ATTRS[fwd] = (live, _copy(got))
+        except TypeError:  # a class that takes no weak reference: read it every time
+            pass
+    return {"compiled": got}
+
+
+def _copy(attrs: dict) -> dict:
+    """A copy no reader can change the cache through (plain lists: JSON values)."""
+    ops = [[op, module, line, list(reads)] for op, module, line, reads in attrs["ops"]]
+    return {**attrs, "ops": ops, "grads": dict(attrs["grads"])}
+
+
+def _region_attrs(node, live: tuple) -> dict:
     name, where = region_source(node)
     out: dict = {"name": name, "location": where, "ops": [], "grads": {}, "why": None}
     got = compiled_region(node)
     if isinstance(got, str):
         out["why"] = got
-        return {"compiled": out}
+        return out
     meta, gm = got
     try:
         index: dict = {}
@@ -206,7 +229,6 @@ def region_attrs(node) -> dict:
                 out["ops"].append([op, _module_of(stack), _user_line(trace), reads])
         grads = next(n for n in gm.graph.nodes if n.op == "output").args[0]
         wants = [i for i, info in enumerate(meta.input_info) if info.requires_grad]
-        live = [k for k, (child, _) in enumerate(node.next_functions) if child is not None]
         if len(live) == len(wants):
             for k, i in zip(live, wants):
                 made = grads[i] if i < len(grads) else None
@@ -214,7 +236,7 @@ def region_attrs(node) -> dict:
                     out["grads"][str(k)] = index[made]
     except (AttributeError, TypeError, StopIteration) as exc:
         out["why"] = f"the compiled region's backward graph is not readable ({exc})"
-    return {"compiled": out}
+    return out
 
 
 def _params_below(child, names: dict, limit: int = 100_000) -> list[str]:
