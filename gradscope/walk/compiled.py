@@ -83,8 +83,25 @@ class Region:
 _NOTHING = Region(frozenset(), ())
 
 
+_READ: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # forward class -> {live edges: Region}
+
+
 def read_region(node, edges) -> Region:
-    """Read ``node`` (a ``CompiledFunctionBackward``) whose ``next_functions`` are ``edges``."""
+    """Read ``node`` (a ``CompiledFunctionBackward``) whose ``next_functions`` are ``edges``; once per
+    region and pattern of live edges (a region runs the same graph every call)."""
+    fwd = forward_cls(node)
+    live = tuple(k for k, (child, _) in enumerate(edges) if child is not None)
+    try:
+        known = _READ.setdefault(fwd, {}) if fwd is not None else {}
+    except TypeError:  # a class that takes no weak reference: read it every time
+        known = {}
+    region = known.get(live)
+    if region is None:
+        region = known[live] = _read_region(node, list(live))
+    return region
+
+
+def _read_region(node, live: list) -> Region:
     got = compiled_region(node)
     if isinstance(got, str):
         return Region(frozenset(), (), got)
@@ -96,7 +113,6 @@ def read_region(node, edges) -> Region:
         ops = tuple(_op_name(n.target) for n in gm.graph.nodes if n.op == "call_function")
     except (AttributeError, StopIteration, TypeError) as exc:
         return Region(frozenset(), (), f"the compiled region's backward graph is not readable ({exc})")
-    live = [k for k, (child, _) in enumerate(edges) if child is not None]
     grad_inputs = [i for i, w in enumerate(wants) if w]
     if len(grads) != len(wants) or len(grad_inputs) != len(live):
         return Region(frozenset(), ops, "the compiled region's inputs do not match its node's edges")
@@ -229,7 +245,9 @@ def _region_attrs(node, live: tuple) -> dict:
                 out["ops"].append([op, _module_of(stack), _user_line(trace), reads])
         grads = next(n for n in gm.graph.nodes if n.op == "output").args[0]
         wants = [i for i, info in enumerate(meta.input_info) if info.requires_grad]
-        if len(live) == len(wants):
+        if len(live) != len(wants):
+            out["why"] = "the compiled region's inputs do not match its node's edges"
+        else:
             for k, i in zip(live, wants):
                 made = grads[i] if i < len(grads) else None
                 if made in index:
