@@ -28,6 +28,7 @@ __all__ = ["COMPILED_CUTS", "Region", "read_region", "dead_inputs", "region_sour
 COMPILED_CUTS = "compiled_cuts"
 
 _BACKWARDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # forward class -> its backward graph
+_READ: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # backward graph -> (gets None per input, ops)
 
 
 def _deserialized_backward(fwd: Any, info: Any) -> Any:
@@ -83,7 +84,7 @@ class Region:
 _NOTHING = Region(frozenset(), ())
 
 
-_READ: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # forward class -> {live edges: Region}
+_REGIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # forward class -> {live edges: Region}
 
 
 def read_region(node, edges) -> Region:
@@ -92,7 +93,7 @@ def read_region(node, edges) -> Region:
     fwd = forward_cls(node)
     live = tuple(k for k, (child, _) in enumerate(edges) if child is not None)
     try:
-        known = _READ.setdefault(fwd, {}) if fwd is not None else {}
+        known = _REGIONS.setdefault(fwd, {}) if fwd is not None else {}
     except TypeError:  # a class that takes no weak reference: read it every time
         known = {}
     region = known.get(live)
@@ -107,16 +108,20 @@ def _read_region(node, live: list) -> Region:
         return Region(frozenset(), (), got)
     meta, gm = got
     try:
-        out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-        grads = list(out) if isinstance(out, (tuple, list)) else [out]
+        read = _READ.get(gm)
+        if read is None:  # the graph is read once (a training loop's next step inspects the same region)
+            out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+            grads = [g is None for g in (list(out) if isinstance(out, (tuple, list)) else [out])]
+            ops = tuple(_op_name(n.target) for n in gm.graph.nodes if n.op == "call_function")
+            read = _READ[gm] = (grads, ops)
+        none, ops = read
         wants = [bool(i.requires_grad) for i in meta.input_info]
-        ops = tuple(_op_name(n.target) for n in gm.graph.nodes if n.op == "call_function")
     except (AttributeError, StopIteration, TypeError) as exc:
         return Region(frozenset(), (), f"the compiled region's backward graph is not readable ({exc})")
     grad_inputs = [i for i, w in enumerate(wants) if w]
-    if len(grads) != len(wants) or len(grad_inputs) != len(live):
+    if len(none) != len(wants) or len(grad_inputs) != len(live):
         return Region(frozenset(), ops, "the compiled region's inputs do not match its node's edges")
-    dead = frozenset(k for k, i in zip(live, grad_inputs) if grads[i] is None)
+    dead = frozenset(k for k, i in zip(live, grad_inputs) if none[i])
     return Region(dead, ops)
 
 
