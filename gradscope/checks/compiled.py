@@ -13,7 +13,22 @@ from collections.abc import Iterator
 from gradscope.checks._nodes import node_items
 from gradscope.findings import UNUSED_PARAMETER, WARNING, Finding
 
-__all__ = ["check", "unread_regions"]
+__all__ = ["check", "unread_regions", "describe_cut", "CUT_FIX"]
+
+#: What to do about a cut inside a compiled region (``unused.cut_fix``).
+CUT_FIX = (
+    "Record the forward with gradscope.trace() to see the line of the cut, then remove it, or freeze "
+    "the parameters (requires_grad_(False)) if that is intended."
+)
+
+
+def describe_cut(ev: dict) -> str:
+    """The words of a ``graph["compiled_cuts"]`` event (``unused.describe_cut``): the region and its line."""
+    return (
+        f"cut inside the torch.compile region {ev['op']} ({ev.get('location') or 'location unknown'}): the "
+        "region's backward graph returns no gradient for it (a .detach(), .data or torch.no_grad() in the "
+        "compiled code; the compiled graph keeps no line for the cut itself)"
+    )
 
 
 def unread_regions(graph, nodes=None) -> list[tuple[str, dict]]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterator
 
+from gradscope.checks import compiled
 from gradscope.checks._nodes import node_items
 from gradscope.findings import DETACHED_BRANCH, ERROR, UNUSED_PARAMETER, WARNING, Finding
 from gradscope.graph import CALLED_MODULES, CHECKPOINT_PARAMS, COMPILED_CUTS, EVENTS, PARAMS, ROOTS
@@ -136,11 +137,7 @@ def describe_cut(ev: dict) -> str:
             "after the region copies the values, not the graph"
         )
     if ev["kind"] == "compiled":  # NOTE [compiled region sources] in gradscope/walk/compiled.py
-        return (
-            f"cut inside the torch.compile region {ev['op']} ({ev.get('location') or 'location unknown'}): the "
-            "region's backward graph returns no gradient for it (a .detach(), .data or torch.no_grad() in the "
-            "compiled code; the compiled graph keeps no line for the cut itself)"
-        )
+        return compiled.describe_cut(ev)
     if ev["op"] == "detach_":
         words = "cut by .detach_(), which detaches the tensor itself in place"
     else:
@@ -165,10 +162,7 @@ def cut_fix(ev: dict) -> str:
             "checkpoint(..., use_reentrant=False), which follows tensors inside containers."
         )
     if ev["kind"] == "compiled":
-        return (
-            "Record the forward with gradscope.trace() to see the line of the cut, then remove it, or freeze "
-            "the parameters (requires_grad_(False)) if that is intended."
-        )
+        return compiled.CUT_FIX
     if ev.get("function"):
         return (
             "Do not mark an output the loss needs as non-differentiable (return its gradient from backward()), "
