@@ -89,6 +89,14 @@ def _reached(report, param: str, nid: str) -> str:
     modules = sorted({g.nodes[u]["module"] for u in users if g.nodes[u].get("module")})
     through = f" through {', '.join(modules)}" if modules else ""
     text = f"{param} is reached from the root{through}: it feeds {ops}{more}, so backward() gives it a gradient."
+    unread = [u for u in users if ((g.nodes[u].get("attrs") or {}).get("compiled") or {}).get("why")]
+    if unread:  # checks/compiled.py
+        region = g.nodes[unread[0]]["attrs"]["compiled"]
+        text += (
+            f" But it is read inside the torch.compile region {region.get('name') or unread[0]}, which is not "
+            f"readable ({region['why']}): whether that region sends it a gradient is not known. Inspect before "
+            "the first backward(), or call torch._dynamo.reset() and run the forward again."
+        )
     blockers = [f for f in report.findings if f.kind == INPLACE_HAZARD]
     if blockers:
         where = f" by {blockers[0].location}" if blockers[0].location else ""

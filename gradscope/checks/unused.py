@@ -17,9 +17,10 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterator
 
+from gradscope.checks import compiled
 from gradscope.checks._nodes import node_items
 from gradscope.findings import DETACHED_BRANCH, ERROR, UNUSED_PARAMETER, WARNING, Finding
-from gradscope.graph import CALLED_MODULES, CHECKPOINT_PARAMS, EVENTS, PARAMS, ROOTS
+from gradscope.graph import CALLED_MODULES, CHECKPOINT_PARAMS, COMPILED_CUTS, EVENTS, PARAMS, ROOTS
 
 __all__ = [
     "check",
@@ -135,6 +136,8 @@ def describe_cut(ev: dict) -> str:
             f"{ev['op_location']}); its results are inference tensors without a graph, and a .clone() "
             "after the region copies the values, not the graph"
         )
+    if ev["kind"] == "compiled":  # NOTE [compiled region sources] in gradscope/walk/compiled.py
+        return compiled.describe_cut(ev)
     if ev["op"] == "detach_":
         words = "cut by .detach_(), which detaches the tensor itself in place"
     else:
@@ -158,6 +161,8 @@ def cut_fix(ev: dict) -> str:
             "Pass the tensors as top-level arguments (checkpoint(fn, h, x, use_reentrant=True)), or use "
             "checkpoint(..., use_reentrant=False), which follows tensors inside containers."
         )
+    if ev["kind"] == "compiled":
+        return compiled.CUT_FIX
     if ev.get("function"):
         return (
             "Do not mark an output the loss needs as non-differentiable (return its gradient from backward()), "
@@ -327,6 +332,9 @@ def cuts_by_param(graph) -> dict:
                     continue  # not used by this forward, not cut
             if p not in out or key < out[p][0]:
                 out[p] = (key, ev)
+    for ev in graph.graph.get(COMPILED_CUTS, ()):  # NOTE [compiled region sources]: after any traced cut
+        for p in ev.get("params", ()):
+            out.setdefault(p, ((2, 9), ev))
     return {p: ev for p, (_, ev) in out.items()}
 
 

@@ -25,7 +25,9 @@ _DOT_INSTALL = (
 def _laid_out(report, options: RenderOptions, box=None, within=None, layout=True):
     """The :class:`~gradscope.views.dot.Drawing` to show (laid out when ``layout`` and dot is installed)."""
     from gradscope.views.fit import choose, refuse_expanded, svg_size, unmeasured
+    from gradscope.views.regions import with_regions
 
+    report = with_regions(report)  # NOTE [compiled regions in the picture]
     if layout and box is None:
         refuse_expanded(report, options)
     module_of = None
