@@ -62,7 +62,7 @@ class _Builder:
         dropped: str | None = None,
     ):
         self.limit = limit
-        self.safe = safe  # no rank constraints (NOTE [dot crashes] in gradscope/views/layout.py)
+        self.safe = safe  # no rank constraints (NOTE [dot crashes] in gradscope/views/engine/layout.py)
         self.dropped = dropped  # what a retry after a Graphviz crash left out, for the caption
         self.columns = columns  # > 1: wrapped into that many columns (NOTE [wrapping columns])
         self.extra: list = []  # DOT lines written after the edges

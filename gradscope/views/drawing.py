@@ -112,9 +112,9 @@ def drawing(
 
 def pipe(dot: graphviz.Digraph, fmt: str, timeout: float | None = None) -> bytes:
     """Run Graphviz (``dot.engine``, ``dot`` by default) on ``dot`` and return the ``fmt`` output, stopped
-    after ``timeout`` seconds (:class:`~gradscope.views.layout.LayoutTimeout`); :class:`RenderError` when
+    after ``timeout`` seconds (:class:`~gradscope.views.engine.layout.LayoutTimeout`); :class:`RenderError` when
     it cannot."""
-    from gradscope.views.layout import run
+    from gradscope.views.engine.layout import run
 
     try:
         return run(dot, fmt, timeout)

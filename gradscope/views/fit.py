@@ -12,7 +12,7 @@ from gradscope._format import plural
 from gradscope.errors import RenderError
 from gradscope.views.collapse import MIN_OPS, MIN_REPS, build_view, depth, infer_modules
 from gradscope.views.dot import FINDING_FONT, draw
-from gradscope.views.layout import MAX_COST, Budget, LayoutTimeout, estimate, robust
+from gradscope.views.engine.layout import MAX_COST, Budget, LayoutTimeout, estimate, robust
 from gradscope.views.options import scale
 from gradscope.views.wrap import columns_for
 
@@ -212,7 +212,7 @@ def choose(report, options, *, pipe, module_of=None, budget=None):
 
     ``options.collapse`` given explicitly fixes the view (no search, no time limit); ``options.rankdir``
     given fixes the direction. ``pipe(dot, "svg", timeout)`` runs Graphviz; ``budget`` (a
-    :class:`~gradscope.views.layout.Budget`) bounds the search.
+    :class:`~gradscope.views.engine.layout.Budget`) bounds the search.
 
     Raises:
         TooBigToLayOut: the drawing to lay out has more than :data:`MAX_LAYOUT` boxes (before any layout).
