@@ -69,7 +69,9 @@ def sharded_what_if(
             return wi.memory
         step_ov = ov if has_grad is None else replace(ov, has_grad=has_grad)
         mem = replay_change(report, step_ov, regions, off_nodes, optimizer, transform)
-        mem.absolute_peak += grown
+        if grown:
+            mem.absolute_peak += grown
+            mem.first_step, mem.later_step = mem.first_step.grown(grown, "loss"), mem.later_step.grown(grown, "loss")
         return mem
 
     device = wi.device
