@@ -78,7 +78,7 @@ def _wrap(model, cfg: dict, world: int):
     return model
 
 
-def _sizes(mem) -> list[int]:
+def _sizes(mem, fix: bool = True) -> list[int]:
     """Each ``[memory]`` event's size, with the frees the trace lost put back.
 
     NOTE [lost frees]
@@ -95,7 +95,7 @@ def _sizes(mem) -> list[int]:
     for e in mem:
         n = int(e["args"]["Bytes"])
         addr = e["args"].get("Addr")
-        lost = live.pop(addr, 0) if n > 0 and addr is not None else 0
+        lost = live.pop(addr, 0) if n > 0 and addr is not None and fix else 0
         if n > 0 and addr is not None:
             live[addr] = n
         elif addr is not None:
@@ -136,12 +136,13 @@ def _curve(traced, marker: str) -> dict:
     return {"peak": peak, "start": at_start or level, "end": level}
 
 
-def _step_peaks(traced, marker: str) -> list[int]:
-    """The running sum's highest point within each ``marker`` window (each step, to the next one's start)."""
+def _step_peaks(traced, marker: str, fix: bool = True) -> list[int]:
+    """The running sum's highest point within each ``marker`` window (each step, to the next one's start);
+    ``fix=False``: without NOTE [lost frees]'s correction (the trace as it is)."""
     events, mem = traced
     starts = sorted(e["ts"] for e in events if e.get("name") == marker) + [float("inf")]
     level, peaks, i = 0, [], -1
-    for e, n in zip(mem, _sizes(mem)):
+    for e, n in zip(mem, _sizes(mem, fix)):
         while e["ts"] >= starts[i + 1]:
             i += 1
             peaks.append(level)
@@ -177,6 +178,7 @@ def _one(rank: int, world: int, model_name: str, model_kw: dict, cfg: dict, n: i
     out["lost"] = lost_frees(traced[1])
     if cfg.get("steps", 1) > 1:  # each step's own peak (from its start to the next one's)
         out["steps"] = _step_peaks(traced, "gradscope-test::step")
+        out["raw_steps"] = _step_peaks(traced, "gradscope-test::step", fix=False)
     if stepped:  # the host's peak under CPU offload: what it holds at the step's start plus the step's rise
         step = _curve(traced, "gradscope-test::optstep")
         out["host"] = held + step["peak"] - step["start"]

@@ -137,9 +137,9 @@ def test_plan_switches_mixed_precision_on_and_its_code_runs_under_the_budget(fas
     assert "mixed precision" not in keep.code
 
 
-def check_range(wi, runs, what, ranges=None):
+def check_range(wi, runs, what, ranges=None, reach=True):
     """Every run on every rank inside (floor - 1%, ceiling) of ``ranges`` (default ``wi.ranks``, the steady
-    state); the floor reached within 1% by some run.
+    state); with ``reach``, the floor reached within 1% by some run.
 
     FSDP2's peak is not deterministic (a free lands before or after gloo's worker thread finishes), so one
     rank need not reach its floor in three runs. Ranks predicted alike (the same shard sizes, the same range)
@@ -151,7 +151,7 @@ def check_range(wi, runs, what, ranges=None):
         assert min(measured) >= low - 0.01 * low, ("a run below the floor", what, r, wi.ranks, runs)
         assert max(measured) <= high, ("a run above the ceiling", what, r, wi.ranks, runs)
         groups.setdefault((low, high), []).extend(measured)
-    for (low, _), measured in groups.items():
+    for (low, _), measured in groups.items() if reach else ():
         assert min(measured) - low <= 0.01 * min(measured), ("the floor is never reached", what, wi.ranks, runs)
 
 
@@ -185,11 +185,13 @@ def test_ddp_per_rank_peak_matches_the_profiler(fast_truth, name):
 
 
 def check_steps(wi, steps, what):
-    """Per step of a 3-step job: step 1 inside ``wi.first``, steps 2-3 inside ``wi.later`` (with an
-    optimizer), the job inside ``wi.ranks``, the higher of the two."""
+    """Per step of a 3-step job: step 1 inside ``wi.first``, steps 2 and 3 each inside ``wi.later`` (with an
+    optimizer), the job (a run's highest step) inside ``wi.ranks``, the higher of the two. A floor must be
+    reached by some step it is the floor of: each step is a sample (a late release of gloo's may lift any one
+    step of a run, NOTE [lost frees] in tests/_shardtruth.py; a job's highest step is the likeliest lifted)."""
     check_range(wi, [[s[0] for s in run] for run in steps], (what, "step 1"), wi.first)
-    check_range(wi, [[max(s[1:]) for s in run] for run in steps], (what, "later steps"), wi.later)
-    check_range(wi, [[max(s) for s in run] for run in steps], (what, "job"))
+    check_range(wi, [[s[k] for s in run] for run in steps for k in (1, 2)], (what, "later steps"), wi.later)
+    check_range(wi, [[max(s) for s in run] for run in steps], (what, "job"), reach=False)
     assert wi.ranks == [max(a, b) for a, b in zip(wi.first, wi.later)]
 
 
