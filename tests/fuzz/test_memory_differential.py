@@ -5,8 +5,9 @@ The fast profile (``make test``) checks a fixed set of programs known to match, 
 tolerances: the engine's node order, every level after a node within 4 KiB, the backward peak within 1%,
 the absolute step peak within 2% (the batch passed as ``inputs=``): of the step measured alone, of step 1
 and of the highest of three real steps of the loop (the steady state). The slow profile (``--slow``) runs
-``GRADSCOPE_MEMFUZZ`` seeds (500 by default, from ``GRADSCOPE_MEMFUZZ_START``, 0 by default), prints the fractions and the misses, and asserts floors at
-the level measured when they were last raised, so that a regression fails.
+``GRADSCOPE_MEMFUZZ`` seeds (500 by default) from ``GRADSCOPE_MEMFUZZ_START`` (0 by default), prints the
+fractions and the misses, and asserts floors at the level measured when they were last raised, so that a
+regression fails.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def test_memory_differential_fractions():
             "levels": sum(o.levels_ok for o in modelled) / len(modelled),
             "step": sum(o.step_ok for o in modelled) / len(modelled)}
     under = [o for o in modelled if o.peak_err < -0.01 or min(o.step_err, o.first_err, o.steady_err) < -0.02]
-    print(f"\n{n} programs (seeds {start}-{start + n - 1}), {len(valid)} valid, {len(modelled)} modelled: backward peak within 1% "
+    print(f"\n{n} programs (seeds {start}-{start + n - 1}), {len(valid)} valid, {len(modelled)} modelled: "
+          f"backward peak within 1% "
           f"{frac['peak']:.1%}, levels within 4 KiB {frac['levels']:.1%}, absolute step peak within 2% "
           f"{frac['step']:.1%} (alone, step 1 and the highest of 3 steps); under-predicted beyond 1% (2% for the "
           f"step): {len(under)}")
