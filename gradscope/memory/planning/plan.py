@@ -244,21 +244,7 @@ def plan(
     off: list[str] = []
     best = base
     if base.peak > target and floor <= target:
-        cands = _candidates(report, names)
-        runs = [cands] + [[c for c in cands if c[1].count(".") == d] for d in sorted({c[1].count(".") for c in cands})]
-        results = []
-        bound = None  # the least recompute of a fitting plan so far: a pass that spends more stops
-        for run in runs:
-            if run:
-                results.append(_greedy(run, peak_of, base, target, can_offload, bound))
-                if results[-1][2].peak <= target:
-                    cost = sum(c[3] for c in cands if c[1] in results[-1][0])
-                    bound = cost if bound is None else min(bound, cost)
-        fitting = [r for r in results if r[2].peak <= target]
-        if fitting:
-            chosen, off, best = min(fitting, key=lambda r: (r[2].recompute_flops, r[2].peak))
-        elif results:
-            chosen, off, best = min(results, key=lambda r: (r[2].peak, r[2].recompute_flops))
+        chosen, off, best = _search(_candidates(report, names), peak_of, base, target, can_offload)
     if chosen and best.peak <= target:  # NOTE in idiom.py: a range rather than a list with holes
         chosen, best = contiguous(chosen, off, best, peak_of, target, set(names))
         chosen, best = prefer_switch(graph, chosen, off, best, peak_of, target)
@@ -284,6 +270,29 @@ def plan(
         device=device,
         notes=[n for n in notes if n],
     )
+
+
+def _search(cands, peak_of, base: WhatIf, target: int, can_offload: bool):
+    """NOTE [the planner]'s passes (all modules, then one depth of the module tree at a time):
+    ``(checkpoint, offload, WhatIf)`` of the fitting plan with the least recompute, else the lowest peak."""
+    chosen: list[str] = []
+    off: list[str] = []
+    best = base
+    runs = [cands] + [[c for c in cands if c[1].count(".") == d] for d in sorted({c[1].count(".") for c in cands})]
+    results = []
+    bound = None  # the least recompute of a fitting plan so far: a pass that spends more stops
+    for run in runs:
+        if run:
+            results.append(_greedy(run, peak_of, base, target, can_offload, bound))
+            if results[-1][2].peak <= target:
+                cost = sum(c[3] for c in cands if c[1] in results[-1][0])
+                bound = cost if bound is None else min(bound, cost)
+    fitting = [r for r in results if r[2].peak <= target]
+    if fitting:
+        chosen, off, best = min(fitting, key=lambda r: (r[2].recompute_flops, r[2].peak))
+    elif results:
+        chosen, off, best = min(results, key=lambda r: (r[2].peak, r[2].recompute_flops))
+    return chosen, off, best
 
 
 def _greedy(cands, peak_of, base: WhatIf, target: int, can_offload: bool, bound=None):
