@@ -72,8 +72,9 @@ def _split(names, measured) -> tuple[dict, dict, dict]:
     CPU offload; and per rank what gradscope said inside it on the wrapped model (configs with ``"inspect"``;
     see _shardtruth). ``peaks[(name, "steps")]``: per run, per rank, each step's peak (jobs of 3 steps)."""
     peaks: dict = {n: [[r["peak"] for r in run] for run in runs] for n, runs in zip(names, measured)}
-    peaks |= {(n, "steps"): [[r["steps"] for r in run] for run in runs] for n, runs in zip(names, measured)
-              if "steps" in runs[0][0]}
+    for key in ("steps", "low_steps"):
+        peaks |= {(n, key): [[r[key] for r in run] for run in runs] for n, runs in zip(names, measured)
+                  if key in runs[0][0]}
     hosts = {n: [[r.get("host") for r in run] for run in runs] for n, runs in zip(names, measured)}
     seen = {n: [r.get("inspected") for r in runs[0]] for n, runs in zip(names, measured)}
     return peaks, hosts, seen
@@ -131,28 +132,38 @@ def test_plan_switches_mixed_precision_on_and_its_code_runs_under_the_budget(fas
     assert "numerics change" in plan.code.splitlines()[0] and "numerics change" in str(plan)
     runs = fast_truth["plan"]
     assert max(max(run) for run in runs) <= plan.budget, (runs, plan.budget)
-    check_steps(plan.result, fast_truth[("plan", "steps")], "plan")
+    check_steps(plan.result, fast_truth[("plan", "steps")], "plan", fast_truth[("plan", "low_steps")])
     keep = report.plan(plan.budget, optimizer=opt, shard=gradscope.FSDP(2), margin=0, mixed_precision=False)
     assert not keep.mixed_precision and keep.spec.param_dtype is None and keep.peak_range == ck.peak_range
     assert "mixed precision" not in keep.code
 
 
-def check_range(wi, runs, what, ranges=None, reach=True):
+def check_range(wi, runs, what, ranges=None, reach=True, lows=None):
     """Every run on every rank inside (floor - 1%, ceiling) of ``ranges`` (default ``wi.ranks``, the steady
-    state); with ``reach``, the floor reached within 1% by some run.
+    state); with ``reach``, the floor reached within 1% by some run. ``lows``: the same runs' lower bounds
+    (tests/_shardtruth.py NOTE [lost frees]: a free the trace lost and whose address is not handed out again
+    before the peak leaves the measurement between the two); a run is above the ceiling when its lower bound is.
 
     FSDP2's peak is not deterministic (a free lands before or after gloo's worker thread finishes), so one
-    rank need not reach its floor in three runs. Ranks predicted alike (the same shard sizes, the same range)
-    are one population: the lowest run among them must reach their floor.
+    rank need not reach its floor in three runs. Ranks predicted alike (floors within 0.2%: the same shard
+    sizes up to padding) are one population: the lowest run among them must reach their floor.
     """
-    groups: dict = {}
-    for r, (low, high) in enumerate(wi.ranks if ranges is None else ranges):
+    ranges = wi.ranks if ranges is None else ranges
+    lows = runs if lows is None else lows
+    groups: list = []  # [(lowest floor, measured)] of ranks whose floors are within 0.2%
+    for r, (low, high) in enumerate(ranges):
         measured = [run[r] for run in runs]
-        assert min(measured) >= low - 0.01 * low, ("a run below the floor", what, r, wi.ranks, runs)
-        assert max(measured) <= high, ("a run above the ceiling", what, r, wi.ranks, runs)
-        groups.setdefault((low, high), []).extend(measured)
-    for (low, _), measured in groups.items() if reach else ():
-        assert min(measured) - low <= 0.01 * min(measured), ("the floor is never reached", what, wi.ranks, runs)
+        assert min(measured) >= low - 0.01 * low, ("a run below the floor", what, r, ranges, runs)
+        assert max(run[r] for run in lows) <= high, ("a run above the ceiling", what, r, ranges, runs, lows)
+        for g in groups:
+            if abs(g[0] - low) <= 0.002 * low:
+                g[0] = min(g[0], low)
+                g[1].extend(measured)
+                break
+        else:
+            groups.append([low, list(measured)])
+    for low, measured in groups if reach else ():
+        assert min(measured) - low <= 0.01 * min(measured), ("the floor is never reached", what, ranges, runs)
 
 
 def check_host(wi, runs, what):
@@ -184,20 +195,26 @@ def test_ddp_per_rank_peak_matches_the_profiler(fast_truth, name):
     check_inspected(fast_truth["inspected"][name], wi, name)  # the same numbers from inside each rank
 
 
-def check_steps(wi, steps, what):
+def check_steps(wi, steps, what, lows=None):
     """Per step of a 3-step job: step 1 inside ``wi.first``, steps 2 and 3 each inside ``wi.later`` (with an
     optimizer), the job (a run's highest step) inside ``wi.ranks``, the higher of the two. A floor must be
     reached by some step it is the floor of: each step is a sample (a late release of gloo's may lift any one
     step of a run, NOTE [lost frees] in tests/_shardtruth.py; a job's highest step is the likeliest lifted)."""
-    check_range(wi, [[s[0] for s in run] for run in steps], (what, "step 1"), wi.first)
-    check_range(wi, [[s[k] for s in run] for run in steps for k in (1, 2)], (what, "later steps"), wi.later)
-    check_range(wi, [[max(s) for s in run] for run in steps], (what, "job"), reach=False)
+    lows = steps if lows is None else lows
+
+    def pick(runs, f):
+        return [[f(s) for s in run] for run in runs]
+
+    check_range(wi, pick(steps, lambda s: s[0]), (what, "step 1"), wi.first, lows=pick(lows, lambda s: s[0]))
+    later = [[s[k] for s in run] for run in steps for k in (1, 2)]
+    check_range(wi, later, (what, "later steps"), wi.later, lows=[[s[k] for s in run] for run in lows for k in (1, 2)])
+    check_range(wi, pick(steps, max), (what, "job"), reach=False, lows=pick(lows, max))
     assert wi.ranks == [max(a, b) for a, b in zip(wi.first, wi.later)]
 
 
 def test_fsdp2_fp32_reshard_per_rank_range_holds_every_run(fast_truth):
     wi = predict("mlp", gradscope.FSDP(2))
-    check_steps(wi, fast_truth[("fsdp", "steps")], "fsdp")
+    check_steps(wi, fast_truth[("fsdp", "steps")], "fsdp", fast_truth[("fsdp", "low_steps")])
     assert min(lo for lo, _ in wi.later) > max(lo for lo, _ in wi.first)  # AdamW's state: later steps higher
     check_inspected(fast_truth["inspected"]["fsdp"], wi, "fsdp")
     assert wi.peak == wi.peak_range[0] < wi.single  # sharding saves memory on this step
@@ -207,7 +224,7 @@ def test_fsdp2_fp32_reshard_per_rank_range_holds_every_run(fast_truth):
 
 def test_fsdp2_bf16_params_fp32_reduce_per_rank_range_holds_every_run(fast_truth):
     wi = predict("mlp", gradscope.FSDP(2, mp_policy=bf16_fp32_reduce()))
-    check_steps(wi, fast_truth[("fsdp-bf16", "steps")], "fsdp-bf16")
+    check_steps(wi, fast_truth[("fsdp-bf16", "steps")], "fsdp-bf16", fast_truth[("fsdp-bf16", "low_steps")])
     fp32 = predict("mlp", gradscope.FSDP(2))
     # the shards, their gradients and AdamW's state stay in float32: the same sharded parameters
     assert wi.parts[0]["sharded parameters (padded)"] == fp32.parts[0]["sharded parameters (padded)"]
@@ -364,7 +381,8 @@ def _grid_truth(model: str, world: int) -> dict:
         cfgs = [{"kind": "fsdp", "reshard": k[2], "ckpt": k[3], "mp": "bf16" in k[4], "offload": "offload" in k[4],
                  "inspect": not k[3] and "bf16" not in k[4], "steps": 1 if "offload" in k[4] else STEPS} for k in keys]
         peaks, hosts, seen = _split(keys, measure(model, cfgs, world=world, runs=3, key="all"))
-        _GRID_TRUTH[(model, world)] = {(*k[0], "steps") if k[-1] == "steps" else k: v for k, v in peaks.items()}
+        _GRID_TRUTH[(model, world)] = {(*k[0], k[1]) if k[-1] in ("steps", "low_steps") else k: v
+                                       for k, v in peaks.items()}
         _GRID_TRUTH[(model, world)] |= {(*k, "host"): v for k, v in hosts.items() if "offload" in k[4]}
         _GRID_TRUTH[(model, world)] |= {(*k, "inspected"): v for k, v in seen.items()
                                         if not k[3] and "bf16" not in k[4]}
@@ -397,7 +415,8 @@ def test_fsdp2_grid_per_rank_range_holds_every_run(model, world, reshard, ckpt, 
     spec = gradscope.FSDP(world, modules=[SHARDED[model]], reshard_after_forward=reshard, mp_policy=mp)
     wi = predict(model, spec, checkpoint=SHARDED[model] if ckpt else None)
     assert runs  # each run's highest step: inside wi.ranks (check_steps' "job")
-    check_steps(wi, _grid_truth(model, world)[(*key, "steps")], key)
+    truth = _grid_truth(model, world)
+    check_steps(wi, truth[(*key, "steps")], key, truth[(*key, "low_steps")])
     if not ckpt and prec != "bf16":  # the prediction made inside each rank on the fully_shard-ed model
         check_inspected(_grid_truth(model, world)[(*key, "inspected")], wi, key)
 
