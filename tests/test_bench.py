@@ -22,7 +22,7 @@ print(" ".join(names))
 
 def test_every_bench_script_imports():
     scripts = sorted(p.stem for p in (ROOT / "bench").glob("*.py"))
-    assert {"fixed_bench", "memory_bench", "watch_bench"} <= set(scripts)
+    assert {"fixed_bench", "memory_bench", "watch_bench", "render_budget_bench"} <= set(scripts)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", _IMPORT_ALL], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)  # fmt: skip

@@ -8,12 +8,12 @@ report loaded back from JSON.
 
 from __future__ import annotations
 
-from gradscope.checks import freed, inplace, roots, unused
+from gradscope.checks import compiled, freed, inplace, roots, unused
 from gradscope.findings import Finding, sort_findings
 
 __all__ = ["CHECKS", "run_checks"]
 
-CHECKS = (roots.check, unused.check, inplace.check, freed.check)
+CHECKS = (roots.check, unused.check, inplace.check, freed.check, compiled.check)
 
 
 def run_checks(graph, nodes=None):

@@ -11,7 +11,15 @@ import difflib
 
 from gradscope._format import one_line
 from gradscope._wrappers import user_name
-from gradscope.checks.unused import checkpoint_inputs, checkpointed, cut_fix, cuts_by_param, describe_cut, opaque_nodes
+from gradscope.checks.unused import (
+    checkpoint_inputs,
+    checkpointed,
+    cut_fix,
+    cuts_by_param,
+    describe_cut,
+    opaque_nodes,
+    skipped_by,
+)
 from gradscope.errors import UnknownParameterError
 from gradscope.findings import INPLACE_HAZARD
 from gradscope.graph import CALLED_MODULES, PARAMS
@@ -81,6 +89,14 @@ def _reached(report, param: str, nid: str) -> str:
     modules = sorted({g.nodes[u]["module"] for u in users if g.nodes[u].get("module")})
     through = f" through {', '.join(modules)}" if modules else ""
     text = f"{param} is reached from the root{through}: it feeds {ops}{more}, so backward() gives it a gradient."
+    unread = [u for u in users if ((g.nodes[u].get("attrs") or {}).get("compiled") or {}).get("why")]
+    if unread:  # checks/compiled.py
+        region = g.nodes[unread[0]]["attrs"]["compiled"]
+        text += (
+            f" But it is read inside the torch.compile region {region.get('name') or unread[0]}, which is not "
+            f"readable ({region['why']}): whether that region sends it a gradient is not known. Inspect before "
+            "the first backward(), or call torch._dynamo.reset() and run the forward again."
+        )
     blockers = [f for f in report.findings if f.kind == INPLACE_HAZARD]
     if blockers:
         where = f" by {blockers[0].location}" if blockers[0].location else ""
@@ -110,7 +126,7 @@ def _unused(g, param: str) -> str:
         if module not in called:
             return (
                 f"{param} gets no gradient (.grad stays None): it is not used by this forward, its module "
-                f"{module} was never called in the forward pass. {fix}"
+                f"{module} was never called in the forward pass ({skipped_by(module, called)}). {fix}"
             )
         return (
             f"{param} gets no gradient (.grad stays None): its module {module} ran in the forward pass, "

@@ -34,7 +34,7 @@ __all__ = ["is_traced", "node_modules"]
 def is_traced(graph: nx.DiGraph) -> bool:
     """True when module names on op nodes come from ``trace()``."""
     return CALLED_MODULES in graph.graph or any(
-        d.get("module") for _, d in graph.nodes(data=True) if d.get("kind") == OP
+        d.get("module") for _, d in graph.nodes(data=True) if d.get("kind") == OP and not d.get("region")
     )
 
 
@@ -116,6 +116,8 @@ def node_modules(graph: nx.DiGraph, order: list[str] | None = None) -> dict[str,
     out = {n: d.get("module") for n, d in nodes(data=True)}
     if is_traced(graph):
         return out
+    # a compiled region's box and ops, drawn by gradscope.views.regions, keep their module
+    boxed = {n: d["module"] for n, d in nodes(data=True) if d.get("region")}
     order = forward_order(graph) if order is None else order
     tagged = _anchors(graph, order)
     before: dict = {}
@@ -132,4 +134,5 @@ def node_modules(graph: nx.DiGraph, order: list[str] | None = None) -> dict[str,
             nxt = out[n] = tagged[n]
         else:
             out[n] = lcp(before[n], nxt)
+    out.update(boxed)
     return out

@@ -46,6 +46,7 @@ __all__ = [
     "HF_CHECKPOINTING",
     "DTYPE_FLOW",
     "BATCH",
+    "COMPILED_CUTS",
 ]
 
 # -- node kinds ------------------------------------------------------------------------------------
@@ -91,6 +92,10 @@ HF_CHECKPOINTING = "hf_checkpointing"
 #: it saves in float32], "outputs": [its outputs in float32]}}, "casts": [{"of": node id, "output": nr,
 #: "seq": the cast's sequence number, "to": "float32" or "param", "by": [node ids reading the cast]}]}``
 DTYPE_FLOW = "dtype_flow"
+#: the cuts inside ``torch.compile`` regions, one per region with dead inputs, shaped as a trace event:
+#: ``{"kind": "compiled", "op": the region's function ("Net.forward"), "location": "file.py:LINE" of that
+#: function (None: unknown), "params": [names below the dead edges], "seq": None}`` (walk/compiled.py)
+COMPILED_CUTS = "compiled_cuts"
 
 
 class SavedEntry(TypedDict, total=False):
@@ -207,3 +212,4 @@ class GraphAttrs(TypedDict, total=False):
     input_storages: dict[str, int]  # input leaf node id -> the storage id an op saved it under
     hf_checkpointing: dict[str, Any]  # traced, Hugging Face model=: {"layers": [...], "method": "..."}
     dtype_flow: dict[str, Any]  # traced, lower-precision parameters: {"nodes": {...}, "casts": [...]}
+    compiled_cuts: list[dict[str, Any]]  # torch.compile regions' dead inputs, as trace events (COMPILED_CUTS)

@@ -31,7 +31,8 @@ from gradscope.tracing.dtypeflow import DtypeFlow
 from gradscope.tracing.dtypeflow import annotate as annotate_dtypes
 from gradscope.tracing.events import RecordedEvent, event_dicts
 from gradscope.tracing.lines import NodeLines
-from gradscope.tracing.modes import MAX_EVENTS, CutMode
+from gradscope.tracing.modes import MAX_EVENTS
+from gradscope.tracing.newleaf import LeafMode
 from gradscope.tracing.regions import RegionRecorder
 
 __all__ = ["Trace", "trace"]
@@ -114,7 +115,7 @@ class Trace:
         try:
             self._handles.append(_torch.register_module_forward_pre_hook(self._pre))
             self._handles.append(_torch.register_module_forward_hook(self._post, always_call=True))
-            mode = CutMode(self)
+            mode = LeafMode(self)
             mode.__enter__()
             self._mode = mode
         except BaseException:

@@ -103,10 +103,10 @@ def finding_nodes(graph, finding) -> list:
 def cut_site(graph, finding, order=None) -> tuple[dict | None, str | None]:
     """A ``detached-branch`` finding's cut event (from ``trace()``) and the op it sits before.
 
-    The op is the first node of the graph created after the cut (a later sequence number) in the module
-    call where the cut was made (the cut value is read there: ResNet's residual add after a detached
-    ``downsample``); else the first one anywhere. The drawing links the cut's octagon to it, and never
-    folds or boxes it away.
+    The op is the first node of the graph created after the cut (a later sequence number) that reads the
+    cut value (when the trace recorded which ops did: a random wiring's next cell), in the module call
+    where the cut was made (ResNet's residual add after a detached ``downsample``); else the first one.
+    The drawing links the cut's octagon to it, and never folds or boxes it away.
     """
     events = [e for e in graph.graph.get(EVENTS, ()) if e.get("kind") != "inplace"]
     ev = next((e for e in events if set(finding.params) & set(e.get("params", ()))), None)
@@ -115,6 +115,10 @@ def cut_site(graph, finding, order=None) -> tuple[dict | None, str | None]:
     after = [
         n for n in (forward_order(graph) if order is None else order) if (graph.nodes[n].get("seq") or -1) >= ev["seq"]
     ]
+    # the ops that read the cut value, when trace() recorded them ("joins": ranges of sequence numbers)
+    joins = ev.get("joins") or ()
+    read = [n for n in after if any(a <= graph.nodes[n]["seq"] < b for a, b in joins)]
+    after = read or after
     here = next((n for n in after if graph.nodes[n].get("module") == ev.get("module")), None)
     return ev, here if here is not None else next(iter(after), None)
 
@@ -131,6 +135,7 @@ def build_view(
     cache: dict | None = None,
     limit=None,
     chains: int | None = None,
+    spans: bool = False,
 ) -> View:
     """Plan the drawing.
 
@@ -146,6 +151,8 @@ def build_view(
         limit: ignored (the automatic choice moved to :mod:`gradscope.views.fit`); kept for callers.
         chains: draw every chain of at least this many ops (one op feeding the next, nothing else in
             between, same module) as one box ("chain:nK"); ``None``: never.
+        spans: inside a module kept open for a finding, draw each run of its sub-module calls that holds
+            no finding as one box (NOTE [runs of calls]), not one box per call.
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         from gradscope.errors import InputValueError
@@ -183,29 +190,8 @@ def build_view(
     _absorb_leaves(graph, owner, groups)
     depth_kept = None if collapse is None or collapse is False else int(collapse)
     if depth_kept is not None:
-        calls: dict = {}
-        last = None  # (box, gid) of the previous op in forward order
-        for n in order:
-            m = module_of.get(n)
-            box = None
-            if not (n in owner or n in roots or n in protected or depth(m) <= depth_kept):
-                k = depth_kept + 1  # the module holding a finding stays open
-                while k <= depth(m) and truncate(m, k) in keep_open:
-                    k += 1
-                box = truncate(m, k) if k <= depth(m) else None
-            if box is None:
-                last = None
-                continue
-            # NOTE [one box per call]: a box holds one contiguous run of ops in forward order (a module
-            # called twice, like torchvision's shared ReLU, gets one box per call); contracting a
-            # contiguous run cannot create a cycle (NOTE [folding repetition]).
-            if last is None or last[0] != box:
-                calls[box] = calls.get(box, 0) + 1
-                gid = f"module:{box}" if calls[box] == 1 else f"module:{box}#{calls[box]}"
-                groups[gid] = Group(gid, "module", box, box)
-                last = (box, gid)
-            groups[last[1]].members.append(n)
-            owner[n] = last[1]
+        _dissolve_boxed_folds(owner, groups, depth_kept, keep_open)
+        _box_modules(order, module_of, owner, groups, roots | protected, depth_kept, keep_open, spans)
     if chains:
         _chains(graph, order, module_of, owner, groups, roots | protected, chains)
     _absorb_leaves(graph, owner, groups)
@@ -217,6 +203,60 @@ def build_view(
         if g.kind in ("fold", "chain") and depth_kept is not None:
             g.module = _open_ancestor(g.module, depth_kept, keep_open)
     return View(module_of, owner, groups, depth_kept, keep_open=keep_open)
+
+
+def _box_modules(order, module_of, owner, groups, fixed, depth_kept, keep_open, spans) -> None:
+    """Every module deeper than ``depth_kept`` (and not kept open) as one box per call; ``fixed`` nodes
+    (roots, findings' nodes) stay drawn as themselves."""
+    calls: dict = {}
+    last = None  # (box, gid, parent module) of the previous op in forward order
+    for n in order:
+        m = module_of.get(n)
+        box = None
+        if not (n in owner or n in fixed or depth(m) <= depth_kept):
+            k = depth_kept + 1  # the module holding a finding stays open
+            while k <= depth(m) and truncate(m, k) in keep_open:
+                k += 1
+            box = truncate(m, k) if k <= depth(m) else None
+        if box is None:
+            last = None
+            continue
+        # NOTE [one box per call]: a box holds one contiguous run of ops in forward order (a module
+        # called twice, like torchvision's shared ReLU, gets one box per call); contracting a
+        # contiguous run cannot create a cycle (NOTE [folding repetition]).
+        # NOTE [runs of calls]: with `spans`, consecutive calls of sibling modules inside a module
+        # opened for a finding share one box ("denselayer1 - denselayer9"): a dense block whose every
+        # layer reads every earlier one draws as a few boxes around the finding's layer, not 48 boxes
+        # joined by 1,128 edges. Still one contiguous run of the forward order.
+        parent = truncate(box, depth(box) - 1)
+        if spans and last is not None and last[0] != box and last[2] == parent and depth(box) > depth_kept + 1:
+            grp = groups[last[1]]  # NOTE [runs of calls]
+            grp.title = f"{grp.module} \u2013 {box.rpartition('.')[2]}"
+            grp.reps += 1
+            last = (box, last[1], parent)
+        elif last is None or last[0] != box:
+            calls[box] = calls.get(box, 0) + 1
+            gid = f"module:{box}" if calls[box] == 1 else f"module:{box}#{calls[box]}"
+            groups[gid] = Group(gid, "module", box, box)
+            last = (box, gid, parent)
+        groups[last[1]].members.append(n)
+        owner[n] = last[1]
+
+
+def _dissolve_boxed_folds(owner: dict, groups: dict, depth_kept: int, keep_open: set) -> None:
+    """A fold inside a module that is drawn as one box goes into that box: NOTE [boxes over folds]."""
+    # NOTE [boxes over folds]: a fold sits in the module all its repetitions share (their common prefix);
+    # when that module is boxed at this depth, the box holds the fold's ops too. Left as a fold, it would
+    # cut the module's box into one box per stretch between folds (a random wiring: 89 boxes at depth 0
+    # where its three stages are three boxes).
+    for gid, g in list(groups.items()):
+        k = depth_kept + 1
+        while k <= depth(g.module) and truncate(g.module, k) in keep_open:
+            k += 1
+        if g.kind == "fold" and k <= depth(g.module):
+            for n in g.members:
+                owner.pop(n, None)
+            del groups[gid]
 
 
 def _fold_group(graph, order, module_of, roots, run) -> Group:

@@ -25,7 +25,9 @@ _DOT_INSTALL = (
 def _laid_out(report, options: RenderOptions, box=None, within=None, layout=True):
     """The :class:`~gradscope.views.dot.Drawing` to show (laid out when ``layout`` and dot is installed)."""
     from gradscope.views.fit import choose, refuse_expanded, svg_size, unmeasured
+    from gradscope.views.regions import with_regions
 
+    report = with_regions(report)  # NOTE [compiled regions in the picture]
     if layout and box is None:
         refuse_expanded(report, options)
     module_of = None
@@ -108,17 +110,15 @@ def drawing(
     return _laid_out(report, RenderOptions.of(options, **kwargs), box, within, layout)
 
 
-def pipe(dot: graphviz.Digraph, fmt: str) -> bytes:
-    """Run ``dot`` on ``dot`` and return the ``fmt`` output; :class:`RenderError` when it cannot."""
+def pipe(dot: graphviz.Digraph, fmt: str, timeout: float | None = None) -> bytes:
+    """Run Graphviz (``dot.engine``, ``dot`` by default) on ``dot`` and return the ``fmt`` output, stopped
+    after ``timeout`` seconds (:class:`~gradscope.views.layout.LayoutTimeout`); :class:`RenderError` when
+    it cannot."""
+    from gradscope.views.layout import run
+
     try:
-        return dot.pipe(format=fmt, quiet=True)
+        return run(dot, fmt, timeout)
     except graphviz.ExecutableNotFound:
         raise RenderError(_DOT_INSTALL) from None
-    except graphviz.CalledProcessError as exc:
-        err = (exc.stderr or b"").decode("utf-8", "replace").strip().splitlines()
-        raise RenderError(
-            f"Graphviz 'dot' failed to lay out the graph ({err[-1] if err else exc}); write .dot, .json "
-            "or .graphml, which need no layout."
-        ) from None
     except OSError as exc:  # dot died before reading its input (a broken pipe)
         raise RenderError(f"Graphviz 'dot' could not be run ({exc}); write .dot, .json or .graphml instead.") from None

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import re
 
+from gradscope._format import plural
 from gradscope.errors import RenderError
 from gradscope.views.collapse import MIN_OPS, MIN_REPS, build_view, depth, infer_modules
 from gradscope.views.dot import FINDING_FONT, draw
+from gradscope.views.layout import MAX_COST, Budget, LayoutTimeout, estimate, robust
 from gradscope.views.options import scale
 from gradscope.views.wrap import columns_for
 
@@ -54,6 +56,8 @@ PAGE_ELEMENTS = 400
 # ops in 29 s, 10,000 over 4 minutes). Above MAX_LAYOUT boxes no layout is tried: the picture formats fail
 # at once with what works instead (docs/pictures.md, "Big graphs").
 MAX_LAYOUT = 25_000
+#: Seconds the last layout of a search that found no legible drawing may take (its caption changed).
+SETTLE_SECONDS = 20.0
 _LOOSE = (2, 8)
 CHAIN = 3
 _SIZE = re.compile(rb'<svg width="([\d.]+)pt" height="([\d.]+)pt"')
@@ -91,19 +95,20 @@ def _elements(graph, view) -> int:
 
 def candidates(graph, findings, *, fold, collapse, module_of, cache):
     """Views to try, most detailed first (see NOTE [fitting a page])."""
-    # (fold thresholds (min_reps, min_ops) or None, collapse depth, chain length or None)
-    stages: list[tuple[tuple[int, int] | None, int | None, int | None]]
+    # (fold thresholds (min_reps, min_ops) or None, collapse depth, chain length or None, runs of calls)
+    stages: list[tuple[tuple[int, int] | None, int | None, int | None, bool]]
     if collapse is not None:
-        stages = [((MIN_REPS, MIN_OPS) if fold else None, None if collapse is False else collapse, None)]
+        stages = [((MIN_REPS, MIN_OPS) if fold else None, None if collapse is False else collapse, None, False)]
     else:
         deepest = max((depth(m) for m in module_of.values()), default=0)
         depths = [None] + list(range(deepest - 1, -1, -1))
         folds = {None: [(MIN_REPS, MIN_OPS), _LOOSE], True: [(MIN_REPS, MIN_OPS), _LOOSE]}.get(fold, [None])
-        stages = [(None, None, None)] if fold is None else []
-        stages += [(f, d, None) for f in folds for d in depths]
-        stages += [(folds[-1], d, CHAIN) for d in depths]
+        stages = [(None, None, None, False)] if fold is None else []
+        stages += [(f, d, None, False) for f in folds for d in depths]
+        stages += [(folds[-1], d, None, True) for d in depths[1:]]
+        stages += [(folds[-1], d, CHAIN, True) for d in depths]
     seen = set()
-    for f, d, chains in stages:
+    for f, d, chains, spans in stages:
         view = build_view(
             graph,
             findings,
@@ -114,6 +119,7 @@ def candidates(graph, findings, *, fold, collapse, module_of, cache):
             module_of=module_of,
             cache=cache,
             chains=chains,
+            spans=spans,
         )
         key = (frozenset(view.owner.items()), d)
         if key not in seen:
@@ -153,91 +159,145 @@ def _guard(graph, view, fixed: bool) -> None:
         raise TooBigToLayOut(boxes, fixed)
 
 
-def _lay_out(report, view, options, direction, pipe, columns: int = 1):
-    drawing = draw_with(report, view, options, direction, columns)
-    drawing.svg = pipe(drawing.dot, "svg").decode("utf-8")
+def _lay_out(report, view, options, direction, pipe, columns: int = 1, timeout=None):
+    """``view`` drawn and laid out (NOTE [dot crashes]: retried without what makes Graphviz crash)."""
+
+    def draw(**changes):
+        return draw_with(report, view, options, direction, columns, **changes)
+
+    drawing, svg, _ = robust(draw, pipe, timeout)
+    drawing.svg = svg.decode("utf-8")
     drawing.size = svg_size(drawing.svg)
     return drawing
 
 
-def _wrapped(report, view, options, pipe, w: float, h: float):
+def _wrapped(report, view, options, pipe, w: float, h: float, budget):
     """A TB drawing within the page but too tall for its width, wrapped into columns (NOTE [wrapping
     columns]); ``None`` when no wrapping passes :func:`legible`."""
     if max(w, h) > PAGE_PT or h <= MAX_ASPECT * w:
         return None
     note = view.note
     for k in dict.fromkeys((columns_for(w, h), columns_for(w, h) + 1)):
+        if not budget.can_run():
+            break
         view.note = (note + " " if note else "") + f"Wrapped into {k} columns: read each top to bottom."
-        drawing = _lay_out(report, view, options, "TB", pipe, k)
+        budget.used += 1
+        drawing = _lay_out(report, view, options, "TB", pipe, k, budget.left())
         if legible(*drawing.size) is None:
             return drawing
     view.note = note
     return None
 
 
-def draw_with(report, view, options, rankdir, columns: int = 1):
-    """:func:`~gradscope.views.dot.draw` of ``view`` with ``options`` (no layout)."""
+def draw_with(report, view, options, rankdir, columns: int = 1, **changes):
+    """:func:`~gradscope.views.dot.draw` of ``view`` with ``options`` (no layout); ``changes``: ``clusters``,
+    ``safe``, ``dropped`` for a retry after a Graphviz crash."""
     return draw(
         report,
         view,
         show_saved=options.show_saved,
-        clusters=options.clusters,
+        clusters=changes.get("clusters", options.clusters),
         legend=options.legend,
         limit=options.limit,
         rankdir=rankdir,
         columns=columns,
+        safe=changes.get("safe", False),
+        dropped=changes.get("dropped"),
     )
 
 
-def choose(report, options, *, pipe, module_of=None):
-    """The drawing to show: laid out, with ``.svg`` and ``.size`` set (see NOTE [fitting a page]).
+def choose(report, options, *, pipe, module_of=None, budget=None):
+    """The drawing to show: laid out, with ``.svg`` and ``.size`` set (see NOTE [fitting a page] and NOTE
+    [layout budget]).
 
-    ``options.collapse`` given explicitly fixes the view (no search); ``options.rankdir`` given fixes the
-    direction. ``pipe(dot, "svg")`` runs Graphviz.
+    ``options.collapse`` given explicitly fixes the view (no search, no time limit); ``options.rankdir``
+    given fixes the direction. ``pipe(dot, "svg", timeout)`` runs Graphviz; ``budget`` (a
+    :class:`~gradscope.views.layout.Budget`) bounds the search.
 
     Raises:
         TooBigToLayOut: the drawing to lay out has more than :data:`MAX_LAYOUT` boxes (before any layout).
     """
     graph = report.graph
     module_of = infer_modules(graph) if module_of is None else module_of
-    directions = [options.rankdir] if options.rankdir else ["TB", "LR"]
-    fixed = options.collapse is not None
-    budget = min(options.limit, PAGE_ELEMENTS)
-    best = None  # (longer side, view, direction) of the smallest layout seen
-    tried = []
     views = candidates(
         graph, report.findings, fold=options.fold, collapse=options.collapse, module_of=module_of, cache={}
     )
+    if options.collapse is not None:
+        view = next(iter(views))
+        _guard(graph, view, True)
+        return _lay_out(report, view, options, options.rankdir or "TB", pipe)
+    budget = Budget() if budget is None else budget
+    found, best, passed = _search(report, options, views, pipe, budget)
+    return found if found is not None else _settle(report, options, best, passed + list(views), pipe, budget)
+
+
+def _search(report, options, views, pipe, budget):
+    """Lay candidates out until one passes :func:`legible`: ``(that drawing or None, the smallest layout
+    seen as (longer side, drawing, direction) or None, the views passed over)``."""
+    graph = report.graph
+    directions = [options.rankdir] if options.rankdir else ["TB", "LR"]
+    limit = min(options.limit, PAGE_ELEMENTS)
+    best = None  # (longer side, drawing, direction) of the smallest layout seen
+    passed = []
     for view in views:
-        if not fixed and _elements(graph, view) > budget:
-            tried.append(view)
+        boxes = _elements(graph, view)
+        passed.append(view)
+        if boxes > limit:
             continue
-        _guard(graph, view, fixed)
-        if not fixed and (view.groups or view.depth is not None):
+        est = estimate(graph, view, boxes)
+        dirs = [d for d in directions if est.fits(d, PAGE_PT)]
+        if not dirs or est.cost > MAX_COST:  # cannot fit a page, or too slow to lay out: no layout
+            continue
+        _guard(graph, view, False)
+        if view.groups or view.depth is not None:
             view.note = caption_note(graph, view)
-        for direction in directions:
-            drawing = _lay_out(report, view, options, direction, pipe)
+        for direction in dirs:
+            if not budget.can_run():
+                budget.spent = True
+                return None, best, passed
+            budget.used += 1
+            try:
+                drawing = _lay_out(report, view, options, direction, pipe, timeout=budget.left())
+            except LayoutTimeout:
+                budget.spent = True
+                return None, best, passed
             w, h = drawing.size
-            if fixed or legible(w, h) is None:
-                return drawing
+            if legible(w, h) is None:
+                return drawing, best, passed
             if best is None or max(w, h) < best[0]:
-                best = (max(w, h), view, direction)
+                best = (max(w, h), drawing, direction)
             if direction == "TB" and not options.rankdir:
-                wrapped = _wrapped(report, view, options, pipe, w, h)
+                wrapped = _wrapped(report, view, options, pipe, w, h, budget)
                 if wrapped is not None:
-                    return wrapped
+                    return wrapped, best, passed
             if h >= w:  # LR swaps the sides: a drawing too tall in TB is too wide in LR
                 break
-    if best is None:  # every candidate was over budget: draw the smallest one
-        view = min(tried, key=lambda v: _elements(graph, v))
-        direction = directions[0]
-        _guard(graph, view, fixed)
+    return None, best, passed
+
+
+def _settle(report, options, best, passed, pipe, budget):
+    """When no candidate passed :func:`legible`: the smallest layout seen (or, when none was laid out, the
+    candidate of fewest boxes), with a caption that says why."""
+    graph = report.graph
+    if best is not None:
+        view, direction = best[1].view, best[2]
     else:
-        _, view, direction = best
-    view.note = (caption_note(graph, view) if view.groups else "") + (
-        " No drawing of this graph fits one page: zoom in, or open the .html view."
+        view, direction = min(passed, key=lambda v: _elements(graph, v)), options.rankdir or "TB"
+        _guard(graph, view, False)
+    why = (
+        f" The layout budget ({budget.seconds:g} s, at most {plural(budget.layouts, 'layout')}) was spent after "
+        f"{plural(budget.used, 'layout')}: this is the best drawing found so far; render(path, collapse=N) "
+        "draws one depth without the search, or open the .html view."
+        if budget.spent
+        else " No drawing of this graph fits one page: zoom in, or open the .html view."
     )
-    return _lay_out(report, view, options, direction, pipe)
+    view.note = (caption_note(graph, view) if view.groups else "") + why
+    try:  # the caption changed: lay it out again, in about the time it took before
+        return _lay_out(report, view, options, direction, pipe, timeout=SETTLE_SECONDS if budget.spent else None)
+    except LayoutTimeout:
+        if best is None:
+            raise
+        return best[1]
 
 
 def unmeasured(report, options, module_of=None):

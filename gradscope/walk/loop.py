@@ -26,7 +26,7 @@ from __future__ import annotations
 from array import array
 from itertools import accumulate
 
-from gradscope.walk.compiled import dead_inputs
+from gradscope.walk.compiled import COMPILED_CUTS, cut_event, dead_inputs
 from gradscope.walk.fast import fast_reader, uncount
 from gradscope.walk.records import Records, node_id
 from gradscope.walk.saved import read_saved
@@ -105,7 +105,11 @@ def walk(starts: list, names: dict, storages: StorageIds, fast: bool = True) -> 
         nexts = node.next_functions
         spec = specs_get(type(node)) or class_spec(node)
         if spec.info.compiled:  # edges the region's backward sends no gradient along: NOTE in walk/compiled.py
-            nexts = dead_inputs(node, nexts)
+            kept = dead_inputs(node, nexts)
+            cut = cut_event(node, nexts, kept, names) if kept is not nexts else None
+            if cut is not None:
+                r.graph.setdefault(COMPILED_CUTS, []).append(cut)
+            nexts = kept
         visit(nexts)
         for child, _ in reversed(nexts):
             if child not in ids:

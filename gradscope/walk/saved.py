@@ -149,9 +149,11 @@ def _read_custom(node, saved: list, attrs: dict, storages: StorageIds, compiled:
             saved.append(e)
         sids.append(e.get("storage") if e is not None else None)
     if compiled:  # NOTE [compiled region memory]
+        from gradscope.walk.compiled import region_attrs
         from gradscope.walk.regionmem import region_steps
 
         attrs.update(region_steps(node, sids))
+        attrs.update(region_attrs(node))  # what the picture draws: NOTE [compiled region sources]
     if written:
         _check_custom_versions(node, saved)
     if any(e["status"] == "recomputed" for e in saved):  # NOTE [checkpoint inputs]

@@ -278,12 +278,15 @@ def run_steps(run, v: int, steps: list, inputs: dict, level: int, high: int) -> 
     released: set = set()
     copied: set = set()
     view = mem.impl_view
+    gone: list = []  # incoming gradients the region's argument list let go of (NOTE [compiled region memory])
     for step in steps:
         for j, b in step.copy:
-            if view and view.get(inputs.get(j)) in EXPANDED:
+            g = inputs.get(j)
+            if g is None or (view and view.get(g) in EXPANDED):  # materialized as zeros, or made dense
                 copied.add(j)
                 own += b
                 level += b
+                level = _let_go(mem, inputs, j, level, gone)  # the expanded original: the list is cleared
         own += step.alloc
         level += step.alloc
         if level + step.workspace > high:
@@ -296,6 +299,8 @@ def run_steps(run, v: int, steps: list, inputs: dict, level: int, high: int) -> 
             if j in copied:
                 own -= b
                 level -= b
+            else:  # a dense incoming gradient dies at its last use too
+                level = _let_go(mem, inputs, j, level, gone)
         if release:
             for k in step.release:
                 released.add(k)
@@ -309,4 +314,18 @@ def run_steps(run, v: int, steps: list, inputs: dict, level: int, high: int) -> 
                     freed = st_bytes.pop(k, 0)
                     level -= freed
                     run.saved_freed += freed
+    for j in gone:
+        del inputs[j]  # not dropped again when the node returns
     return level - own, high, released
+
+
+def _let_go(mem, inputs: dict, j: int, level: int, gone: list) -> int:
+    """Incoming gradient ``j`` of a region node is dropped now (one reference; freed when nothing else holds
+    it): torch 2.13 hands the compiled backward its gradients as one list that the prologue clears."""
+    g = inputs.get(j)
+    if g is None or j in gone:
+        return level
+    gone.append(j)
+    mem.level = level
+    mem.unref(g)
+    return mem.level
