@@ -78,14 +78,60 @@ def _wrap(model, cfg: dict, world: int):
     return model
 
 
-def _curve(traced, marker: str) -> dict:
+def _sizes(mem, how: str = "high") -> list[int]:
+    """Each ``[memory]`` event's size, with the frees the trace lost put back.
+
+    NOTE [lost frees]
+    Some frees are missing from the trace: on FSDP2 over gloo, a reduce-scatter input (the group's unsharded
+    gradients, padded) whose last reference goes with gloo's work object, off the thread the step runs on.
+    The allocator later hands out the same address again with no free recorded in between, and the running
+    sum keeps counting the block for the rest of the job: +1 block per lost free, more in every later step
+    (the "spread between identical runs"). A block's free is lost when an allocation reuses its address while
+    it is still counted; the free is then applied just before that allocation, the latest moment it can have
+    happened: the level stays an upper bound of what was alive, never below it (``"high"``, the default).
+    ``"low"`` counts such a block not at all (freed the moment it was made): a lower bound. What was alive lies
+    between the two; ``"raw"`` is the trace as it is.
+    """
+    live: dict = {}
+    out = []
+    lost_at: set = set()  # indices of the allocations whose free was lost
+    if os.environ.get("GS_SHARD_RAW"):  # the trace as it is (to compare)
+        how = "raw"
+    for k, e in enumerate(mem):
+        n = int(e["args"]["Bytes"])
+        addr = e["args"].get("Addr")
+        lost = 0
+        if n > 0 and addr is not None and how != "raw" and addr in live:
+            old, lost = live.pop(addr)
+            lost_at.add(old)
+        if n > 0 and addr is not None:
+            live[addr] = (k, n)
+        elif addr is not None:
+            live.pop(addr, None)
+        out.append(n - lost)
+    if how == "low":  # the lost blocks never counted: their allocation and their correction both left out
+        mem_n = [int(e["args"]["Bytes"]) for e in mem]
+        out = [0 if k in lost_at else (mem_n[k] if d != mem_n[k] else d) for k, d in enumerate(out)]
+    return out
+
+
+def lost_frees(mem) -> int:
+    """How many frees the trace lost (NOTE [lost frees])."""
+    return sum(1 for e, n in zip(mem, _sizes(mem)) if n != int(e["args"]["Bytes"]))
+
+
+def _fixed(fix) -> str:
+    return "high" if fix is True else ("raw" if fix is False else fix)
+
+
+def _curve(traced, marker: str, how: str = "high") -> dict:
     events, mem = traced
     start = min(e["ts"] for e in events if e.get("name") == marker)
     level, peak, at_start = 0, 0, None
-    for e in mem:
+    for e, n in zip(mem, _sizes(mem, how)):
         if at_start is None and e["ts"] >= start:
             at_start = level
-        level += int(e["args"]["Bytes"])
+        level += n
         if e["ts"] >= start:
             peak = max(peak, level)
     dump = os.environ.get("GS_SHARD_DUMP")
@@ -94,7 +140,8 @@ def _curve(traced, marker: str) -> dict:
             e["name"].startswith("FSDP") or e["name"].startswith("gradscope") or "Optimizer" in e["name"]
             or e["name"].startswith("autograd::engine::evaluate_function"))]
         with open(f"{dump}.{os.getpid()}.{len(os.listdir(os.path.dirname(dump)))}.json", "w") as f:
-            json.dump({"start": start, "mem": [(e["ts"], e["tid"], int(e["args"]["Bytes"])) for e in mem],
+            json.dump({"start": start, "mem": [(e["ts"], e["tid"], int(e["args"]["Bytes"]), e["args"].get("Addr"))
+                                                for e in mem],
                        "marks": marks}, f)
     if os.environ.get("GS_SHARD_DIAG"):
         main = mem[0]["tid"]
@@ -104,16 +151,17 @@ def _curve(traced, marker: str) -> dict:
     return {"peak": peak, "start": at_start or level, "end": level}
 
 
-def _step_peaks(traced, marker: str) -> list[int]:
-    """The running sum's highest point within each ``marker`` window (each step, to the next one's start)."""
+def _step_peaks(traced, marker: str, fix: bool | str = True) -> list[int]:
+    """The running sum's highest point within each ``marker`` window (each step, to the next one's start);
+    ``fix=False``: without NOTE [lost frees]'s correction (the trace as it is); ``"low"``: its lower bound."""
     events, mem = traced
     starts = sorted(e["ts"] for e in events if e.get("name") == marker) + [float("inf")]
     level, peaks, i = 0, [], -1
-    for e in mem:
+    for e, n in zip(mem, _sizes(mem, _fixed(fix))):
         while e["ts"] >= starts[i + 1]:
             i += 1
             peaks.append(level)
-        level += int(e["args"]["Bytes"])
+        level += n
         if i >= 0:
             peaks[i] = max(peaks[i], level)
     return peaks + [level] * (len(starts) - 1 - len(peaks))
@@ -142,10 +190,13 @@ def _one(rank: int, world: int, model_name: str, model_kw: dict, cfg: dict, n: i
     gc.enable()
     traced = trace_events(prof)
     out = _curve(traced, "gradscope-test::step")
+    out["lost"] = lost_frees(traced[1])
     if cfg.get("steps", 1) > 1:  # each step's own peak (from its start to the next one's)
         out["steps"] = _step_peaks(traced, "gradscope-test::step")
+        out["raw_steps"] = _step_peaks(traced, "gradscope-test::step", fix=False)
+        out["low_steps"] = _step_peaks(traced, "gradscope-test::step", fix="low")
     if stepped:  # the host's peak under CPU offload: what it holds at the step's start plus the step's rise
-        step = _curve(traced, "gradscope-test::optstep")
+        step = _curve(traced, "gradscope-test::optstep", "raw")  # a rise: a correction inside it would shorten it
         out["host"] = held + step["peak"] - step["start"]
     return out
 

@@ -84,9 +84,22 @@ def _options(fn):
     help="The device to predict for (default cpu; cuda is modelled, not measured). A forward on meta "
     "tensors then takes that device's kernels.",
 )
+@click.option(
+    "--accumulate",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="Backward passes per optimizer.step() (gradient accumulation).",
+)
+@click.option(
+    "--keep-grads",
+    is_flag=True,
+    help="zero_grad(set_to_none=False): .grad kept as zeros between steps (default: emptied).",
+)
 @TRACE_OPTION
 @_options
-def memory_cmd(target, opt_name, budget, svg, use_trace, device=None, want_plan=False, **shard):
+def memory_cmd(target, opt_name, budget, svg, accumulate, keep_grads, use_trace, device=None, want_plan=False, **shard):
     """Predict the memory of TARGET's backward() and training step, before running it.
 
     \b
@@ -96,6 +109,10 @@ def memory_cmd(target, opt_name, budget, svg, use_trace, device=None, want_plan=
       gradscope memory train.py:make_loss --svg curve.svg
       gradscope memory train.py:make_loss --target cuda --budget 80GiB      # modelled, not measured
       gradscope memory train.py:make_loss --optimizer adamw --budget 80GiB --fsdp 8   # per rank
+      gradscope memory train.py:make_loss --optimizer adamw --accumulate 4 --budget 16GiB
+
+    The budget is compared with the higher of step 1 and a later step (the optimizer's state alive from
+    its start); both are printed.
     """
     from gradscope._format import human_bytes
     from gradscope.cli.target import load
@@ -119,9 +136,10 @@ def memory_cmd(target, opt_name, budget, svg, use_trace, device=None, want_plan=
         report = inspect(loaded.loss, model=loaded.model, trace=loaded.trace)
         opt = make_optimizer(opt_name.lower(), loaded.model) if opt_name else None
         spec = shard_spec(**shard)
+        steps = {"accumulate": accumulate, "set_to_none": not keep_grads}
         if spec is not None:
-            sys.exit(print_sharded(report, spec, opt, limit, svg=svg, plan=want_plan))
-        bm = report.backward_memory(optimizer=opt, target=device and device.lower())
+            sys.exit(print_sharded(report, spec, opt, limit, svg=svg, plan=want_plan, **steps))
+        bm = report.backward_memory(optimizer=opt, target=device and device.lower(), **steps)
     except GradscopeError as exc:
         raise UserError(str(exc)) from None
     status(f"replayed {len(bm.order):,} nodes")
@@ -134,16 +152,21 @@ def memory_cmd(target, opt_name, budget, svg, use_trace, device=None, want_plan=
         click.echo(f"\ncurve: {svg}")
     if want_plan:
         try:
-            code = _plan_hook().print_plan(report, budget, opt, echo=click.echo, target=device and device.lower())
+            code = _plan_hook().print_plan(
+                report, budget, opt, echo=click.echo, target=device and device.lower(), **steps
+            )
         except GradscopeError as exc:
             raise UserError(str(exc)) from None
         sys.exit(code)
     if limit is not None:
         over = bm.absolute_peak > limit
         verdict = "does NOT fit" if over else "fits"
+        first, later = bm.first_step.absolute_peak, bm.later_step.absolute_peak
+        which = "step 1" if first > later else "the later steps"
         click.echo(
             f"\nbudget {human_bytes(limit)}: the step {verdict} (predicted absolute peak "
-            f"{human_bytes(bm.absolute_peak)})."
+            f"{human_bytes(bm.absolute_peak)}, {which}'; step 1 {human_bytes(first)}, later steps "
+            f"{human_bytes(later)})."
         )
         if over:
             sys.exit(1)

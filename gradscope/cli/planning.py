@@ -19,14 +19,25 @@ PLAN_OPTION = click.option(
 )
 
 
-def print_plan(report, budget, optimizer=None, *, svg: str | None = None, echo=click.echo, target=None) -> int:
+def print_plan(
+    report,
+    budget,
+    optimizer=None,
+    *,
+    svg: str | None = None,
+    echo=click.echo,
+    target=None,
+    accumulate: int = 1,
+    set_to_none: bool = True,
+) -> int:
     """Print ``report.plan(budget, optimizer)`` and the largest batch that fits; return the exit code.
 
     Raises:
         gradscope.errors.InputValueError: the target was not traced or the budget does not parse (the
             command turns it into a one-line usage error).
     """
-    plan = report.plan(budget=budget, optimizer=optimizer, target=target)
+    steps = {"accumulate": accumulate, "set_to_none": set_to_none}
+    plan = report.plan(budget=budget, optimizer=optimizer, target=target, **steps)
     echo(str(plan))
     try:
         mb = report.max_batch(
@@ -35,6 +46,7 @@ def print_plan(report, budget, optimizer=None, *, svg: str | None = None, echo=c
             checkpoint=plan.checkpoint or None,
             offload=plan.offload or None,
             target=target,
+            **steps,
         )
     except ValueError:  # no activation shows the batch size: say nothing about batches
         mb = None

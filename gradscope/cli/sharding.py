@@ -53,7 +53,16 @@ def shard_spec(ddp, fsdp, shard_modules=(), bucket_view=False):
 
 
 def print_sharded(
-    report, spec, optimizer=None, limit: int | None = None, *, svg=None, plan: bool = False, echo=click.echo
+    report,
+    spec,
+    optimizer=None,
+    limit: int | None = None,
+    *,
+    svg=None,
+    plan: bool = False,
+    echo=click.echo,
+    accumulate: int = 1,
+    set_to_none: bool = True,
 ) -> int:
     """Print the per-rank step; 1 when ``limit`` is given and the highest rank's ceiling exceeds it. With
     ``plan``: print ``report.plan(limit, shard=spec)`` instead (the cheapest setting that fits), 1 when none."""
@@ -62,11 +71,11 @@ def print_sharded(
     if plan:
         if limit is None:
             raise UserError("--plan needs --budget SIZE (the memory the plan must fit in).")
-        found = report.plan(limit, optimizer=optimizer, shard=spec)
+        found = report.plan(limit, optimizer=optimizer, shard=spec, accumulate=accumulate, set_to_none=set_to_none)
         echo(str(found))
         return 0 if found.fits else 1
 
-    step = report.what_if(optimizer=optimizer, shard=spec)
+    step = report.what_if(optimizer=optimizer, shard=spec, accumulate=accumulate, set_to_none=set_to_none)
     echo(str(step))
     if svg:
         try:

@@ -1,5 +1,8 @@
 """Per-rank DDP / FSDP2 memory predicted from one process, against real gloo runs measured per rank with
-torch.profiler (``tests/_shardtruth.py``)."""
+torch.profiler (``tests/_shardtruth.py``). Jobs of three steps (AdamW, ``zero_grad(set_to_none=True)``
+between) unless said: ``ranks`` / ``peak_range`` is the steady state (the higher of step 1 and the later
+steps, whose AdamW state is alive from their start) and must hold every run's highest step; ``first`` holds
+step 1 and ``later`` steps 2-3. CPU offload runs one step (its host peak is measured on step 1)."""
 
 from __future__ import annotations
 
@@ -44,10 +47,11 @@ def predict(model_name: str, spec, n: int = 8, opt: bool = True, **kw):
 
 FAST = ["ddp", "ddp-view"]
 FSDP_FAST = {
-    "fsdp": {"kind": "fsdp"},
-    "fsdp-bf16": {"kind": "fsdp", "mp": True},
+    "fsdp": {"kind": "fsdp", "steps": 3},
+    "fsdp-bf16": {"kind": "fsdp", "mp": True, "steps": 3},
     "fsdp-offload": {"kind": "fsdp", "offload": True},
 }
+STEPS = 3  # a job's steps, in the configs that say "steps"
 
 
 def bf16_fp32_reduce():
@@ -64,9 +68,13 @@ def offload(world: int, **kw):
 
 
 def _split(names, measured) -> tuple[dict, dict, dict]:
-    """Per name, per run, each rank's peak; each rank's host peak under CPU offload; and per rank what
-    gradscope said inside it on the wrapped model (configs with ``"inspect"``; see _shardtruth)."""
-    peaks = {n: [[r["peak"] for r in run] for run in runs] for n, runs in zip(names, measured)}
+    """Per name, per run, each rank's peak (of the whole job: its highest step); each rank's host peak under
+    CPU offload; and per rank what gradscope said inside it on the wrapped model (configs with ``"inspect"``;
+    see _shardtruth). ``peaks[(name, "steps")]``: per run, per rank, each step's peak (jobs of 3 steps)."""
+    peaks: dict = {n: [[r["peak"] for r in run] for run in runs] for n, runs in zip(names, measured)}
+    for key in ("steps", "low_steps"):
+        peaks |= {(n, key): [[r[key] for r in run] for run in runs] for n, runs in zip(names, measured)
+                  if key in runs[0][0]}
     hosts = {n: [[r.get("host") for r in run] for run in runs] for n, runs in zip(names, measured)}
     seen = {n: [r.get("inspected") for r in runs[0]] for n, runs in zip(names, measured)}
     return peaks, hosts, seen
@@ -85,10 +93,11 @@ def fast_truth():
     """The fast subset, measured in one process group: DDP default and bucket view, FSDP2 reshard True with
     the parameters in float32, in bfloat16 (float32 reduce), and in float32 with CPU offload; gradscope inside
     each rank on the wrapped model too, except under bfloat16 (the rank's graph is then in bfloat16)."""
-    cfgs = [{**DDP_CONFIGS[n][0], "inspect": True} for n in FAST] + [
+    cfgs = [{**DDP_CONFIGS[n][0], "inspect": True, "steps": STEPS} for n in FAST] + [
         {**c, "inspect": not c.get("mp")} for c in FSDP_FAST.values()
     ]
-    cfgs.append({"kind": "code", "code": _mixed_plan()[0].code, "n": PLAN_BATCH})  # the plan's code, run as written
+    # the plan's code, run as written
+    cfgs.append({"kind": "code", "code": _mixed_plan()[0].code, "n": PLAN_BATCH, "steps": STEPS})
     peaks, hosts, seen = _split(FAST + list(FSDP_FAST) + ["plan"], measure("mlp", cfgs, world=2, runs=3, key="all"))
     return peaks | {"host": hosts["fsdp-offload"], "inspected": seen}
 
@@ -123,27 +132,38 @@ def test_plan_switches_mixed_precision_on_and_its_code_runs_under_the_budget(fas
     assert "numerics change" in plan.code.splitlines()[0] and "numerics change" in str(plan)
     runs = fast_truth["plan"]
     assert max(max(run) for run in runs) <= plan.budget, (runs, plan.budget)
-    check_range(plan.result, runs, "plan")
+    check_steps(plan.result, fast_truth[("plan", "steps")], "plan", fast_truth[("plan", "low_steps")])
     keep = report.plan(plan.budget, optimizer=opt, shard=gradscope.FSDP(2), margin=0, mixed_precision=False)
     assert not keep.mixed_precision and keep.spec.param_dtype is None and keep.peak_range == ck.peak_range
     assert "mixed precision" not in keep.code
 
 
-def check_range(wi, runs, what):
-    """Every run on every rank inside (floor - 1%, ceiling); the floor reached within 1% by some run.
+def check_range(wi, runs, what, ranges=None, reach=True, lows=None):
+    """Every run on every rank inside (floor - 1%, ceiling) of ``ranges`` (default ``wi.ranks``, the steady
+    state); with ``reach``, the floor reached within 1% by some run. ``lows``: the same runs' lower bounds
+    (tests/_shardtruth.py NOTE [lost frees]: a free the trace lost and whose address is not handed out again
+    before the peak leaves the measurement between the two); a run is above the ceiling when its lower bound is.
 
     FSDP2's peak is not deterministic (a free lands before or after gloo's worker thread finishes), so one
-    rank need not reach its floor in three runs. Ranks predicted alike (the same shard sizes, the same range)
-    are one population: the lowest run among them must reach their floor.
+    rank need not reach its floor in three runs. Ranks predicted alike (floors within 0.2%: the same shard
+    sizes up to padding) are one population: the lowest run among them must reach their floor.
     """
-    groups: dict = {}
-    for r, (low, high) in enumerate(wi.ranks):
+    ranges = wi.ranks if ranges is None else ranges
+    lows = runs if lows is None else lows
+    groups: list = []  # [(lowest floor, measured)] of ranks whose floors are within 0.2%
+    for r, (low, high) in enumerate(ranges):
         measured = [run[r] for run in runs]
-        assert min(measured) >= low - 0.01 * low, ("a run below the floor", what, r, wi.ranks, runs)
-        assert max(measured) <= high, ("a run above the ceiling", what, r, wi.ranks, runs)
-        groups.setdefault((low, high), []).extend(measured)
-    for (low, _), measured in groups.items():
-        assert min(measured) - low <= 0.01 * min(measured), ("the floor is never reached", what, wi.ranks, runs)
+        assert min(measured) >= low - 0.01 * low, ("a run below the floor", what, r, ranges, runs)
+        assert max(run[r] for run in lows) <= high, ("a run above the ceiling", what, r, ranges, runs, lows)
+        for g in groups:
+            if abs(g[0] - low) <= 0.002 * low:
+                g[0] = min(g[0], low)
+                g[1].extend(measured)
+                break
+        else:
+            groups.append([low, list(measured)])
+    for low, measured in groups if reach else ():
+        assert min(measured) - low <= 0.01 * min(measured), ("the floor is never reached", what, ranges, runs)
 
 
 def check_host(wi, runs, what):
@@ -153,25 +173,49 @@ def check_host(wi, runs, what):
             assert abs(wi.host[r] - measured) <= 0.001 * measured, ("host", what, r, wi.host, runs)
 
 
-def _check_ddp(name, runs):
+def _check_ddp(name, runs, steps=None):
+    """Every run (its highest step) within 0.1% of the steady state; with ``steps``, step 1 of ``first`` and
+    steps 2-3 of ``later`` too."""
     cfg, spec = DDP_CONFIGS[name]
     wi = predict("mlp", spec, opt=cfg.get("opt", True))
     assert wi.peak_range[0] == wi.peak_range[1] and len(wi.ranks) == 2
     for run in runs:
         for measured in run:
             assert abs(wi.peak - measured) <= 0.001 * measured, (name, wi.peak, runs)
+    for run in steps or ():
+        for r, s in enumerate(run):
+            assert abs(wi.first[r][0] - s[0]) <= 0.001 * s[0], (name, "step 1", wi.first, steps)
+            assert all(abs(wi.later[r][0] - x) <= 0.001 * x for x in s[1:]), (name, "later", wi.later, steps)
     return wi
 
 
 @pytest.mark.parametrize("name", FAST)
 def test_ddp_per_rank_peak_matches_the_profiler(fast_truth, name):
-    wi = _check_ddp(name, fast_truth[name])
+    wi = _check_ddp(name, fast_truth[name], fast_truth[(name, "steps")])
     check_inspected(fast_truth["inspected"][name], wi, name)  # the same numbers from inside each rank
+
+
+def check_steps(wi, steps, what, lows=None):
+    """Per step of a 3-step job: step 1 inside ``wi.first``, steps 2 and 3 each inside ``wi.later`` (with an
+    optimizer), the job (a run's highest step) inside ``wi.ranks``, the higher of the two. A floor must be
+    reached by some step it is the floor of: each step is a sample (a late release of gloo's may lift any one
+    step of a run, NOTE [lost frees] in tests/_shardtruth.py; a job's highest step is the likeliest lifted)."""
+    lows = steps if lows is None else lows
+
+    def pick(runs, f):
+        return [[f(s) for s in run] for run in runs]
+
+    check_range(wi, pick(steps, lambda s: s[0]), (what, "step 1"), wi.first, lows=pick(lows, lambda s: s[0]))
+    later = [[s[k] for s in run] for run in steps for k in (1, 2)]
+    check_range(wi, later, (what, "later steps"), wi.later, lows=[[s[k] for s in run] for run in lows for k in (1, 2)])
+    check_range(wi, pick(steps, max), (what, "job"), reach=False, lows=pick(lows, max))
+    assert wi.ranks == [max(a, b) for a, b in zip(wi.first, wi.later)]
 
 
 def test_fsdp2_fp32_reshard_per_rank_range_holds_every_run(fast_truth):
     wi = predict("mlp", gradscope.FSDP(2))
-    check_range(wi, fast_truth["fsdp"], "fsdp")
+    check_steps(wi, fast_truth[("fsdp", "steps")], "fsdp", fast_truth[("fsdp", "low_steps")])
+    assert min(lo for lo, _ in wi.later) > max(lo for lo, _ in wi.first)  # AdamW's state: later steps higher
     check_inspected(fast_truth["inspected"]["fsdp"], wi, "fsdp")
     assert wi.peak == wi.peak_range[0] < wi.single  # sharding saves memory on this step
     text = str(wi)
@@ -180,7 +224,7 @@ def test_fsdp2_fp32_reshard_per_rank_range_holds_every_run(fast_truth):
 
 def test_fsdp2_bf16_params_fp32_reduce_per_rank_range_holds_every_run(fast_truth):
     wi = predict("mlp", gradscope.FSDP(2, mp_policy=bf16_fp32_reduce()))
-    check_range(wi, fast_truth["fsdp-bf16"], "fsdp-bf16")
+    check_steps(wi, fast_truth[("fsdp-bf16", "steps")], "fsdp-bf16", fast_truth[("fsdp-bf16", "low_steps")])
     fp32 = predict("mlp", gradscope.FSDP(2))
     # the shards, their gradients and AdamW's state stay in float32: the same sharded parameters
     assert wi.parts[0]["sharded parameters (padded)"] == fp32.parts[0]["sharded parameters (padded)"]
@@ -190,7 +234,7 @@ def test_fsdp2_bf16_params_fp32_reduce_per_rank_range_holds_every_run(fast_truth
 
 def test_fsdp2_cpu_offload_per_rank_range_and_host_hold_every_run(fast_truth):
     wi = predict("mlp", offload(2))
-    check_range(wi, fast_truth["fsdp-offload"], "fsdp-offload")
+    check_range(wi, fast_truth["fsdp-offload"], "fsdp-offload", wi.first)  # one step
     check_host(wi, fast_truth["host"], "fsdp-offload")
     check_inspected(fast_truth["inspected"]["fsdp-offload"], wi, "fsdp-offload")
     assert wi.ranks == predict("mlp", gradscope.FSDP(2)).ranks  # on the CPU the device is the host
@@ -335,9 +379,11 @@ def _grid_truth(model: str, world: int) -> dict:
         keys = [k for k in GRID if k[:2] == (model, world)]
         keys += [k for k in OFFLOAD_GRID if k[:2] == (model, world)]
         cfgs = [{"kind": "fsdp", "reshard": k[2], "ckpt": k[3], "mp": "bf16" in k[4], "offload": "offload" in k[4],
-                 "inspect": not k[3] and "bf16" not in k[4]} for k in keys]
+                 "inspect": not k[3] and "bf16" not in k[4], "steps": 1 if "offload" in k[4] else STEPS} for k in keys]
         peaks, hosts, seen = _split(keys, measure(model, cfgs, world=world, runs=3, key="all"))
-        _GRID_TRUTH[(model, world)] = peaks | {(*k, "host"): v for k, v in hosts.items() if "offload" in k[4]}
+        _GRID_TRUTH[(model, world)] = {(*k[0], k[1]) if k[-1] in ("steps", "low_steps") else k: v
+                                       for k, v in peaks.items()}
+        _GRID_TRUTH[(model, world)] |= {(*k, "host"): v for k, v in hosts.items() if "offload" in k[4]}
         _GRID_TRUTH[(model, world)] |= {(*k, "inspected"): v for k, v in seen.items()
                                         if not k[3] and "bf16" not in k[4]}
     return _GRID_TRUTH[(model, world)]
@@ -353,7 +399,7 @@ def test_fsdp2_cpu_offload_grid_per_rank_range_and_host_hold_every_run(model, wo
     mp = bf16_fp32_reduce() if "bf16" in prec else None
     wi = predict(model, offload(world, modules=[SHARDED[model]], reshard_after_forward=reshard, mp_policy=mp),
                  checkpoint=SHARDED[model] if ckpt else None)
-    check_range(wi, truth[key], key)
+    check_range(wi, truth[key], key, wi.first)  # one step
     check_host(wi, truth[(*key, "host")], key)
     if not ckpt and not mp:
         check_inspected(truth[(*key, "inspected")], wi, key)
@@ -368,7 +414,9 @@ def test_fsdp2_grid_per_rank_range_holds_every_run(model, world, reshard, ckpt, 
     mp = bf16_fp32_reduce() if prec == "bf16" else None
     spec = gradscope.FSDP(world, modules=[SHARDED[model]], reshard_after_forward=reshard, mp_policy=mp)
     wi = predict(model, spec, checkpoint=SHARDED[model] if ckpt else None)
-    check_range(wi, runs, key)
+    assert runs  # each run's highest step: inside wi.ranks (check_steps' "job")
+    truth = _grid_truth(model, world)
+    check_steps(wi, truth[(*key, "steps")], key, truth[(*key, "low_steps")])
     if not ckpt and prec != "bf16":  # the prediction made inside each rank on the fully_shard-ed model
         check_inspected(_grid_truth(model, world)[(*key, "inspected")], wi, key)
 
@@ -412,21 +460,3 @@ def test_max_batch_per_rank_is_the_largest_batch_whose_ceiling_fits():
     mb = report.max_batch(budget, optimizer=opt, shard=spec, margin=0)
     assert mb.batch_size == 8 and mb.fits and mb.peak <= budget
     assert report.what_if(optimizer=opt, shard=spec, batch=(mb.batch + 1) / 8).high > budget
-
-
-@pytest.mark.slow
-def test_fsdp2_later_steps_floor_is_reached_by_a_three_step_job():
-    """Three steps (``zero_grad(set_to_none=True)`` between), 3 runs on 2 gloo ranks: each later step starts
-    with AdamW's state, so ``later`` is above the first step's range; no run of steps 2-3 is below its
-    floor and one reaches it within 1%. (Their ceiling is not held: a run's step 3 went 9% above it.)"""
-    from tests._shardtruth import measure
-
-    runs = measure("mlp", [{"kind": "fsdp", "steps": 3}], world=2, runs=3, key="all")[0]
-    wi = predict("mlp", gradscope.FSDP(2))
-    assert len(wi.later) == 2 and min(lo for lo, _ in wi.later) > max(lo for lo, _ in wi.ranks)
-    rest = [[max(r["steps"][1:]) for r in run] for run in runs]
-    for r, (low, _) in enumerate(wi.later):
-        assert min(run[r] for run in rest) >= low - 0.01 * low, ("a later step below the floor", wi.later, rest)
-    low = min(lo for lo, _ in wi.later)
-    assert min(min(run) for run in rest) - low <= 0.01 * low, ("the floor is never reached", wi.later, rest)
-    assert "later steps (the optimizer's state alive from their start)" in str(wi)

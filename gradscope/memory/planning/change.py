@@ -96,9 +96,20 @@ def _scale(scaler: Scaler, graph, k: float):
     return scale
 
 
-def change_overrides(report, checkpoint=(), offload=(), batch: float = 1.0, scaler: Scaler | None = None, target=None):
+def change_overrides(
+    report,
+    checkpoint=(),
+    offload=(),
+    batch: float = 1.0,
+    scaler: Scaler | None = None,
+    target=None,
+    accumulate: int = 1,
+    set_to_none: bool = True,
+):
     """``(Overrides, notes, checkpoint regions, offloaded node ids)`` for checkpointed / offloaded module
-    names (already resolved), predicted for device ``target`` (a Target or None)."""
+    names (already resolved), predicted for device ``target`` (a Target or None), ``accumulate``
+    micro-steps per optimizer step and ``zero_grad(set_to_none=...)`` (replay/steady.py NOTE [first and
+    later steps])."""
     from gradscope.memory.replay.backward import Overrides
 
     graph = report.graph
@@ -126,7 +137,8 @@ def change_overrides(report, checkpoint=(), offload=(), batch: float = 1.0, scal
                 "pass batch_size= (the batch of the traced forward)."
             )
         scale = _scale(scaler, graph, batch)
-    return Overrides(scale=scale, target=target), notes, regions, frozenset(off_nodes)  # rewrite.py: the last two
+    ov = Overrides(scale=scale, target=target, accumulate=accumulate, set_to_none=set_to_none)
+    return ov, notes, regions, frozenset(off_nodes)  # rewrite.py: the last two
 
 
 class _Rewritten:

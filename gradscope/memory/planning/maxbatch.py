@@ -14,7 +14,11 @@ __all__ = ["MaxBatch", "max_batch"]
 
 @dataclass
 class MaxBatch:
-    """The largest batch whose predicted step fits ``budget`` (see :func:`max_batch`)."""
+    """The largest batch whose predicted step fits ``budget`` (see :func:`max_batch`).
+
+    ``peak`` is the step's at that batch: the higher of step 1 and a later step (``first_peak``,
+    ``later_peak``; ``step`` says which one it is).
+    """
 
     batch: int
     peak: int
@@ -23,6 +27,13 @@ class MaxBatch:
     per_sample: int
     checkpoint: list[str] = field(default_factory=list)
     offload: list[str] = field(default_factory=list)
+    first_peak: int = 0
+    later_peak: int = 0
+
+    @property
+    def step(self) -> str:
+        """Which step ``peak`` is for: ``"first step"`` or ``"later steps"`` (the higher; later on a tie)."""
+        return "first step" if self.first_peak > self.later_peak else "later steps"
 
     @property
     def fits(self) -> bool:
@@ -32,9 +43,10 @@ class MaxBatch:
         b = human_bytes
         if not self.fits:
             return f"no batch fits {b(self.budget)}: a batch of 1 needs {b(self.peak)}"
+        steps = f" (step 1 {b(self.first_peak)}, later steps {b(self.later_peak)})" if self.later_peak else ""
         return (
             f"largest batch that fits {b(self.budget)}: {self.batch} (traced: {self.batch_size}), predicted "
-            f"peak {b(self.peak)}; the peak grows by about {b(self.per_sample)} per sample"
+            f"peak {b(self.peak)}{steps}; the peak grows by about {b(self.per_sample)} per sample"
         )
 
     __repr__ = __str__
@@ -50,6 +62,8 @@ def max_batch(
     batch_size=None,
     margin: float = 0.02,
     target=None,
+    accumulate: int = 1,
+    set_to_none: bool = True,
 ) -> MaxBatch:
     """The largest integer batch whose predicted peak fits ``budget`` less ``margin`` (the prediction's
     tolerance, as in :func:`plan`), with the given changes applied.
@@ -57,7 +71,8 @@ def max_batch(
     The peak is a replay per candidate batch: two points give the bytes per sample, the linear estimate is
     bracketed by doubling steps and the largest fitting batch found by bisection (about
     ``2 * log2(error)`` replays, never one per batch size). ``target``: the device (``"cpu"`` default,
-    ``"cuda"`` modelled, or a Target).
+    ``"cuda"`` modelled, or a Target). The peak is the higher of step 1 and a later step, with
+    ``accumulate`` micro-steps per optimizer step and ``zero_grad(set_to_none=...)`` (:func:`what_if`).
 
     Raises:
         InputValueError: a bad budget or margin, no activation that shows the batch, or a step in which
@@ -67,7 +82,8 @@ def max_batch(
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 0.5:
         raise InputValueError(f"margin= is a share of the budget in [0, 0.5), got {one_line(margin)}.")
     limit = int(budget * (1 - margin))
-    one = what_if(report, checkpoint, offload, 1.0, optimizer, batch_size, target=target)
+    steps = {"target": target, "accumulate": accumulate, "set_to_none": set_to_none}
+    one = what_if(report, checkpoint, offload, 1.0, optimizer, batch_size, **steps)
     b0 = one.batch_size
     if not b0:
         raise InputValueError(
@@ -76,10 +92,12 @@ def max_batch(
         )
 
     peaks = {b0: one.peak}
+    both = {b0: _both(one)}
 
-    def peak(n: int) -> int:  # a replay per new batch; only the number is kept
+    def peak(n: int) -> int:  # a replay per new batch; only the numbers are kept
         if n not in peaks:
-            peaks[n] = what_if(report, checkpoint, offload, n / b0, optimizer, b0, target=target).peak
+            wi = what_if(report, checkpoint, offload, n / b0, optimizer, b0, **steps)
+            peaks[n], both[n] = wi.peak, _both(wi)
         return peaks[n]
 
     growth = (peak(2 * b0) - one.peak) / b0  # bytes per sample, unrounded: a rounded one drifts far at large n
@@ -94,9 +112,13 @@ def max_batch(
         lo, hi = (mid, hi) if peak(mid) <= limit else (lo, mid)
     n = lo
     if n == 0:
-        return MaxBatch(0, peak(1), budget, b0, max(1, round(growth)), one.checkpoint, one.offload)
+        return MaxBatch(0, peak(1), budget, b0, max(1, round(growth)), one.checkpoint, one.offload, *both[1])
     per = max(0, round((peak(n) - one.peak) / (n - b0))) if n != b0 else max(1, round(growth))
-    return MaxBatch(n, peak(n), budget, b0, per, one.checkpoint, one.offload)
+    return MaxBatch(n, peak(n), budget, b0, per, one.checkpoint, one.offload, *both[n])
+
+
+def _both(wi) -> tuple[int, int]:
+    return wi.first_step.absolute_peak, wi.later_step.absolute_peak
 
 
 def _bracket(peak, guess: int, limit: int) -> tuple[int, int]:

@@ -21,16 +21,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from gradscope._format import human_bytes, one_line
 from gradscope.errors import InputValueError
-from gradscope.graph import PARAMS
 from gradscope.graph.attribution import storage_uses
 from gradscope.memory.planning.idiom import contiguous, hf_switch, loss_note, prefer_switch, switch_note
 from gradscope.memory.planning.maxbatch import MaxBatch, max_batch
-from gradscope.memory.planning.plancode import parse_budget, plan_code, span_names
+from gradscope.memory.planning.plancode import floor_bytes, not_fit, parse_budget, plan_code, span_names
 from gradscope.memory.planning.select import module_regions, region_inputs, require_modules
-from gradscope.memory.planning.whatif import WhatIf, context, in_forward_order, step_device, what_if
+from gradscope.memory.planning.whatif import WhatIf, context, in_forward_order, step_device, steps_line, what_if
 from gradscope.memory.targets import resolve
 
 __all__ = ["Plan", "MaxBatch", "plan", "max_batch", "parse_budget", "plan_code", "span_names"]
@@ -43,7 +43,9 @@ class Plan:
     Attributes:
         checkpoint: modules to wrap in ``checkpoint(use_reentrant=False)``; offload: modules to run under
             ``save_on_cpu()``.
-        peak: predicted absolute peak with the plan applied; before: without it; fits: ``peak <= budget``.
+        peak: predicted absolute peak with the plan applied (the higher of step 1 and a later step: the
+            steady state; ``result.first_step`` / ``result.later_step``); before: without it; fits:
+            ``peak <= budget``.
         recompute_flops / forward_flops: the FLOPs the plan runs again and those of the forward
             (estimated from shapes); code: the lines to add; result: the plan's :class:`WhatIf`.
         floor: bytes no plan can remove (parameters, buffers, gradients, optimizer state);
@@ -79,6 +81,11 @@ class Plan:
             f"{'fits as is' if not (self.checkpoint or self.offload) and self.fits else ''}"
         ).rstrip()
         lines = [head]
+        changed = bool(self.checkpoint or self.offload)
+        res = self.result
+        steps = "" if res is None else steps_line(res.memory, res.accumulate, res.set_to_none)
+        if steps and not changed:
+            lines.append("  " + steps)
         if self.checkpoint:
             lines.append(f"  checkpoint: {span_names(self.checkpoint)}")
         if self.offload:
@@ -88,6 +95,8 @@ class Plan:
                 f"  predicted peak {b(self.before)} -> {b(self.peak)} "
                 f"({'fits' if self.fits else 'still over the budget'})"
             )
+            if steps:
+                lines.append("  with the plan: " + steps)
             lines.append(
                 f"  recompute: +{self.recompute_share:.0%} forward FLOPs "
                 f"({self.recompute_flops / 1e9:.3g} GFLOP, estimated from shapes)"
@@ -179,6 +188,8 @@ def plan(
     batch_size=None,
     margin: float = 0.02,
     target=None,
+    accumulate: int = 1,
+    set_to_none: bool = True,
 ) -> Plan:
     """The cheapest set of modules to checkpoint (and, off the CPU, offload) so that the step fits ``budget``.
 
@@ -191,6 +202,8 @@ def plan(
         margin: the planner aims this share under the budget (the prediction's tolerance, 2%), so that
             the applied plan fits; ``fits`` still compares the predicted peak with the budget itself.
         target: the device: ``"cpu"`` (default), ``"cuda"`` (modelled, not measured) or a Target.
+        accumulate / set_to_none: micro-steps per ``optimizer.step()`` and how ``zero_grad()`` clears
+            ``.grad``; the plan fits the higher of step 1 and a later step (:func:`what_if`).
 
     Returns:
         A :class:`Plan`; ``plan.fits`` is False (with ``plan.message`` saying what is needed) when no plan
@@ -211,44 +224,32 @@ def plan(
     if dev is not None and not dev.measured:
         device = dev.label
 
-    from gradscope.memory.replay.backward import Overrides, replay
+    from gradscope.memory.replay.backward import Overrides, check_steps, replay
 
-    unchanged = replay(report, None if dev is None else Overrides(target=dev), optimizer=optimizer)
+    accumulate = check_steps(accumulate, set_to_none)
+    steps: dict[str, Any] = {"accumulate": accumulate, "set_to_none": set_to_none}
+    unchanged = replay(report, Overrides(target=dev, **steps), optimizer=optimizer)
 
     memo: dict = {}
 
     def peak_of(ck, off):
         key = (frozenset(ck), frozenset(off))
         if key not in memo:
-            memo[key] = what_if(report, ck, off, batch, optimizer, batch_size, baseline=unchanged, target=dev)
+            memo[key] = what_if(report, ck, off, batch, optimizer, batch_size, baseline=unchanged, target=dev, **steps)
         return memo[key]
 
     base = peak_of([], [])
-    floor = _floor(report, base)
+    floor = floor_bytes(report, base)
     chosen: list[str] = []
     off: list[str] = []
     best = base
     if base.peak > target and floor <= target:
-        cands = _candidates(report, names)
-        runs = [cands] + [[c for c in cands if c[1].count(".") == d] for d in sorted({c[1].count(".") for c in cands})]
-        results = []
-        bound = None  # the least recompute of a fitting plan so far: a pass that spends more stops
-        for run in runs:
-            if run:
-                results.append(_greedy(run, peak_of, base, target, can_offload, bound))
-                if results[-1][2].peak <= target:
-                    cost = sum(c[3] for c in cands if c[1] in results[-1][0])
-                    bound = cost if bound is None else min(bound, cost)
-        fitting = [r for r in results if r[2].peak <= target]
-        if fitting:
-            chosen, off, best = min(fitting, key=lambda r: (r[2].recompute_flops, r[2].peak))
-        elif results:
-            chosen, off, best = min(results, key=lambda r: (r[2].peak, r[2].recompute_flops))
+        chosen, off, best = _search(_candidates(report, names), peak_of, base, target, can_offload)
     if chosen and best.peak <= target:  # NOTE in idiom.py: a range rather than a list with holes
         chosen, best = contiguous(chosen, off, best, peak_of, target, set(names))
         chosen, best = prefer_switch(graph, chosen, off, best, peak_of, target)
     fits = best.peak <= limit
-    message = "" if fits else _not_fit(best, limit, floor, bool(chosen or off))
+    message = "" if fits else not_fit(best, limit, floor, bool(chosen or off))
     chosen, off = in_forward_order(report, chosen), in_forward_order(report, off)
     notes = [switch_note(graph, chosen, off, peak_of, limit, best.recompute_flops) if fits else None]
     notes.append(loss_note(graph, base.memory, base.peak - best.peak, fits))
@@ -269,6 +270,29 @@ def plan(
         device=device,
         notes=[n for n in notes if n],
     )
+
+
+def _search(cands, peak_of, base: WhatIf, target: int, can_offload: bool):
+    """NOTE [the planner]'s passes (all modules, then one depth of the module tree at a time):
+    ``(checkpoint, offload, WhatIf)`` of the fitting plan with the least recompute, else the lowest peak."""
+    chosen: list[str] = []
+    off: list[str] = []
+    best = base
+    runs = [cands] + [[c for c in cands if c[1].count(".") == d] for d in sorted({c[1].count(".") for c in cands})]
+    results = []
+    bound = None  # the least recompute of a fitting plan so far: a pass that spends more stops
+    for run in runs:
+        if run:
+            results.append(_greedy(run, peak_of, base, target, can_offload, bound))
+            if results[-1][2].peak <= target:
+                cost = sum(c[3] for c in cands if c[1] in results[-1][0])
+                bound = cost if bound is None else min(bound, cost)
+    fitting = [r for r in results if r[2].peak <= target]
+    if fitting:
+        chosen, off, best = min(fitting, key=lambda r: (r[2].recompute_flops, r[2].peak))
+    elif results:
+        chosen, off, best = min(results, key=lambda r: (r[2].peak, r[2].recompute_flops))
+    return chosen, off, best
 
 
 def _greedy(cands, peak_of, base: WhatIf, target: int, can_offload: bool, bound=None):
@@ -308,35 +332,3 @@ def _greedy(cands, peak_of, base: WhatIf, target: int, can_offload: bool, bound=
                 chosen.remove(name)
                 best = trial
     return chosen, off, best
-
-
-def _floor(report, base: WhatIf) -> int:
-    """Bytes no plan removes: parameters, buffers, every gradient, optimizer state and step temporaries."""
-    from gradscope.memory.replay.engine import numel_bytes
-
-    parts = base.memory.parts
-    params = report.graph.graph.get(PARAMS, {})
-    grads = sum(numel_bytes(p.get("shape"), p.get("dtype")) for p in params.values() if p.get("requires_grad"))
-    step = base.memory.step
-    return (
-        parts.get("parameters", 0)
-        + parts.get("buffers", 0)
-        + grads
-        + parts.get("optimizer state", 0)
-        + (max(0, step.peak) if step is not None else 0)
-    )
-
-
-def _not_fit(best: WhatIf, limit: int, floor: int, tried: bool) -> str:
-    b = human_bytes
-    if floor > limit:
-        return (
-            f"Nothing fits: parameters, buffers, gradients and optimizer state alone take {b(floor)}, over "
-            f"the {b(limit)} budget before any activation. Needed: at least {b(floor - limit)} more, or less "
-            "state (a smaller model, lower precision, an optimizer with less state, or sharding)."
-        )
-    return (
-        f"No plan fits: the best found{' (checkpointing every module that helps)' if tried else ''} peaks at "
-        f"{b(best.peak)}, {b(best.peak - limit)} over the budget. A smaller batch may fit "
-        "(report.max_batch(budget=...)), or a budget of at least " + b(best.peak) + "."
-    )

@@ -7,7 +7,7 @@ import re
 from gradscope._format import human_bytes, one_line
 from gradscope.errors import InputTypeError, InputValueError
 
-__all__ = ["parse_budget", "budget_note", "span_names", "plan_code"]
+__all__ = ["parse_budget", "budget_note", "span_names", "plan_code", "floor_bytes", "not_fit"]
 
 _UNITS = {
     "": 1,
@@ -129,3 +129,37 @@ def plan_code(checkpoint: list[str], offload: list[str], model: str = "model") -
             "    module.forward = offloaded(module.forward)",
         ]
     return "\n".join(lines)
+
+
+def floor_bytes(report, base) -> int:
+    """Bytes no plan removes (``base``: the unchanged step's WhatIf): parameters, buffers, every
+    gradient, optimizer state (as a later step starts with it) and step temporaries."""
+    from gradscope.graph import PARAMS
+    from gradscope.memory.replay.engine import numel_bytes
+
+    parts = base.memory.later_step.parts
+    params = report.graph.graph.get(PARAMS, {})
+    grads = sum(numel_bytes(p.get("shape"), p.get("dtype")) for p in params.values() if p.get("requires_grad"))
+    step = base.memory.step
+    return (
+        parts.get("parameters", 0)
+        + parts.get("buffers", 0)
+        + grads
+        + parts.get("optimizer state", 0)
+        + (max(0, step.peak) if step is not None else 0)
+    )
+
+
+def not_fit(best, limit: int, floor: int, tried: bool) -> str:
+    b = human_bytes
+    if floor > limit:
+        return (
+            f"Nothing fits: parameters, buffers, gradients and optimizer state alone take {b(floor)}, over "
+            f"the {b(limit)} budget before any activation. Needed: at least {b(floor - limit)} more, or less "
+            "state (a smaller model, lower precision, an optimizer with less state, or sharding)."
+        )
+    return (
+        f"No plan fits: the best found{' (checkpointing every module that helps)' if tried else ''} peaks at "
+        f"{b(best.peak)}, {b(best.peak - limit)} over the budget. A smaller batch may fit "
+        "(report.max_batch(budget=...)), or a budget of at least " + b(best.peak) + "."
+    )

@@ -7,8 +7,9 @@ The change (checkpoint, offload, batch) is applied as in :func:`what_if`; the sh
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
-from gradscope.errors import InputTypeError
+from gradscope.errors import InputTypeError, InputValueError
 from gradscope.memory.planning.select import Scaler
 from gradscope.memory.planning.whatif import change_overrides, in_forward_order, replay_change, what_if
 from gradscope.memory.sharding.ddp import ddp_step
@@ -37,16 +38,28 @@ def sharded_what_if(
     batch_size=None,
     baseline=None,
     target=None,
+    accumulate: int = 1,
+    set_to_none: bool = True,
 ) -> ShardedStep:
     """The step with the change applied and sharded by ``shard`` (see :func:`gradscope.memory.sharding`), on
-    the device the graph was built on or ``target`` (``"cuda"``: the device's parts modelled, not measured)."""
+    the device the graph was built on or ``target`` (``"cuda"``: the device's parts modelled, not measured);
+    ``accumulate`` / ``set_to_none`` as in :func:`what_if` (DDP; FSDP2 models one backward per step with
+    ``zero_grad()``'s default and says so for anything else)."""
     from gradscope.memory.targets import resolve as resolve_target
 
     spec = check_spec(shard)
-    wi = what_if(report, checkpoint, offload, batch, optimizer, batch_size, baseline, target)
+    if isinstance(spec, FSDP) and (accumulate != 1 or set_to_none is not True):
+        raise InputValueError(
+            "what_if(shard=FSDP(...)) models one backward per optimizer step with zero_grad(set_to_none=True); "
+            "accumulate= and set_to_none=False are modelled for DDP and one process only."
+        )
+    steps: dict[str, Any] = {"accumulate": accumulate, "set_to_none": set_to_none}
+    wi = what_if(report, checkpoint, offload, batch, optimizer, batch_size, baseline, target, **steps)
     scaler = Scaler(report.graph, wi.batch_size) if wi.batch != 1 else None
     dev = None if target is None else resolve_target(target)
-    ov, _, regions, off_nodes = change_overrides(report, wi.checkpoint, wi.offload, wi.batch, scaler, dev)
+    ov, _, regions, off_nodes = change_overrides(
+        report, wi.checkpoint, wi.offload, wi.batch, scaler, dev, wi.accumulate, set_to_none
+    )
     grown = 0
     if wi.batch != 1:  # what_if adds the loss buffer's growth to its replay; the runs below add it too
         grown = wi.peak - replay_change(report, ov, regions, off_nodes, optimizer).absolute_peak
@@ -56,7 +69,9 @@ def sharded_what_if(
             return wi.memory
         step_ov = ov if has_grad is None else replace(ov, has_grad=has_grad)
         mem = replay_change(report, step_ov, regions, off_nodes, optimizer, transform)
-        mem.absolute_peak += grown
+        if grown:
+            mem.absolute_peak += grown
+            mem.first_step, mem.later_step = mem.first_step.grown(grown, "loss"), mem.later_step.grown(grown, "loss")
         return mem
 
     device = wi.device

@@ -13,6 +13,11 @@ and the replay is run twice, on the unchanged and on the changed step.
   prediction says so (and is unchanged: the profiler measures the same step).
 - ``batch=k``: every tensor whose shape holds the batch grows by ``k`` (NOTE [what scales with the batch]
   in ``select.py``); parameters, gradients, optimizer state and shape-only tensors stay.
+
+The peak compared with a budget is the steady state's: the higher of step 1 and a later step (the
+optimizer's state alive from its start; ``accumulate`` micro-steps per optimizer step; ``.grad`` as
+``zero_grad(set_to_none=...)`` leaves it): replay/steady.py NOTE [first and later steps]. Both steps
+are on the result (``first_step``, ``later_step``) and printed.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from gradscope.memory.planning.select import Scaler, require_modules, resolve
 
 if TYPE_CHECKING:
     from gradscope.memory.replay.backward import BackwardMemory
+    from gradscope.memory.replay.steady import StepPeak
 
 __all__ = ["WhatIf", "what_if", "step_device", "change_overrides", "replay_change", "in_forward_order"]
 
@@ -48,8 +54,11 @@ class WhatIf:
     Attributes:
         peak: predicted absolute peak of the changed step (bytes): parameters, buffers, inputs, ``.grad``s,
             optimizer state, activations and backward's transient peak, up to the end of
-            ``optimizer.step()`` when an optimizer was given, else of backward.
+            ``optimizer.step()`` when an optimizer was given, else of backward; the higher of step 1 and a
+            later step (``first_step``, ``later_step``: the steady state).
         before: the same for the unchanged step (``backward_memory(optimizer=...).absolute_peak``).
+        accumulate: micro-steps (backward passes) per optimizer step; set_to_none: how ``zero_grad()``
+            clears ``.grad`` between steps (False: kept as zeros).
         checkpoint / offload: the modules the change wraps (patterns resolved to outermost modules).
         batch: the batch factor ``k``; ``batch_size`` the traced batch size it multiplies.
         memory: the changed step's replay (``.order``, ``.levels``: the backward curve), ``baseline`` the
@@ -75,6 +84,23 @@ class WhatIf:
     fixed_examples: list[str] = field(default_factory=list)
     device: str = "cpu"
     notes: list[str] = field(default_factory=list)
+    accumulate: int = 1
+    set_to_none: bool = True
+
+    @property
+    def first_step(self) -> StepPeak:
+        """The changed step as inspected (step 1 of the loop): its absolute peak and parts."""
+        return self.memory.first_step
+
+    @property
+    def later_step(self) -> StepPeak:
+        """Every step after the first (the optimizer's state alive from its start)."""
+        return self.memory.later_step
+
+    @property
+    def step(self) -> str:
+        """Which step ``peak`` is for: ``"later steps"`` or ``"first step"`` (the higher; later on a tie)."""
+        return _higher(self.memory)
 
     @property
     def saved(self) -> int:
@@ -106,6 +132,7 @@ class WhatIf:
             f"what if: {self.change()}",
             f"  peak {human_bytes(self.before)} -> {human_bytes(self.peak)} "
             f"({'-' if self.saved >= 0 else '+'}{human_bytes(abs(self.saved))}) on {self.device}",
+            "  " + steps_line(self.memory, self.accumulate, self.set_to_none),
         ]
         if self.checkpoint:
             lines.append(
@@ -131,6 +158,20 @@ class WhatIf:
         from gradscope.svgchart import svg_or_path
 
         return svg_or_path(curves_svg([("before", self.baseline), (self.change(), self.memory)], **kwargs), path)
+
+
+def _higher(bm) -> str:
+    return "first step" if bm.first_step.absolute_peak > bm.later_step.absolute_peak else "later steps"
+
+
+def steps_line(bm, accumulate: int = 1, set_to_none: bool = True) -> str:
+    """One line saying which step a peak is for: ``step 1 X, later steps Y: the peak is ...``."""
+    k = f", {accumulate} micro-steps per optimizer step" if accumulate > 1 else ""
+    z = ", zero_grad(set_to_none=False)" if not set_to_none else ""
+    first, later = bm.first_step.absolute_peak, bm.later_step.absolute_peak
+    return f"step 1 {human_bytes(first)}, later steps {human_bytes(later)}{k}{z}: the peak is " + (
+        "step 1's" if first > later else "the later steps'"
+    )
 
 
 def _batch_factor(batch) -> float:
@@ -178,6 +219,8 @@ def what_if(
     batch_size: int | None = None,
     baseline=None,
     target=None,
+    accumulate: int = 1,
+    set_to_none: bool = True,
 ) -> WhatIf:
     """Predict the step's memory with modules checkpointed, offloaded, or the batch scaled by ``batch``.
 
@@ -192,14 +235,17 @@ def what_if(
         batch_size: the traced forward's batch size, when the guess from the shapes is wrong.
         baseline: the unchanged step's replay when the caller has it (the planner), else replayed here.
         target: the device: ``"cpu"`` (default), ``"cuda"`` (modelled, not measured) or a Target.
+        accumulate: backward passes per ``optimizer.step()`` (gradient accumulation).
+        set_to_none: how ``zero_grad()`` clears ``.grad`` between steps (False: kept as zeros).
 
     Raises:
         InputValueError: the report was not traced, a pattern matches no module, a module is in both lists.
         InputTypeError: an argument of the wrong type.
     """
-    from gradscope.memory.replay.backward import Overrides, replay
+    from gradscope.memory.replay.backward import Overrides, check_steps, replay
     from gradscope.memory.targets import resolve as resolve_target
 
+    accumulate = check_steps(accumulate, set_to_none)
     dev = None if target is None else resolve_target(target)
     graph = report.graph
     names = require_modules(graph, "what_if")
@@ -208,8 +254,9 @@ def what_if(
     _overlap(ck, off)
     k = _batch_factor(batch)
     scaler = scaler_for(report, batch_size)
-    ov, notes, regions, off_nodes = change_overrides(report, ck, off, k, scaler, dev)
-    unchanged = None if dev is None else Overrides(target=dev)
+    ov, notes, regions, off_nodes = change_overrides(report, ck, off, k, scaler, dev, accumulate, set_to_none)
+    plain = dev is None and accumulate == 1 and set_to_none
+    unchanged = None if plain else Overrides(target=dev, accumulate=accumulate, set_to_none=set_to_none)
     before = baseline if baseline is not None else replay(report, unchanged, optimizer=optimizer)
     after = replay_change(report, ov, regions, off_nodes, optimizer)
     grown = loss_buffer(graph, k)
@@ -238,4 +285,6 @@ def what_if(
         fixed_examples=examples,
         device=context(report)["device"] if dev is None else dev.label,
         notes=notes,
+        accumulate=accumulate,
+        set_to_none=set_to_none,
     )

@@ -71,6 +71,7 @@ __all__ = [
     "Overrides",
     "replay",
     "backward_memory",
+    "check_steps",
     "module_nodes",
     "batch_scale",
     "program",
@@ -210,7 +211,7 @@ def replay(
     )
 
 
-def _check_steps(accumulate, set_to_none) -> int:
+def check_steps(accumulate, set_to_none) -> int:
     """``accumulate`` as an int of at least 1, or one sentence why not."""
     if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
         raise InputValueError(
@@ -296,7 +297,7 @@ def backward_memory(
     runs on fake tensors to measure their in-node memory (``run_custom=True``: on real random tensors);
     ``accumulate``: backward passes per ``optimizer.step()`` (gradient accumulation), ``set_to_none``: how
     ``zero_grad()`` clears ``.grad`` between steps (replay/steady.py NOTE [first and later steps])."""
-    accumulate = _check_steps(accumulate, set_to_none)
+    accumulate = check_steps(accumulate, set_to_none)
     ov = None
     if target is not None or accumulate != 1 or not set_to_none:
         ov = Overrides(

@@ -50,12 +50,14 @@ def ddp_step(graph, spec: DDP, run: Callable, *, before: int, single: int, chang
         parts = dict(mem.parts)
         grads = parts.pop("gradients", 0)
         parts[BUCKETS + " (the .grads)"] = max(grads, buckets)
-        low = mem.absolute_peak + max(0, buckets - grads)
+        extra = max(0, buckets - grads)
     else:
         mem = run(None)
         parts = dict(mem.parts)
         parts[BUCKETS] = buckets
-        low = mem.absolute_peak + buckets
+        extra = buckets
+    low = mem.absolute_peak + extra  # the higher of step 1 and a later step (the buckets alive in both)
+    first, later = mem.first_step.absolute_peak + extra, mem.later_step.absolute_peak + extra
     parts["backward and step (at the peak)"] = low - sum(parts.values())
     notes = [f"each of the {spec.world_size} ranks runs the traced batch (the per-rank batch)"]
     if device != "cpu":
@@ -64,4 +66,6 @@ def ddp_step(graph, spec: DDP, run: Callable, *, before: int, single: int, chang
             "modelled, not measured"
         )
     n = spec.world_size
-    return ShardedStep(spec, [(low, low)] * n, [parts] * n, before, single, change, device, notes, ["step"] * n)
+    step = ShardedStep(spec, [(low, low)] * n, [parts] * n, before, single, change, device, notes, ["step"] * n)
+    step.first, step.later = [(first, first)] * n, [(later, later)] * n
+    return step

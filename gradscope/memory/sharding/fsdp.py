@@ -287,7 +287,7 @@ def fsdp_step(
     held = parts.get("buffers", 0) + parts.get("leaf inputs", 0) + parts.get("batch", 0)
     if device == "cpu":  # the rank's DeviceMesh: its ranks as one int32 tensor, kept (on the host)
         held += MESH_RANK_BYTES * world
-    ranks, all_parts, phase, host, later = [], [], [], [], []
+    ranks, all_parts, phase, host, later, first = [], [], [], [], [], []
 
     def run(step, state: int) -> _Peak:
         base = held + (0 if apart else sharded + state)
@@ -298,18 +298,20 @@ def fsdp_step(
             peak.at(end + step.peak, f"{step.name}.step()")
         return peak
 
-    for rank in range(world):
+    for rank in range(world):  # ranks: the higher of step 1 (as inspected) and the later steps
         step = sharded_step(optimizer, graph, world, rank)
-        state = step.state_before if step is not None else 0
-        if step is not None:  # later steps: the state the first one creates, alive from their start
-            again = run(sharded_step(optimizer, graph, world, rank, later=True), state + step.state_new).value
-            later.append((again, again + ceiling))
+        state = at_start = step.state_before if step is not None else 0
         peak = run(step, state)  # the step as inspected: the first (replay/steady.py NOTE [first and later steps])
+        first.append((peak.value, peak.value + ceiling))
+        if step is not None:  # later steps: the state the first one creates, alive from their start
+            again = run(sharded_step(optimizer, graph, world, rank, later=True), state + step.state_new)
+            later.append((again.value, again.value + ceiling))
+            peak, at_start = (again, state + step.state_new) if again.value > peak.value else (peak, state)
         low = peak.value
         ranks.append((low, low + ceiling))
         p = {"buffers and inputs": held}
         if not apart:
-            p |= {"sharded parameters (padded)": sharded, "optimizer state (before the step)": state}
+            p |= {"sharded parameters (padded)": sharded, "optimizer state (before the step)": at_start}
         p["working set at the peak"] = low - sum(p.values())
         all_parts.append(p)
         phase.append(peak.where)
@@ -342,4 +344,5 @@ def fsdp_step(
         groups=names,
         host_parts=host,
         later=later,
+        first=first,
     )

@@ -17,7 +17,8 @@ class ShardedStep:
     Attributes:
         spec: the :class:`gradscope.DDP` / :class:`gradscope.FSDP` it was predicted for.
         ranks: one ``(low, high)`` peak per rank, in bytes: ``low`` with every free as early as the program
-            allows, ``high`` with the collectives the engine may keep in flight (equal for DDP).
+            allows, ``high`` with the collectives the engine may keep in flight (equal for DDP); of the step
+            that peaks higher, step 1 or a later one (the steady state: every step of a job is under it).
         parts: per rank, what is alive at its ``low`` peak, by kind (bytes; they sum to ``low``).
         before: the unchanged single-process step's peak (``backward_memory(optimizer=...).absolute_peak``).
         single: the single-process step with the same change (checkpoint, batch) and no sharding.
@@ -28,10 +29,10 @@ class ShardedStep:
             without offload. ``host`` sums them per rank.
         rank: with ``inspect(model=m)`` on a rank of a DDP / FSDP2 model, that rank (its peak:
             ``ranks[rank]``); None from one process.
-        later: FSDP2 with an optimizer: one ``(low, high)`` per rank for the steps after the first (the
-            optimizer's state, created in the first ``step()``, alive from their start; replay/steady.py
-            NOTE [first and later steps]); ``ranks`` is the first step. Empty otherwise (DDP's ``ranks``
-            are already the higher of the two).
+        first / later: one ``(low, high)`` per rank for step 1 (as inspected) and for the steps after it
+            (the optimizer's state, created in the first ``step()``, alive from their start; replay/steady.py
+            NOTE [first and later steps]); ``ranks`` is the higher of the two. ``later`` is empty without an
+            optimizer (FSDP2: every step is the first).
     """
 
     spec: Any
@@ -47,7 +48,8 @@ class ShardedStep:
     groups: list[str] = field(default_factory=list)  # FSDP2: the modules fully_shard wraps before the root
     host_parts: list[dict[str, int]] = field(default_factory=list)
     rank: int | None = None  # the rank the report was inspected on (a wrapped model), else None
-    later: list[tuple[int, int]] = field(default_factory=list)  # FSDP2: per rank, the later steps' range
+    later: list[tuple[int, int]] = field(default_factory=list)  # per rank, the later steps' range
+    first: list[tuple[int, int]] = field(default_factory=list)  # per rank, step 1's range
 
     @property
     def host(self) -> list[int]:
@@ -56,8 +58,9 @@ class ShardedStep:
 
     @property
     def peak_range(self) -> tuple[int, int]:
-        """``(low, high)`` of the rank that peaks highest (the highest low and the highest high)."""
-        return max(lo for lo, _ in self.ranks), max(hi for _, hi in self.ranks)
+        """``(low, high)`` of the rank that peaks highest (the highest low and the highest high), of the step
+        that peaks higher (step 1 or a later one)."""
+        return _highest(self.ranks)
 
     @property
     def peak(self) -> int:
@@ -102,11 +105,13 @@ class ShardedStep:
             if self.host_parts:
                 lines.append(f"  {label} on the host (CPU offload): {b(host[first])}")
                 lines += _part_lines(self.host_parts[first])
-        if self.later:
-            lo2, hi2 = max(lo for lo, _ in self.later), max(hi for _, hi in self.later)
+        if self.later and self.first:
+            (lo1, hi1), (lo2, hi2) = _highest(self.first), _highest(self.later)
+            which = "step 1's" if (lo1, hi1) > (lo2, hi2) else "the later steps'"
             lines.append(
-                f"  later steps (the optimizer's state alive from their start), highest rank: "
-                f"{b(lo2) if lo2 == hi2 else f'{b(lo2)} .. {b(hi2)}'}"
+                f"  highest rank: step 1 {b(lo1) if lo1 == hi1 else f'{b(lo1)} .. {b(hi1)}'}, later steps (the "
+                f"optimizer's state alive from their start) {b(lo2) if lo2 == hi2 else f'{b(lo2)} .. {b(hi2)}'}: "
+                f"the per-rank peak is {which}"
             )
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
@@ -122,6 +127,10 @@ class ShardedStep:
         from gradscope.svgchart import svg_or_path
 
         return svg_or_path(ranks_svg(self, width=width), path)
+
+
+def _highest(ranges: list[tuple[int, int]]) -> tuple[int, int]:
+    return max(lo for lo, _ in ranges), max(hi for _, hi in ranges)
 
 
 def _part_lines(parts: dict[str, int]) -> list[str]:
