@@ -23,6 +23,7 @@ import torch
 
 from gradscope import _torch
 from gradscope._format import one_line
+from gradscope._torchcheck import WALK, require
 from gradscope._wrappers import unwrap
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.graph import CALLED_MODULES, CHECKPOINT_PARAMS, EVENTS, EVENTS_DROPPED, MODULE_CALLS, PARAMS
@@ -108,6 +109,7 @@ class Trace:
                 "This gradscope.trace() is already recording; it cannot be entered twice at once. "
                 "Use a second gradscope.trace() for a nested recording."
             )
+        require(*WALK, "module-hooks", "tensor-descriptors", "function-forward-frame")
         self._reset()
         self._tid = threading.get_ident()
         self._segment(-1)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from gradscope._torch import forward_cls
+from gradscope._torchcheck import readable
 
 __all__ = ["Region", "read_region", "dead_inputs"]
 
@@ -43,6 +44,9 @@ def compiled_region(node: Any) -> tuple[Any, Any] | str:
     symbolic sizes included) and ``_lazy_backward_info.bw_module`` (the backward ``fx.GraphModule``, kept
     after the backward is compiled; its output returns one gradient or None per region input). A sentence
     saying what is not readable when either is missing. docs/internals.md#torchcompile-regions."""
+    unread = readable("compiled-regions")
+    if unread is not None:
+        return unread
     fwd = forward_cls(node)
     meta = getattr(fwd, "metadata", None)
     info = getattr(fwd, "_lazy_backward_info", None)

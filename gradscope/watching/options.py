@@ -7,6 +7,7 @@ import fnmatch
 import torch
 
 from gradscope._format import one_line
+from gradscope._torchcheck import WALK, require
 from gradscope._wrappers import unwrap_compiled, unwrap_parallel
 from gradscope.errors import InputTypeError, InputValueError
 
@@ -22,6 +23,7 @@ def validate(model, on_error, every, accumulate, history, ratio_every, vanishing
     """One clear sentence in our exception types for each bad argument."""
     if not isinstance(model, torch.nn.Module):
         raise InputTypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}: {one_line(model, 80)}.")
+    require(*WALK, "engine-during-backward", "foreach-ops", "anomaly-mode")  # what watch() reads of torch
     if not (on_error in ("raise", "warn") or callable(on_error)):
         raise InputValueError(
             f"on_error must be 'raise', 'warn' or a callable taking the findings, got {one_line(on_error)}."
