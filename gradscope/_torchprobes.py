@@ -37,11 +37,22 @@ __all__ = [
 
 
 def isolated(probe: Any) -> Any:
-    """``probe()`` with grad on, outside inference mode and unseen by any TorchFunctionMode (a ``trace()``
-    the user has open): a probe needs its own tiny graph, whatever the caller's state, and changes nothing
-    the caller records."""
+    """``probe()`` with grad on, outside inference mode, unseen by any TorchFunctionMode (a ``trace()`` the
+    user has open, a ``torch.device`` context) and any TorchDispatchMode (a ``FakeTensorMode``): a probe
+    needs its own tiny graph of real CPU tensors, whatever the caller's state, and changes nothing the
+    caller records."""
     off = get("_C.DisableTorchFunction")
-    with torch.inference_mode(False), torch.enable_grad(), off() if off is not None else contextlib.nullcontext():
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.inference_mode(False))
+        stack.enter_context(torch.enable_grad())
+        if off is not None:
+            stack.enter_context(off())
+        try:  # a FakeTensorMode (MemTracker's setup) would make the probe's tensors fake
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            stack.enter_context(_disable_current_modes())
+        except ImportError:
+            pass
         return probe()
 
 

@@ -191,7 +191,8 @@ FOLDER_LAYER = {"walk": 1, "graph": 2, "checks": 3, "memory": 3, "tracing": 3, "
 #: every folder; the report and the pipeline that makes it above the views; the package's face and the CLI on top.
 TOP_LAYER = {
     "gradscope.errors": 0, "gradscope.findings": 0, "gradscope._format": 0, "gradscope._torch": 0,
-    "gradscope._wrappers": 0, "gradscope._torchcheck": 0, "gradscope._torchprobes": 0, "gradscope._frames": 0, "gradscope.svgchart": 0,
+    "gradscope._wrappers": 0, "gradscope._torchcheck": 0, "gradscope._torchprobes": 0, "gradscope._frames": 0,
+    "gradscope.svgchart": 0,
     "gradscope.report": 5,
     "gradscope.inspection": 5,
     "gradscope.compare": 5, "gradscope": 6, "gradscope.demo": 7, "gradscope.__main__": 8,

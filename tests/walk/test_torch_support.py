@@ -46,10 +46,20 @@ def test_each_probe_holds_on_this_torch(key):
     assert check.readable(key) is None, check.readable(key)
 
 
-def test_a_probe_runs_under_no_grad_and_inference_mode():
-    check._ANSWERS.pop("saved-tensors", None)
-    with torch.inference_mode():
-        assert check.readable("saved-tensors") is None
+@pytest.mark.parametrize("state", ["no_grad", "inference_mode", "meta device", "FakeTensorMode"])
+def test_a_probe_holds_whatever_mode_the_caller_is_in(state):
+    """A first use inside a mode (``inspect()`` under ``no_grad``, MemTracker's ``FakeTensorMode``) probes
+    real CPU tensors with grad on: the answer is torch's, not the mode's."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    modes = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode,
+             "meta device": lambda: torch.device("meta"), "FakeTensorMode": FakeTensorMode}
+    fast = [k for k in check.FACTS if k not in ("compiled-regions", "profiler-events")]   # the slow two aside
+    for key in fast:
+        check._ANSWERS.pop(key, None)
+    with modes[state]():
+        answers = {key: check.readable(key) for key in fast}
+    assert answers == dict.fromkeys(fast), answers
 
 
 def _remove(owner: str, attr: str) -> str:
