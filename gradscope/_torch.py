@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from gradscope._torchcheck import read, readable, require
+from gradscope._torchcheck import WALK, read, readable, require
 
 __all__ = ["fsdp2_groups", "peek_sequence_nr", "sequence_nr", "NO_SEQUENCE_NR", "ACCUMULATE_GRAD",
            "SAVED_TENSOR", "SAVED_PREFIX", "RAW_SAVED_PREFIX", "input_metadata", "forward_cls", "storage_key",
-           "version", "TENSOR_DATA", "register_module_forward_pre_hook",
+           "version", "TENSOR_DATA", "register_module_forward_pre_hook", "require", "TRACE_FACTS",
            "register_module_forward_hook", "current_graph_task_id", "current_autograd_node",
            "queue_engine_callback", "foreach_norm", "is_checkpoint_holder", "sparse_values",
            "storage_key_and_bytes", "foreach_mul", "foreach_sub_", "anomaly_state", "set_anomaly",
@@ -31,6 +31,8 @@ __all__ = ["fsdp2_groups", "peek_sequence_nr", "sequence_nr", "NO_SEQUENCE_NR", 
 
 # Every read below goes through ``_torchcheck.read``: a name this torch lacks gives a stand-in that raises
 # its fact's sentence when used (never at import); features ask ``require``/``readable`` first.
+
+TRACE_FACTS = (*WALK, "module-hooks", "tensor-descriptors", "function-forward-frame")  #: what trace() reads
 
 # -- sequence numbers (forward creation order) -----------------------------------------------------
 #: ``torch._C._autograd._get_sequence_nr()``: the next autograd sequence number of this thread, peeked

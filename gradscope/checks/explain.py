@@ -11,7 +11,15 @@ import difflib
 
 from gradscope._format import one_line
 from gradscope._wrappers import user_name
-from gradscope.checks.unused import checkpoint_inputs, checkpointed, cut_fix, cuts_by_param, describe_cut, opaque_nodes
+from gradscope.checks.unused import (
+    checkpoint_inputs,
+    checkpointed,
+    cut_fix,
+    cuts_by_param,
+    describe_cut,
+    opaque_nodes,
+    skipped_by,
+)
 from gradscope.errors import UnknownParameterError
 from gradscope.findings import INPLACE_HAZARD
 from gradscope.graph import CALLED_MODULES, PARAMS
@@ -110,7 +118,7 @@ def _unused(g, param: str) -> str:
         if module not in called:
             return (
                 f"{param} gets no gradient (.grad stays None): it is not used by this forward, its module "
-                f"{module} was never called in the forward pass. {fix}"
+                f"{module} was never called in the forward pass ({skipped_by(module, called)}). {fix}"
             )
         return (
             f"{param} gets no gradient (.grad stays None): its module {module} ran in the forward pass, "

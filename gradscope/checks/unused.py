@@ -21,7 +21,16 @@ from gradscope.checks._nodes import node_items
 from gradscope.findings import DETACHED_BRANCH, ERROR, UNUSED_PARAMETER, WARNING, Finding
 from gradscope.graph import CALLED_MODULES, CHECKPOINT_PARAMS, EVENTS, PARAMS, ROOTS
 
-__all__ = ["check", "opaque_nodes", "describe_cut", "cut_fix", "cuts_by_param", "checkpointed", "checkpoint_inputs"]
+__all__ = [
+    "check",
+    "skipped_by",
+    "opaque_nodes",
+    "describe_cut",
+    "cut_fix",
+    "cuts_by_param",
+    "checkpointed",
+    "checkpoint_inputs",
+]
 
 _CUT_WORDS = {
     "detach": "cut by .detach()",
@@ -38,6 +47,8 @@ _COPY_OPS = {
     "tensor itself, or .to()/.clone() for another dtype or a copy)",
     "as_tensor": "copied by torch.as_tensor(), which drops the graph (use torch.stack()/torch.cat() of the tensors)",
     "asarray": "copied by torch.asarray(), which drops the graph",
+    "Parameter": "wrapped in a new leaf by nn.Parameter(), which detaches the tensor it is given (use the "
+    "computed tensor itself; make a Parameter once, in __init__, for a weight that should train)",
 }
 # When several recorded events fed the same parameters, the one that severed the path is the strongest
 # kind: a comparison or .item() next to a real .detach() is usually a logged value or a mask.
@@ -99,7 +110,7 @@ def check(graph, nodes=None) -> Iterator[Finding]:
             # trace cannot tell; say what the untraced walk says (tests/trace: test_enable_grad_in_region)
             yield _untraced(names, hidden, graph)
         else:
-            yield _unused(module, names, never_called)
+            yield _unused(module, names, never_called, called)
 
 
 def describe_cut(ev: dict) -> str:
@@ -179,12 +190,22 @@ def _detached(ev, names) -> Finding:
     )
 
 
-def _unused(module, names, never_called) -> Finding:
+def skipped_by(module: str, called) -> str:
+    """``"the forward of module enc ran and skipped it"``: the nearest enclosing module that ran (the trace's
+    ``called`` names), or the root module's."""
+    parent = module.rpartition(".")[0]
+    while parent and parent not in called:
+        parent = parent.rpartition(".")[0]
+    return f"the forward of {f'module {parent}' if parent else 'the root module'} ran and skipped it"
+
+
+def _unused(module, names, never_called, called=()) -> Finding:
     subject = _subject(names, module)
     if never_called:
         text = (
             f"{subject} will get no gradient (.grad stays None): not used by this forward, module {module} "
-            "was never called in the forward pass. Call it in forward(), or freeze it (requires_grad_(False)); "
+            f"was never called in the forward pass ({skipped_by(module, called)}). Call it in forward(), or "
+            "freeze it (requires_grad_(False)); "
             "if it is skipped only on some steps, pass find_unused_parameters=True to DDP."
         )
     else:

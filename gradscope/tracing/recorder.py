@@ -23,7 +23,6 @@ import torch
 
 from gradscope import _torch
 from gradscope._format import one_line
-from gradscope._torchcheck import WALK, require
 from gradscope._wrappers import unwrap
 from gradscope.errors import InputTypeError, InputValueError
 from gradscope.graph import CALLED_MODULES, CHECKPOINT_PARAMS, EVENTS, EVENTS_DROPPED, MODULE_CALLS, PARAMS
@@ -32,7 +31,8 @@ from gradscope.tracing.dtypeflow import DtypeFlow
 from gradscope.tracing.dtypeflow import annotate as annotate_dtypes
 from gradscope.tracing.events import RecordedEvent, event_dicts
 from gradscope.tracing.lines import NodeLines
-from gradscope.tracing.modes import MAX_EVENTS, CutMode
+from gradscope.tracing.modes import MAX_EVENTS
+from gradscope.tracing.newleaf import LeafMode
 from gradscope.tracing.regions import RegionRecorder
 
 __all__ = ["Trace", "trace"]
@@ -109,14 +109,14 @@ class Trace:
                 "This gradscope.trace() is already recording; it cannot be entered twice at once. "
                 "Use a second gradscope.trace() for a nested recording."
             )
-        require(*WALK, "module-hooks", "tensor-descriptors", "function-forward-frame")
+        _torch.require(*_torch.TRACE_FACTS)  # one sentence when this torch moved what trace() reads
         self._reset()
         self._tid = threading.get_ident()
         self._segment(-1)
         try:
             self._handles.append(_torch.register_module_forward_pre_hook(self._pre))
             self._handles.append(_torch.register_module_forward_hook(self._post, always_call=True))
-            mode = CutMode(self)
+            mode = LeafMode(self)
             mode.__enter__()
             self._mode = mode
         except BaseException:

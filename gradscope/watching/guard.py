@@ -25,6 +25,7 @@ NaN was born in :mod:`gradscope.watching.origin`; every private torch API they u
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
@@ -32,17 +33,17 @@ from typing import Any, Literal
 import torch
 
 from gradscope._torch import current_graph_task_id
-from gradscope.errors import InputValueError
+from gradscope.errors import InputTypeError, InputValueError
 from gradscope.findings import Finding, sort_findings
 from gradscope.watching.flow import Flow, UpdateRatios
 from gradscope.watching.fsdp import FsdpStamps, is_fsdp2
 from gradscope.watching.graphs import GraphWatch
 from gradscope.watching.nanparams import NonfiniteParams
 from gradscope.watching.nograd import NoGradCalls
-from gradscope.watching.options import select, validate
+from gradscope.watching.options import WatchOptions, check_model, select
 from gradscope.watching.origin import Origin
 from gradscope.watching.params import ParamHooks
-from gradscope.watching.quiet import Delivery, options_text
+from gradscope.watching.quiet import Delivery
 from gradscope.watching.safety import Safety
 from gradscope.watching.step import WatchedParam, check_report
 from gradscope.watching.stepping import StepJudge, StepVerdict, step_report
@@ -96,6 +97,9 @@ def watch(
         find_origin: after a non-finite step, instrument the next backward to name the op where the
             NaN/Inf was born (see NOTE [armed backward] in :mod:`gradscope.watching.origin`).
 
+    The options are checked once, into one frozen
+    :class:`~gradscope.watching.options.WatchOptions` (``guard.options``).
+
     Returns:
         A :class:`Watch` guard: call ``.remove()`` when done, or use it as a context manager.
 
@@ -110,7 +114,9 @@ def watch(
         >>> with gradscope.watch(model):
         ...     model(torch.randn(2, 4)).sum().backward()      # healthy: nothing raised
     """
-    return Watch(**locals())  # every argument, by name
+    options = dict(locals())  # every argument, by name: WatchOptions' fields
+    check_model(options.pop("model"))
+    return Watch(model, WatchOptions(**options))
 
 
 class Watch(ParamHooks):
@@ -125,28 +131,18 @@ class Watch(ParamHooks):
         history: per checked step, ``{qualified module name: L2 norm of its own parameters' gradients}``.
         flags: ``(backward, module, "vanishing" | "exploding", norm)`` for modules past the thresholds.
         update_ratios: per measured optimizer step, ``{module: ||update|| / ||weight||}``.
+        options: the :class:`~gradscope.watching.options.WatchOptions` it was built with (frozen; after
+            ``remove()`` without its optimizer, which holds the parameters).
     """
 
-    def __init__(
-        self,
-        model,
-        *,
-        on_error,
-        check_nonfinite,
-        ignore,
-        every,
-        accumulate,
-        scaler,
-        graphs=True,
-        history=1000,
-        vanishing=1e-7,
-        exploding=1e3,
-        optimizer=None,
-        ratio_every=100,
-        find_origin=True,
-    ):
-        validate(model, on_error, every, accumulate, history, ratio_every, vanishing, exploding, scaler, optimizer)
-        inner, ddp, chosen, patterns = select(model, ignore)
+    def __init__(self, model: torch.nn.Module, options: WatchOptions) -> None:
+        check_model(model)
+        if not isinstance(options, WatchOptions):
+            raise InputTypeError(f"Watch(model, options) takes a WatchOptions, got {type(options).__name__}.")
+        self.options = opts = options
+        self._text = opts.text()  # for the repr, also after remove()
+        patterns = opts.ignore
+        inner, ddp, chosen = select(model, patterns)
         self._params = [WatchedParam(n, p, *self._owner(inner, n)) for n, p in chosen]
         if not self._params:
             raise InputValueError(
@@ -157,8 +153,8 @@ class Watch(ParamHooks):
         self._model_name = type(inner).__name__
         self._safety = Safety(self._model_name)  # NOTE [never break training]
         self._ddp_strict = ddp and not getattr(model, "find_unused_parameters", False)
-        self._check_nonfinite, self._scaler = check_nonfinite, scaler
-        self._every, self._accumulate, self._ignore = every, accumulate, patterns
+        self._check_nonfinite, self._scaler = opts.check_nonfinite, opts.scaler
+        self._every, self._accumulate, self._ignore = opts.every, opts.accumulate, patterns
         self._stamp = [-1] * len(self._params)  # graph task id of each parameter's last gradient
         self._pending: set[int] = set()  # graph tasks with our callback queued
         self._window_start: int | None = None
@@ -167,11 +163,10 @@ class Watch(ParamHooks):
         self._forwards = 0  # forwards of the root since the last check
         self._removed = False
         self.backwards = self.checks = self.skipped_by_scaler = 0
-        self._flow = Flow(self._params, history=history, vanishing=vanishing, exploding=exploding)
-        self._delivery = Delivery(on_error, self._model_name, self._safety)
-        self._origin = Origin(inner, self._safety) if find_origin and check_nonfinite else None
+        self._flow = Flow(self._params, history=opts.history, vanishing=opts.vanishing, exploding=opts.exploding)
+        self._delivery = Delivery(opts.on_error, self._model_name, self._safety)
+        self._origin = Origin(inner, self._safety) if opts.find_origin and opts.check_nonfinite else None
         self._nan = NonfiniteParams()
-        self._options = options_text(on_error, check_nonfinite, every, accumulate, patterns, scaler, graphs, optimizer)
         self._handles = self._install()
         self._nograd = NoGradCalls(inner, [wp.module for wp in self._params], self._safety)
         self._root, self._index = inner, {wp.name: i for i, wp in enumerate(self._params)}
@@ -183,10 +178,11 @@ class Watch(ParamHooks):
             self._deliver,
             self._before_forward,
             self._safety,
-            enabled=graphs,
+            enabled=opts.graphs,
         )
+        optimizer = opts.optimizer
         self._ratios = (
-            UpdateRatios(optimizer, self._params, self._flow, ratio_every, self._safety) if optimizer else None
+            UpdateRatios(optimizer, self._params, self._flow, opts.ratio_every, self._safety) if optimizer else None
         )
         self._fsdp = FsdpStamps(self) if is_fsdp2(inner) else None
         self._judge = StepJudge(self, self._safety, self._on_verdict, self._graphs.scan_state)
@@ -327,6 +323,7 @@ class Watch(ParamHooks):
         late = self._graphs.close()
         self._watched = len(self._params)
         self._params, self._slots, self._param_ids, self._index, self._root = [], [], {}, {}, None
+        self.options = dataclasses.replace(self.options, optimizer=None)  # its optimizer holds the parameters
         try:
             if late:
                 self._deliver(late)
@@ -345,6 +342,6 @@ class Watch(ParamHooks):
         state = "removed" if self._removed else "active"
         n = self._watched if self._removed else len(self._params)
         return (
-            f"<gradscope.watch {self._model_name}: {n} parameters, {self._options}; "
+            f"<gradscope.watch {self._model_name}: {n} parameters, {self._text}; "
             f"{self.backwards} backwards, {self.checks} checks, {self._delivery.counts_text()}; {state}>"
         )

@@ -18,7 +18,7 @@ from gradscope.errors import GradientError
 from gradscope.findings import ERROR, NONE_GRAD, NONFINITE_GRAD
 from gradscope.watching.holders import user_frame
 
-__all__ = ["Delivery", "options_text"]
+__all__ = ["Delivery"]
 
 
 def _stacklevel() -> int:
@@ -108,21 +108,3 @@ class Delivery:
             RuntimeWarning,
             stacklevel=_stacklevel(),
         )
-
-
-def options_text(on_error, check_nonfinite, every, accumulate, ignore, scaler, graphs, optimizer) -> str:
-    opts = [f"on_error={on_error!r}" if isinstance(on_error, str) else "on_error=<callable>"]
-    if not check_nonfinite:
-        opts.append("check_nonfinite=False")
-    for name, value in (("every", every), ("accumulate", accumulate)):
-        if value != 1:
-            opts.append(f"{name}={value}")
-    if ignore:
-        opts.append(f"ignore={list(ignore)!r}")
-    if scaler is not None:
-        opts.append("scaler=GradScaler")
-    if not graphs:
-        opts.append("graphs=False")
-    if optimizer is not None:
-        opts.append(f"optimizer={type(optimizer).__name__}")
-    return ", ".join(opts)

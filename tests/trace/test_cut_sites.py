@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect as pyinspect
 import os
+import threading
 import warnings
 
 import pytest
@@ -127,6 +128,61 @@ def test_the_stacked_twin_is_clean():
     _assert_clean(StackOfValues)
 
 
+class ParameterOfOutput(_Two):
+    def forward(self, x):
+        scale = nn.Parameter(self.a(x).mean(0))  # CUT
+        return (self.b(x) * scale.sum()).sum()
+
+
+class ParameterOfClone(_Two):
+    def forward(self, x):
+        w = torch.nn.Parameter(self.a.weight.clone())  # CUT
+        return (self.b(x) + torch.nn.functional.linear(x, w, self.a.bias).sum()).sum()
+
+
+class CloneOfWeight(_Two):  # the healthy twin: the clone itself, no new Parameter
+    def forward(self, x):
+        w = self.a.weight.clone()
+        return (self.b(x) + torch.nn.functional.linear(x, w, self.a.bias).sum()).sum()
+
+
+@pytest.mark.parametrize(
+    "cls,params", [(ParameterOfOutput, {"a.weight", "a.bias"}), (ParameterOfClone, {"a.weight"})],
+    ids=["computed", "clone"],
+)
+def test_a_parameter_made_in_forward_is_the_cut(cls, params):
+    cut = _assert_cut(cls, _line(cls.forward, "CUT"), "nn.Parameter()", "new leaf", "__init__", params=params)
+    assert set(cut.params) == params
+
+
+def test_the_clone_without_a_parameter_is_clean():
+    _assert_clean(CloneOfWeight)
+
+
+def test_a_parameter_made_outside_the_trace_is_not_recorded():
+    # the wrapper is gone once the trace exits, and torch's own __new__ is back
+    new = nn.Parameter.__dict__["__new__"]
+    _judge(ParameterOfOutput)
+    assert nn.Parameter.__dict__["__new__"] is new
+    with gradscope.trace() as tr:
+        pass
+    nn.Parameter(torch.randn(2, requires_grad=True) * 2)
+    assert tr.events == []
+
+
+def test_a_parameter_made_on_another_thread_is_not_recorded_and_nested_traces_both_see_one():
+    t = torch.randn(2, requires_grad=True)
+    with gradscope.trace() as outer:
+        other = threading.Thread(target=lambda: nn.Parameter(t * 2))
+        other.start()
+        other.join()
+        assert outer.events == []
+        with gradscope.trace() as inner:
+            nn.Parameter(t * 3)
+    assert [e["op"] for e in inner.events] == [e["op"] for e in outer.events] == ["Parameter"]
+    assert nn.Parameter.__dict__["__new__"].__func__.__module__ == "torch.nn.parameter"
+
+
 # -- detach_() in place -----------------------------------------------------------------------------
 class CaptureInPlace(_Two):
     def forward(self, x):
@@ -237,6 +293,31 @@ def test_a_hook_that_returns_none_is_clean():
     _assert_clean(lambda: CapturedEncoder(returns=False))
 
 
+def _logging_hook(module, args, out):
+    module.last_norm = float(out.detach().norm())  # logged: a detach the path does not cross
+    return out.detach()  # CUT
+
+
+class LoggedEncoder(CapturedEncoder):
+    def __init__(self):
+        super().__init__(returns=False)
+        self.encoder[2].register_forward_hook(_logging_hook)
+
+
+def test_a_logging_hook_with_two_detaches_blames_the_returned_one():
+    cut = _assert_cut(LoggedEncoder, _line(_logging_hook, "CUT"), "forward hook _logging_hook", "of module encoder.2")
+    assert cut.params and all(p.startswith("encoder.") for p in cut.params)
+
+
+def test_a_hook_with_two_detaches_that_returns_the_output_is_clean():
+    class KeepsBoth(TwoDetaches):
+        def hook(self, module, args, out):
+            super().hook(module, args, out)
+            return out
+
+    _assert_clean(lambda: KeepsBoth(True))
+
+
 @pytest.mark.parametrize("first", [True, False], ids=["returns-first", "returns-second"])
 def test_of_two_detaches_in_a_hook_the_one_the_path_crossed_is_blamed(first):
     where = _line(TwoDetaches.hook, "FIRST" if first else "SECOND")
@@ -289,8 +370,15 @@ def test_an_inference_mode_region_is_located_at_the_region(cls):
     assert "outside torch.inference_mode()" in cut.message
 
 
-def test_a_frozen_backbone_under_inference_mode_is_clean():
-    _assert_clean(FrozenWithBackbone)
+class FrozenDecoratedBackbone(DecoratedBackbone):  # the decorator's twin: frozen too
+    def __init__(self):
+        super().__init__()
+        self.backbone.requires_grad_(False)
+
+
+@pytest.mark.parametrize("cls", [FrozenDecoratedBackbone, FrozenWithBackbone], ids=["decorator", "with"])
+def test_a_frozen_backbone_under_inference_mode_is_clean(cls):
+    _assert_clean(cls)
 
 
 # -- unused is not cut -------------------------------------------------------------------------------
@@ -341,9 +429,47 @@ def test_parameters_not_used_by_this_forward_are_not_blamed_on_a_no_grad_op(cls,
     assert {f.kind for f in errors} == {"unused-parameter"}
     assert all(f.location is None and "not used by this forward" in f.message for f in errors)
     assert any(f"module {skipped} " in f.message for f in errors)
+    assert all("the forward of the root module ran and skipped it" in f.message for f in errors)
     assert not any("no_grad" in f.message for f in errors)
     param = sorted(none)[0]
-    assert "not used by this forward" in traced.explain(param)
+    assert "not used by this forward" in traced.explain(param) and "skipped it" in traced.explain(param)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.adapter, self.use_adapter = nn.Linear(4, 4), nn.Linear(4, 4), False
+
+    def forward(self, x):
+        h = self.body(x)
+        return h + self.adapter(h) if self.use_adapter else h
+
+
+class Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.Sequential(Block(), Block())
+        self.blocks[0].use_adapter = True  # the second block's adapter is off
+
+    def forward(self, x):
+        return self.blocks(x).sum()
+
+
+def test_a_skipped_module_names_the_module_whose_forward_skipped_it():
+    traced, plain, none = _judge(Stack)
+    assert none == _flagged(traced) == _flagged(plain) == {"blocks.1.adapter.weight", "blocks.1.adapter.bias"}
+    (f,) = [f for f in traced.findings if f.severity == "error"]
+    assert "module blocks.1.adapter was never called" in f.message
+    assert "the forward of module blocks.1 ran and skipped it" in f.message
+    assert "the forward of module blocks.1 ran and skipped it" in traced.explain("blocks.1.adapter.weight")
+
+
+def test_the_adapter_before_its_merge_is_clean():
+    class Unmerged(LoRA):
+        def merge(self):  # merging switched off: the adapter runs on every forward
+            pass
+
+    _assert_clean(Unmerged)
 
 
 def test_a_no_grad_op_that_feeds_the_loss_is_still_the_cut():

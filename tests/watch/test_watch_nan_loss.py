@@ -39,14 +39,15 @@ class LogSoftmax(nn.Module):
 
 
 class Ratio(nn.Module):
-    def __init__(self):
+    def __init__(self, eps=0.0):
         super().__init__()
         self.a = nn.Linear(4, 1)
         self.b = nn.Linear(4, 1)
+        self.eps = eps
 
     def forward(self, x):
         num = self.a(x)
-        den = torch.relu(self.b(x) * 0 - 1)  # always 0
+        den = torch.relu(self.b(x) * 0 - 1) + self.eps  # always 0 (+ eps)
         return (num / den).abs().mean()  # op: ratio
 
 
@@ -94,9 +95,10 @@ def test_an_infinite_loss_is_said_first_with_the_op_that_made_it(cls, op, value,
     assert truth in second[0].message  # the op anomaly mode names is still said
 
 
-def test_the_log_softmax_twin_is_finite_and_clean():
+@pytest.mark.parametrize("make", [lambda: LogSoftmax(stable=True), lambda: Ratio(eps=1e-3)], ids=["log-softmax", "eps"])
+def test_the_stable_twins_are_finite_and_clean(make):
     torch.manual_seed(0)
-    model, x = LogSoftmax(stable=True), torch.randn(8, 4)
+    model, x = make(), torch.randn(8, 4)
     seen, loss = _watched(model, x)
     assert torch.isfinite(loss).item() and all(torch.isfinite(p.grad).all() for p in model.parameters())
     assert seen == []
