@@ -148,14 +148,18 @@ def backward_main(argv: list[str]) -> int:
         ratio = t_r / t_i if t_i else 0.0
         first = None if t_c is None else (t_c / t_i if t_i else 0.0)
         e_peak = abs(bm.peak - truth.peak) / max(truth.peak, 1)
-        e_abs = abs(bm.absolute_peak - truth.absolute_peak) / max(truth.absolute_peak, 1)
+        # the profiler measured one step as inspected (.grad empty, no AdamW state yet): the first step's
+        # prediction is the one to compare (bm.absolute_peak is the higher of it and a later step, whose
+        # optimizer state is alive from the start; tests/memory/test_steady_step.py measures that one)
+        step1 = bm.first_step.absolute_peak
+        e_abs = abs(step1 - truth.absolute_peak) / max(truth.absolute_peak, 1)
         known = (name, False) in PEAK_MISSES
         miss = (e_peak > 0.01 and not known) or e_abs > 0.02 or max(ratio, first or 0.0) > COST_TARGET
         if miss:
             failed.append(name)
         rows.append((name + (" (known miss)" if known else ""), str(len(bm.order)), human_bytes(bm.peak),
-                     human_bytes(truth.peak), _err(bm.peak, truth.peak), human_bytes(bm.absolute_peak),
-                     human_bytes(truth.absolute_peak), _err(bm.absolute_peak, truth.absolute_peak), mt_err,
+                     human_bytes(truth.peak), _err(bm.peak, truth.peak), human_bytes(step1),
+                     human_bytes(truth.absolute_peak), _err(step1, truth.absolute_peak), mt_err,
                      *(f"x{r:.2f}" + (" MISSED" if r > COST_TARGET else "") for r in (ratio, first) if r is not None)))
         print("  done:", name, file=sys.stderr, flush=True)
         gc.collect()

@@ -5,7 +5,8 @@
 >>> print(report.summary())                             # doctest: +SKIP
 
 The names below are imported on first use (PEP 562), so ``import gradscope`` and ``gradscope --help`` do
-not import torch; the first of them that needs torch checks it (``UnsupportedTorchError``).
+not import torch; a feature whose private torch fact this torch lacks says so at its first use
+(``UnsupportedTorchError``), never at import.
 """
 
 from __future__ import annotations

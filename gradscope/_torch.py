@@ -16,13 +16,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.nn.modules import module as _nn_module
 
-from gradscope._torchcheck import check_torch
+from gradscope._torchcheck import WALK, read, readable, require
 
 __all__ = ["fsdp2_groups", "peek_sequence_nr", "sequence_nr", "NO_SEQUENCE_NR", "ACCUMULATE_GRAD",
            "SAVED_TENSOR", "SAVED_PREFIX", "RAW_SAVED_PREFIX", "input_metadata", "forward_cls", "storage_key",
-           "version", "TENSOR_DATA", "register_module_forward_pre_hook",
+           "version", "TENSOR_DATA", "register_module_forward_pre_hook", "require", "TRACE_FACTS",
            "register_module_forward_hook", "current_graph_task_id", "current_autograd_node",
            "queue_engine_callback", "foreach_norm", "is_checkpoint_holder", "sparse_values",
            "storage_key_and_bytes", "foreach_mul", "foreach_sub_", "anomaly_state", "set_anomaly",
@@ -30,13 +29,16 @@ __all__ = ["fsdp2_groups", "peek_sequence_nr", "sequence_nr", "NO_SEQUENCE_NR", 
            "resolve_func", "no_torch_function", "sdp_choice", "SDPA_KEY", "cpu_flash_attention",
            "fake_tensor_mode", "fsdp2_mp_policy"]  # fmt: skip
 
-check_torch()  # one sentence naming a missing private API, before the reads below
+# Every read below goes through ``_torchcheck.read``: a name this torch lacks gives a stand-in that raises
+# its fact's sentence when used (never at import); features ask ``require``/``readable`` first.
+
+TRACE_FACTS = (*WALK, "module-hooks", "tensor-descriptors", "function-forward-frame")  #: what trace() reads
 
 # -- sequence numbers (forward creation order) -----------------------------------------------------
 #: ``torch._C._autograd._get_sequence_nr()``: the next autograd sequence number of this thread, peeked
 #: without using it (a no_grad op does not advance it). docs/internals.md#sequence-numbers and
 #: #module-attribution-by-sequence-ranges.
-peek_sequence_nr: Callable[[], int] = torch._C._autograd._get_sequence_nr
+peek_sequence_nr: Callable[[], int] = read("_C._autograd._get_sequence_nr", "sequence-numbers")
 
 #: ``node._sequence_nr()`` of an AccumulateGrad node (UINT64_MAX): leaves have no creation order.
 #: docs/internals.md#accumulategrad-leaves.
@@ -52,11 +54,11 @@ def sequence_nr(node: Any) -> int:
 # -- node classes and saved slots ------------------------------------------------------------------
 #: ``torch._C._functions.AccumulateGrad``: the class of the leaf nodes (``type(node) is ...``);
 #: ``node.variable`` is the leaf tensor. docs/internals.md#accumulategrad-leaves.
-ACCUMULATE_GRAD: Any = torch._C._functions.AccumulateGrad  # type: ignore[attr-defined]
+ACCUMULATE_GRAD: Any = read("_C._functions.AccumulateGrad", "leaf-nodes")
 
 #: ``torch._C._autograd.SavedTensor``: what ``node._raw_saved_<slot>`` returns; ``.data`` reads the
 #: stored tensor without a version check or an unpack hook. docs/internals.md#raw-saved-tensors.
-SAVED_TENSOR: type = torch._C._autograd.SavedTensor
+SAVED_TENSOR: type = read("_C._autograd.SavedTensor", "saved-tensors")
 
 #: ``node._saved_<slot>``: every saved value of a generated node (raises on a freed or stale tensor);
 #: ``node._raw_saved_<slot>``: only the tensor slots. docs/internals.md#saved-attribute-names.
@@ -115,11 +117,11 @@ def version(t: torch.Tensor) -> int:
 #: ``torch._C.TensorBase.__dict__["data"]``: the ``.data`` property; a TorchFunctionMode sees ``x.data``
 #: as ``func.__name__ == "__get__"`` with ``func.__self__`` this descriptor.
 #: docs/internals.md#the-data-property-in-a-torchfunctionmode.
-TENSOR_DATA: Any = torch._C.TensorBase.__dict__["data"]
-TENSOR_DTYPE: Any = torch._C.TensorBase.__dict__["dtype"]  #: ``.dtype``, the same way (docs/internals.md#dtype-flow)
+_TENSOR_BASE: Any = read("_C.TensorBase", "tensor-descriptors")
+TENSOR_DATA: Any = vars(_TENSOR_BASE).get("data")
+TENSOR_DTYPE: Any = vars(_TENSOR_BASE).get("dtype")  #: ``.dtype``, the same way (docs/internals.md#dtype-flow)
 
 # -- torch functions by name (a traced reentrant region's calls, replayed on ``meta``) -----------------
-_TENSOR_BASE: Any = torch._C.TensorBase
 
 
 def func_key(func: Any) -> tuple | None:
@@ -191,24 +193,24 @@ def cpu_flash_attention(
 
 #: ``torch._C.DisableTorchFunction()``: a context in which no TorchFunctionMode (a ``gradscope.trace()``
 #: the user has open, say) sees the calls gradscope itself makes.
-no_torch_function: Callable[[], Any] = torch._C.DisableTorchFunction
+no_torch_function: Callable[[], Any] = read("_C.DisableTorchFunction", "tensor-descriptors")
 
 
 # -- module hooks ----------------------------------------------------------------------------------
 #: Global forward (pre-)hooks on every ``nn.Module`` call, from ``torch.nn.modules.module`` (documented
 #: there, not re-exported by ``torch.nn``); both return a removable handle.
 #: docs/internals.md#module-attribution-by-sequence-ranges.
-register_module_forward_pre_hook = _nn_module.register_module_forward_pre_hook
-register_module_forward_hook = _nn_module.register_module_forward_hook
+register_module_forward_pre_hook = read("nn.modules.module.register_module_forward_pre_hook", "module-hooks")
+register_module_forward_hook = read("nn.modules.module.register_module_forward_hook", "module-hooks")
 
 # -- the autograd engine (during backward) ---------------------------------------------------------
 #: ``torch._C._current_graph_task_id()``: the id of the running backward, -1 outside backward.
 #: docs/internals.md#during-backward.
-current_graph_task_id: Callable[[], int] = torch._C._current_graph_task_id
+current_graph_task_id: Callable[[], int] = read("_C._current_graph_task_id", "engine-during-backward")
 
 #: ``torch._C._current_autograd_node()``: the node the engine is running, None outside backward.
 #: docs/internals.md#during-backward.
-current_autograd_node: Callable[[], Any] = torch._C._current_autograd_node
+current_autograd_node: Callable[[], Any] = read("_C._current_autograd_node", "engine-during-backward")
 
 
 def queue_engine_callback(fn: Callable[[], None]) -> None:
@@ -221,24 +223,24 @@ def queue_engine_callback(fn: Callable[[], None]) -> None:
 #: ``torch.nn.utils.clip_grad_norm_`` uses).
 #: docs/internals.md#fused-foreach-ops-and-sparse-values; watch() calls it once per device
 #: on each step's gradients, and tests/watch/test_watch_flow.py checks its norms against ``vector_norm``.
-foreach_norm: Callable[..., Any] = torch._foreach_norm
+foreach_norm: Callable[..., Any] = read("_foreach_norm", "foreach-ops")
 
 #: ``torch._foreach_mul(tensors, scalar)`` (new tensors) and ``torch._foreach_sub_(tensors, others)`` (in
 #: place): fused elementwise ops over a list, what the foreach optimizers use; watch() copies the weights
 #: and takes the update with them around ``optimizer.step()``. docs/internals.md#fused-foreach-ops-and-sparse-values;
 #: tests/watch/test_watch_flow.py checks the update/weight ratios they give against a plain computation.
-foreach_mul: Callable[..., Any] = torch._foreach_mul
-foreach_sub_: Callable[..., Any] = torch._foreach_sub_
+foreach_mul: Callable[..., Any] = read("_foreach_mul", "foreach-ops")
+foreach_sub_: Callable[..., Any] = read("_foreach_sub_", "foreach-ops")
 
 
 #: ``torch._C._autograd._profiler_enabled()``: whether a torch.profiler session is running on this thread
 #: (the in-node memory measurement, memory/kernels/measure.py, runs its own session only when not).
-profiler_enabled: Callable[[], bool] = torch._C._autograd._profiler_enabled
+profiler_enabled: Callable[[], bool] = read("_C._autograd._profiler_enabled", "profiler-events")
 
 #: ``torch._C._profiler._EventType.Allocation``: the tag of an allocator event in
 #: ``prof.profiler.kineto_results.experimental_event_tree()`` (``node.typed == (tag, event)``, the event's
 #: ``alloc_size`` negative for a free). memory/kernels/measure.py sums them in time order for a node's in-node memory.
-PROFILER_ALLOCATION: Any = torch._C._profiler._EventType.Allocation
+PROFILER_ALLOCATION: Any = read("_C._profiler._EventType.Allocation", "profiler-events")
 
 
 def fake_tensor_mode() -> tuple[Any, tuple]:
@@ -247,6 +249,8 @@ def fake_tensor_mode() -> tuple[Any, tuple]:
     raises (no real run on zeros); ``refusals``: what it raises for a value read (``.item()``, a tensor in an
     ``if``), a value-dependent shape, an op with no fake kernel. ``(None, ())`` on a torch without it.
     memory/kernels/fake.py; docs/internals.md#custom-function-backwards-on-fake-tensors."""
+    if readable("fake-tensors") is not None:
+        return None, ()
     try:
         from torch._subclasses import fake_tensor as ft
 
@@ -327,6 +331,7 @@ def cancel_next_backward(fn: Callable[[Any], None]) -> None:
 def fsdp2_groups(module) -> list:
     """``fully_shard(module)``'s parameter groups, each with ``(module, attribute, sharded parameter, unsharded
     parameter or None)`` per parameter: docs/internals.md#fsdp2s-settings-on-a-wrapped-model."""
+    require("fsdp2-internals")
     out = []
     for g in module._get_fsdp_state()._fsdp_param_groups:
         info = [(fp._module_info, fp.sharded_param, getattr(fp, "_unsharded_param", None)) for fp in g.fsdp_params]

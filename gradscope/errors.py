@@ -57,6 +57,7 @@ class GradientError(GradscopeError, RuntimeError):
         self.findings = tuple(findings)
 
 
-class UnsupportedTorchError(GradscopeError, ImportError):
-    """The installed torch lacks a private API gradscope relies on (``gradscope/_torch.py``): raised when
-    gradscope first imports torch, naming the API and the torch version."""
+class UnsupportedTorchError(GradscopeError, RuntimeError):
+    """The installed torch moved a private API a feature relies on (``gradscope/_torchcheck.py``): raised by
+    that feature at first use (never at import), naming the feature, the API, the torch version and what
+    still works."""

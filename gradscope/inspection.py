@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from gradscope._torchcheck import WALK, require
 from gradscope.checks import run_checks
 from gradscope.report import Report
 from gradscope.walk.build import build, flatten_roots
@@ -55,6 +56,7 @@ def inspect(
         >>> report.findings
         []
     """
+    require(*WALK)  # one sentence when this torch moved what the walk reads (and what still works)
     roots = flatten_roots(root)
     names, buffers = names_and_buffers(model, params)  # NOTE [model structure cache]
     records = build(roots, names, buffers)

@@ -8,8 +8,8 @@ module at most 350 lines, every function at most 100, no folder of more than 20 
 of exceptions are empty and stay so); no module reaches into another module's
 private (``_``-prefixed) names (the walk, being rewritten, aside), except from the helper modules
 (``gradscope._format``, ``gradscope._torch``, ``checks._nodes``) that exist to be shared; private torch API
-only in ``gradscope/_torch.py`` and the import check that names them (``_torchcheck.py``; and, until it is
-routed there, the walk).
+only in ``gradscope/_torch.py`` and the facts registry that probes them (``_torchcheck.py``, ``_torchprobes.py``;
+and, until it is routed there, the walk).
 """
 
 from __future__ import annotations
@@ -169,7 +169,8 @@ def _private_torch_uses(path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("name", sorted(m for m in _modules() if not m.startswith("gradscope.walk")
-                                        and m not in ("gradscope._torch", "gradscope._torchcheck")))
+                                        and m not in ("gradscope._torch", "gradscope._torchcheck",
+                                                      "gradscope._torchprobes")))
 def test_private_torch_api_only_in_torch_module(name):
     assert not _private_torch_uses(_modules()[name]), (
         f"{name} uses private torch API; route it through gradscope/_torch.py")
@@ -190,7 +191,8 @@ FOLDER_LAYER = {"walk": 1, "graph": 2, "checks": 3, "memory": 3, "tracing": 3, "
 #: every folder; the report and the pipeline that makes it above the views; the package's face and the CLI on top.
 TOP_LAYER = {
     "gradscope.errors": 0, "gradscope.findings": 0, "gradscope._format": 0, "gradscope._torch": 0,
-    "gradscope._wrappers": 0, "gradscope._torchcheck": 0, "gradscope._frames": 0, "gradscope.svgchart": 0,
+    "gradscope._wrappers": 0, "gradscope._torchcheck": 0, "gradscope._torchprobes": 0, "gradscope._frames": 0,
+    "gradscope.svgchart": 0,
     "gradscope.report": 5,
     "gradscope.inspection": 5,
     "gradscope.compare": 5, "gradscope": 6, "gradscope.demo": 7, "gradscope.__main__": 8,

@@ -22,14 +22,15 @@ def _requirements() -> dict:
     return {r.name: r for r in reqs}
 
 
-def test_setup_cfg_admits_this_torch_and_later_ones():
-    """``pip install gradscope`` into a project on torch 2.13 or later keeps that torch: the range has no
-    upper pin (an unsupported torch is refused at import instead, tests/walk/test_torch_support.py)."""
+def test_setup_cfg_admits_the_tested_releases_only():
+    """``pip install gradscope`` into a project on torch 2.13, 2.14 or 2.15 keeps that torch: the range
+    declares the releases the suite passes on (docs/verification.md#torch-releases), and no later one."""
     spec = _requirements()["torch"].specifier
     here = torch.__version__.split("+")[0]
-    for version in (here, "2.13.0", "2.13.1", "2.14.1", "2.15.0", "3.0.0"):
+    for version in (here, "2.13.0", "2.13.1", "2.14.1", "2.15.0", "2.15.3"):
         assert spec.contains(version), (str(spec), version)
-    assert not spec.contains("2.12.1")
+    for version in ("2.12.1", "2.16.0", "3.0.0"):
+        assert not spec.contains(version), (str(spec), version)
 
 
 def _dry(target: str) -> str:

@@ -109,6 +109,7 @@ class Trace:
                 "This gradscope.trace() is already recording; it cannot be entered twice at once. "
                 "Use a second gradscope.trace() for a nested recording."
             )
+        _torch.require(*_torch.TRACE_FACTS)  # one sentence when this torch moved what trace() reads
         self._reset()
         self._tid = threading.get_ident()
         self._segment(-1)

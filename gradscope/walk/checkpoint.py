@@ -19,6 +19,7 @@ import re
 
 import torch
 
+from gradscope._torch import SAVED_TENSOR
 from gradscope.walk.values import dtype_str
 
 __all__ = ["checkpoint_inputs", "raw_slots", "holder_meta", "region_layers", "reentrant_recompute"]
@@ -86,7 +87,7 @@ def checkpoint_inputs(raws, storages, classify) -> list[dict]:
             return []
         frames.add(id(frame))
     out = []
-    saved_type = torch._C._autograd.SavedTensor
+    saved_type = SAVED_TENSOR
     for i, arg in enumerate(getattr(frame, "saved_args", ())):
         if not isinstance(arg, saved_type):
             continue

@@ -20,6 +20,7 @@ import torch
 
 from gradscope._frames import is_user_file, location_text
 from gradscope._torch import forward_cls
+from gradscope._torchcheck import readable
 
 __all__ = ["COMPILED_CUTS", "Region", "read_region", "dead_inputs", "region_source", "region_attrs", "cut_event"]
 
@@ -50,6 +51,9 @@ def compiled_region(node: Any) -> tuple[Any, Any] | str:
     symbolic sizes included) and ``_lazy_backward_info.bw_module`` (the backward ``fx.GraphModule``, kept
     after the backward is compiled; its output returns one gradient or None per region input). A sentence
     saying what is not readable when either is missing. docs/internals.md#torchcompile-regions."""
+    unread = readable("compiled-regions")
+    if unread is not None:
+        return unread
     fwd = forward_cls(node)
     meta = getattr(fwd, "metadata", None)
     info = getattr(fwd, "_lazy_backward_info", None)

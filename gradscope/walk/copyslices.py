@@ -24,9 +24,9 @@ import re
 import sys
 
 import torch
-from torch._library.simple_registry import find_torch_dispatch_rule
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from gradscope._torchcheck import readable
 from gradscope.walk.slots import FREED_MARK, VERSION_RE, StorageIds, blank, slot_meta
 from gradscope.walk.values import dtype_str
 
@@ -110,7 +110,17 @@ def _meta(v):
     return v
 
 
-_ALLOWED = frozenset((_Recorder.__torch_dispatch__.__code__, find_torch_dispatch_rule.__code__))
+def _dispatch_rule_code():
+    """``torch._library.simple_registry.find_torch_dispatch_rule``'s code (the one torch function the
+    recorder's dispatch calls), or None on a torch without it (then no CopySlices formula is read)."""
+    try:
+        from torch._library.simple_registry import find_torch_dispatch_rule
+    except ImportError:
+        return None
+    return find_torch_dispatch_rule.__code__
+
+
+_ALLOWED = frozenset(c for c in (_Recorder.__torch_dispatch__.__code__, _dispatch_rule_code()) if c is not None)
 
 
 def _guard():
@@ -169,6 +179,9 @@ def _register(hidden: list, storages: StorageIds) -> list[dict]:
 
 def read_copyslices(node, storages: StorageIds) -> tuple[list[dict], dict]:
     """``(saved, attrs)`` of a CopySlices node: its hidden saved tensors and the formula it runs."""
+    unread = readable("dispatch-rules")
+    if unread is not None:
+        return [], {"formula_unread": unread}
     try:
         meta = node._input_metadata
         grad = torch.empty(tuple(meta[0].shape), dtype=meta[0].dtype, device="meta")

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from gradscope._torch import SAVED_TENSOR
 from gradscope.walk.holders import _FAST_REFS, getrefcount, note_base, storage_uses
 from gradscope.walk.slots import DEVICES as _DEVICES
 from gradscope.walk.slots import StorageIds, device_str
@@ -25,7 +26,7 @@ __all__ = ["fast_reader", "uncount"]
 # Private torch API (to move into gradscope/_torch.py with the rest of the walk's): the SavedTensor type,
 # ``_raw_saved_*`` / ``_saved_*`` on nodes, ``_version`` / ``_cdata`` / ``_use_count()`` / ``_is_view()`` on
 # tensors and ``_cdata`` (the StorageImpl pointer) on storages.
-_SavedTensor = torch._C._autograd.SavedTensor
+_SavedTensor = SAVED_TENSOR
 _SCALAR_DTYPES = frozenset((torch.float64, torch.int64, torch.complex128, torch.bool))
 _STORAGE_ERRORS = (RuntimeError, NotImplementedError, TypeError)
 

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from gradscope._format import one_line
+from gradscope._torchcheck import WALK, require
 from gradscope._wrappers import unwrap_compiled, unwrap_parallel
 from gradscope.errors import InputTypeError, InputValueError
 
@@ -26,6 +27,7 @@ def check_model(model) -> None:
     """The one sentence for a ``model`` that is not an ``nn.Module``."""
     if not isinstance(model, torch.nn.Module):
         raise InputTypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}: {one_line(model, 80)}.")
+    require(*WALK, "engine-during-backward", "foreach-ops", "anomaly-mode")  # what watch() reads of torch
 
 
 @dataclass(frozen=True, slots=True)

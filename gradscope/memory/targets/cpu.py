@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from gradscope._torch import sdp_choice
+from gradscope._torchcheck import require
 from gradscope.memory.targets.base import FLASH, MATH, Target
 
 __all__ = ["CPU", "cpu_stand_in"]
@@ -44,6 +45,7 @@ class CPU(Target):
     def sdpa_backend(
         self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
     ) -> str:
+        require("attention-kernel")
         args = [cpu_stand_in(t) for t in (query, key, value, attn_mask)]
         kwargs = {"dropout_p": dropout_p, "is_causal": is_causal, "scale": scale, "enable_gqa": enable_gqa}
         return FLASH if sdp_choice(args, kwargs) == 1 else MATH
