@@ -23,8 +23,8 @@ import gradscope
 from gradscope.errors import RenderError
 from gradscope.views import drawing as drawing_module
 from gradscope.views.engine import layout
-from gradscope.views.fit import draw_with, legible, svg_size
 from gradscope.views.engine.layout import RANK_LR, RANK_TB, estimate
+from gradscope.views.fit import draw_with, legible, svg_size
 from gradscope.views.options import RenderOptions
 from tests._dense_models import random_dag
 from tests._fold_models import DenseNet, loss_of
