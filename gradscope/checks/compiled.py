@@ -13,13 +13,16 @@ from collections.abc import Iterator
 from gradscope.checks._nodes import node_items
 from gradscope.findings import UNUSED_PARAMETER, WARNING, Finding
 
-__all__ = ["check", "unread_regions", "describe_cut", "CUT_FIX"]
+__all__ = ["check", "unread_regions", "describe_cut", "CUT_FIX", "UNREAD_FIX"]
 
 #: What to do about a cut inside a compiled region (``unused.cut_fix``).
 CUT_FIX = (
     "Record the forward with gradscope.trace() to see the line of the cut, then remove it, or freeze "
     "the parameters (requires_grad_(False)) if that is intended."
 )
+
+#: What to do about a region whose backward graph is not readable (the warning and ``explain()``).
+UNREAD_FIX = "Inspect before the first backward(), or call torch._dynamo.reset() and run the forward again"
 
 
 def describe_cut(ev: dict) -> str:
@@ -59,8 +62,7 @@ def check(graph, nodes=None) -> Iterator[Finding]:
             WARNING,
             f"The torch.compile region {name}{where} is not readable: {region['why']}. Whether {shown} get a "
             "gradient from it is not known (a .detach(), .data or no_grad inside it would cut them unseen). "
-            "Inspect before the first backward(), or call torch._dynamo.reset() and run the forward again "
-            "before inspect(); check .grad after backward() to be sure.",
+            f"{UNREAD_FIX} before inspect(); check .grad after backward() to be sure.",
             node=n,
             params=tuple(params),
             location=region.get("location"),

@@ -11,6 +11,7 @@ import difflib
 
 from gradscope._format import one_line
 from gradscope._wrappers import user_name
+from gradscope.checks import compiled
 from gradscope.checks.unused import (
     checkpoint_inputs,
     checkpointed,
@@ -89,13 +90,13 @@ def _reached(report, param: str, nid: str) -> str:
     modules = sorted({g.nodes[u]["module"] for u in users if g.nodes[u].get("module")})
     through = f" through {', '.join(modules)}" if modules else ""
     text = f"{param} is reached from the root{through}: it feeds {ops}{more}, so backward() gives it a gradient."
-    unread = [u for u in users if ((g.nodes[u].get("attrs") or {}).get("compiled") or {}).get("why")]
-    if unread:  # checks/compiled.py
-        region = g.nodes[unread[0]]["attrs"]["compiled"]
+    unread = compiled.unread_regions(g, users)
+    if unread:
+        n, region = unread[0]
         text += (
-            f" But it is read inside the torch.compile region {region.get('name') or unread[0]}, which is not "
-            f"readable ({region['why']}): whether that region sends it a gradient is not known. Inspect before "
-            "the first backward(), or call torch._dynamo.reset() and run the forward again."
+            f" But it is read inside the torch.compile region {region.get('name') or n}, which is not "
+            f"readable ({region['why']}): whether that region sends it a gradient is not known. "
+            f"{compiled.UNREAD_FIX}."
         )
     blockers = [f for f in report.findings if f.kind == INPLACE_HAZARD]
     if blockers:

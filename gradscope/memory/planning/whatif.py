@@ -169,9 +169,8 @@ def steps_line(bm, accumulate: int = 1, set_to_none: bool = True) -> str:
     k = f", {accumulate} micro-steps per optimizer step" if accumulate > 1 else ""
     z = ", zero_grad(set_to_none=False)" if not set_to_none else ""
     first, later = bm.first_step.absolute_peak, bm.later_step.absolute_peak
-    return f"step 1 {human_bytes(first)}, later steps {human_bytes(later)}{k}{z}: the peak is " + (
-        "step 1's" if first > later else "the later steps'"
-    )
+    whose = "step 1's" if _higher(bm) == "first step" else "the later steps'"
+    return f"step 1 {human_bytes(first)}, later steps {human_bytes(later)}{k}{z}: the peak is {whose}"
 
 
 def _batch_factor(batch) -> float:
